@@ -1,0 +1,542 @@
+// Package keyserver is keyserverd as a library: a mutual-TLS server that performs
+// private-key operations (RSA and ECDSA signatures, Ed25519, RSA decryption) for the L7
+// tier, with keys held by a PKCS#11 token or, for development, in software.
+//
+// Many requests share one connection (see keyserver/protocol); each is worked on in
+// its own goroutine, bounded per connection, and answered as soon as it is done, in any
+// order. The client side is keyserver/client.
+package keyserver
+
+import (
+	"bufio"
+	"context"
+	"crypto"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tiergate/tiergate/keyserver/backend"
+	"github.com/tiergate/tiergate/keyserver/protocol"
+	"github.com/tiergate/tiergate/keyserver/softkey"
+)
+
+// Server is a keyserver. Create it with NewServer, then Start or Run it.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	m      *metrics
+	grants []*grant
+
+	keys     atomic.Pointer[keySet]
+	importMu sync.Mutex // serialises imports (one owner of keySet mutations)
+
+	mu       sync.Mutex
+	ln       net.Listener
+	conns    map[*serverConn]struct{}
+	closing  bool
+	doneConn sync.WaitGroup
+	accepted chan struct{}
+}
+
+// NewServer validates cfg, fills in defaults and loads every backend's keys.
+func NewServer(cfg Config) (*Server, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg.populate()
+	s := &Server{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "keyserver"),
+		m:        newMetrics(cfg.Registerer),
+		conns:    map[*serverConn]struct{}{},
+		accepted: make(chan struct{}),
+	}
+	for _, r := range cfg.Clients {
+		s.grants = append(s.grants, compileRule(r))
+	}
+	ks, err := newKeySet(cfg.Backends)
+	if err != nil {
+		return nil, err
+	}
+	s.keys.Store(ks)
+	s.m.keys.Set(float64(len(ks.list)))
+	return s, nil
+}
+
+// Start listens on cfg.Addr and serves in the background until Shutdown.
+func (s *Server) Start() error {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("keyserver: listening on %s: %w", s.cfg.Addr, err)
+	}
+	return s.Serve(ln)
+}
+
+// Serve serves connections accepted from ln in the background until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.ln != nil || s.closing {
+		s.mu.Unlock()
+		return errors.New("keyserver: already serving or shut down")
+	}
+	s.ln = ln
+	s.mu.Unlock()
+	s.log.Info("serving", "addr", ln.Addr().String(), "keys", len(s.keys.Load().list))
+	go s.acceptLoop(ln)
+	return nil
+}
+
+// Run starts the server and serves until ctx is done, then shuts down gracefully,
+// giving in-flight requests up to grace to finish.
+func (s *Server) Run(ctx context.Context, grace time.Duration) error {
+	if err := s.Start(); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	return s.Shutdown(sctx)
+}
+
+// Addr returns the listening address, or nil before Start.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Addr()
+}
+
+// Healthy reports whether the server is serving and has at least one key.
+func (s *Server) Healthy() error {
+	s.mu.Lock()
+	serving, closing := s.ln != nil, s.closing
+	s.mu.Unlock()
+	switch {
+	case closing:
+		return errors.New("shutting down")
+	case !serving:
+		return errors.New("not serving yet")
+	case len(s.keys.Load().list) == 0:
+		return errors.New("no keys loaded")
+	}
+	return nil
+}
+
+// Shutdown stops accepting, stops reading new requests, lets in-flight requests
+// finish and their answers reach the client, then closes every connection. If ctx
+// ends first, the remaining connections are closed at once and ctx's error returned.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	ln := s.ln
+	conns := make([]*serverConn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+	for _, c := range conns {
+		c.drain()
+	}
+	done := make(chan struct{})
+	go func() { s.doneConn.Wait(); close(done) }()
+	select {
+	case <-done:
+		s.log.Info("shut down", "drained_conns", len(conns))
+		return nil
+	case <-ctx.Done():
+		s.mu.Lock()
+		for c := range s.conns {
+			c.nc.Close()
+		}
+		s.mu.Unlock()
+		<-done
+		return fmt.Errorf("keyserver: shutdown deadline passed, connections closed: %w", ctx.Err())
+	}
+}
+
+func (s *Server) acceptLoop(ln net.Listener) {
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: back off rather than spin.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("accept failed", "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			nc.Close()
+			return
+		}
+		if len(s.conns) >= s.cfg.MaxConns {
+			s.mu.Unlock()
+			s.m.rejections.WithLabelValues(rejectTooManyConns).Inc()
+			nc.Close()
+			continue
+		}
+		c := &serverConn{s: s, nc: nc}
+		s.conns[c] = struct{}{}
+		s.doneConn.Add(1)
+		s.mu.Unlock()
+		go c.serve()
+	}
+}
+
+func (s *Server) removeConn(c *serverConn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.doneConn.Done()
+}
+
+// Import stores a PEM private key in the first backend under label and offers it at
+// once. Importing a key that is already there returns its ID.
+func (s *Server) Import(label string, pemKey []byte) (protocol.KeyID, error) {
+	priv, err := softkey.ParsePEM(pemKey)
+	if err != nil {
+		return protocol.KeyID{}, protocol.Errorf(protocol.CodeBadRequest, "parsing key %q: %v", label, err)
+	}
+	s.importMu.Lock()
+	defer s.importMu.Unlock()
+	b := s.cfg.Backends[0]
+	k, err := b.Import(label, priv)
+	if err != nil {
+		if errors.Is(err, backend.ErrUnsupportedKey) {
+			return protocol.KeyID{}, protocol.Errorf(protocol.CodeBadRequest, "importing key %q: %v", label, err)
+		}
+		return protocol.KeyID{}, protocol.Errorf(protocol.CodeCryptoFailure, "importing key %q into %s: %v", label, b.Name(), err)
+	}
+	ks, err := s.keys.Load().with(k, b.Name())
+	if err != nil {
+		return protocol.KeyID{}, protocol.Errorf(protocol.CodeInternal, "%v", err)
+	}
+	s.keys.Store(ks)
+	s.m.keys.Set(float64(len(ks.list)))
+	s.log.Info("key imported", "key", k.ID.String(), "label", label, "backend", b.Name())
+	return k.ID, nil
+}
+
+// Keys lists the keys the server offers.
+func (s *Server) Keys() []protocol.KeyInfo {
+	ks := s.keys.Load()
+	out := make([]protocol.KeyInfo, 0, len(ks.list))
+	for _, k := range ks.list {
+		out = append(out, protocol.KeyInfo{ID: k.ID, Type: k.Type, Label: k.Label})
+	}
+	return out
+}
+
+// serverConn is one client connection: a reader that decodes frames and starts a
+// goroutine per request, and a writer that coalesces answers into few writes.
+type serverConn struct {
+	s     *Server
+	nc    net.Conn
+	tc    *tls.Conn
+	grant *grant
+	peer  string
+
+	out      chan []byte   // encoded answers for the writer
+	sem      chan struct{} // in-flight slots
+	inFlight sync.WaitGroup
+	draining atomic.Bool
+}
+
+func (c *serverConn) serve() {
+	defer c.s.removeConn(c)
+	defer c.nc.Close()
+	c.s.m.conns.Inc()
+	defer c.s.m.conns.Dec()
+
+	c.tc = tls.Server(c.nc, c.s.cfg.TLS)
+	ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.HandshakeTimeout)
+	err := c.tc.HandshakeContext(ctx)
+	cancel()
+	if err != nil {
+		reason := classifyHandshakeError(err)
+		c.s.m.rejections.WithLabelValues(reason).Inc()
+		c.s.log.Debug("handshake refused", "remote", c.nc.RemoteAddr().String(), "reason", reason, "err", err)
+		return
+	}
+	st := c.tc.ConnectionState()
+	leaf := st.PeerCertificates[0]
+	c.peer = leaf.Subject.CommonName
+	c.grant = grantFor(c.s.grants, certNames(leaf), c.s.cfg.Clients)
+	if c.grant == nil {
+		// Authenticated, but no rule names this client: it may still ping, and every key
+		// request is answered not_authorized (and counted) so the client sees why.
+		c.s.m.rejections.WithLabelValues(rejectNoRule).Inc()
+		c.grant = &grant{rule: "none"}
+	}
+	c.s.m.handshakes.Inc()
+	c.out = make(chan []byte, c.s.cfg.MaxInFlightPerConn+16)
+	c.sem = make(chan struct{}, c.s.cfg.MaxInFlightPerConn)
+
+	writerDone := make(chan struct{})
+	go c.writeLoop(writerDone)
+	c.readLoop()
+	c.inFlight.Wait() // every started request has queued its answer
+	close(c.out)
+	<-writerDone
+}
+
+// drain stops the reader at its next frame boundary (or at once if it is waiting for
+// one); requests already read still get their answers.
+func (c *serverConn) drain() {
+	c.draining.Store(true)
+	c.nc.SetReadDeadline(time.Now())
+}
+
+func (c *serverConn) readLoop() {
+	br := bufio.NewReaderSize(c.tc, 16<<10)
+	hdr := make([]byte, protocol.HeaderLen)
+	for {
+		if c.draining.Load() {
+			return
+		}
+		c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
+		if c.draining.Load() { // drain may have set its deadline before ours
+			return
+		}
+		h, body, err := protocol.ReadFrame(br, hdr)
+		if err != nil {
+			var fe *protocol.FrameError
+			switch {
+			case errors.As(err, &fe):
+				c.reject(h.Op, h.ID, fe.Err)
+			case errors.Is(err, protocol.ErrTruncated):
+				c.reject(h.Op, h.ID, protocol.Errorf(protocol.CodeBadRequest, "%v", err))
+			case err == io.EOF || c.draining.Load():
+			default:
+				c.s.log.Debug("read failed", "peer", c.peer, "err", err)
+			}
+			return
+		}
+		req, err := protocol.ParseRequest(h, body)
+		if err != nil {
+			c.reject(h.Op, h.ID, err.(*protocol.Error))
+			continue
+		}
+		select {
+		case c.sem <- struct{}{}:
+		default:
+			c.s.m.rejections.WithLabelValues(rejectOverloaded).Inc()
+			c.s.m.op(req.Op, protocol.CodeOverloaded, 0)
+			c.out <- protocol.AppendError(nil, req.Op, req.ID,
+				protocol.Errorf(protocol.CodeOverloaded, "%d requests in flight on this connection", cap(c.sem)))
+			continue
+		}
+		c.inFlight.Add(1)
+		c.s.m.inFlight.Inc()
+		go c.handle(req, time.Now())
+	}
+}
+
+// reject answers a request that could not be decoded.
+func (c *serverConn) reject(op protocol.Op, id uint64, e *protocol.Error) {
+	c.s.m.rejections.WithLabelValues(rejectBadRequest).Inc()
+	if op.Known() {
+		c.s.m.op(op, e.Code, 0)
+	}
+	c.out <- protocol.AppendError(nil, op, id, e)
+}
+
+func (c *serverConn) handle(req *protocol.Request, start time.Time) {
+	body, err := c.s.do(c.grant, req)
+	code := protocol.CodeOf(err)
+	var frame []byte
+	if err != nil {
+		var pe *protocol.Error
+		if !errors.As(err, &pe) {
+			pe = &protocol.Error{Code: protocol.CodeInternal, Message: err.Error()}
+		}
+		if code == protocol.CodeNotAuthorized {
+			c.s.m.rejections.WithLabelValues(rejectNotAuthorized).Inc()
+		}
+		frame = protocol.AppendError(make([]byte, 0, protocol.HeaderLen+len(pe.Message)), req.Op, req.ID, pe)
+	} else {
+		frame = protocol.AppendResponse(make([]byte, 0, protocol.HeaderLen+len(body)), req.Op, req.ID, body)
+	}
+	c.s.m.op(req.Op, code, time.Since(start).Seconds())
+	c.out <- frame
+	c.s.m.inFlight.Dec()
+	<-c.sem
+	c.inFlight.Done()
+}
+
+// writeLoop writes answers as they come, flushing only when no more are queued, so a
+// burst of answers leaves in one TLS record and one write.
+func (c *serverConn) writeLoop(done chan<- struct{}) {
+	defer close(done)
+	bw := bufio.NewWriterSize(c.tc, 32<<10)
+	failed := false
+	for frame := range c.out {
+		if failed {
+			continue // keep draining so handlers never block
+		}
+		bw.Write(frame)
+		if len(c.out) > 0 && bw.Buffered() < 16<<10 {
+			continue
+		}
+		c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+		if err := bw.Flush(); err != nil {
+			c.s.log.Debug("write failed", "peer", c.peer, "err", err)
+			failed = true
+			c.nc.Close() // unblocks the reader
+		}
+	}
+}
+
+// do performs one request for a client holding grant g.
+func (s *Server) do(g *grant, req *protocol.Request) ([]byte, error) {
+	switch req.Op {
+	case protocol.OpPing:
+		return req.Payload, nil
+	case protocol.OpListKeys:
+		var infos []protocol.KeyInfo
+		for _, k := range s.keys.Load().list {
+			if g.allows(k) {
+				infos = append(infos, protocol.KeyInfo{ID: k.ID, Type: k.Type, Label: k.Label})
+			}
+		}
+		return protocol.AppendKeyList(nil, infos), nil
+	case protocol.OpImportKey:
+		if !g.admin {
+			return nil, protocol.Errorf(protocol.CodeNotAuthorized, "client rule %q may not import keys", g.rule)
+		}
+		id, err := s.Import(req.Label, req.Payload)
+		if err != nil {
+			return nil, err
+		}
+		return id[:], nil
+	}
+
+	k := s.keys.Load().byID[req.KeyID]
+	if k == nil {
+		return nil, protocol.Errorf(protocol.CodeKeyNotFound, "no key %s", req.KeyID)
+	}
+	if !g.allows(k) {
+		return nil, protocol.Errorf(protocol.CodeNotAuthorized, "client rule %q may not use key %s", g.rule, req.KeyID.Short())
+	}
+	if want := opKeyType(req.Op); want != 0 && want != k.Type {
+		return nil, protocol.Errorf(protocol.CodeBadRequest, "%s on a %s key", req.Op, k.Type)
+	}
+
+	switch req.Op {
+	case protocol.OpPublicKey:
+		return k.spki, nil
+	case protocol.OpRSASignPKCS1, protocol.OpECDSASign:
+		return sign(k, req.Payload, cryptoHash(req.Hash))
+	case protocol.OpRSASignPSS:
+		return sign(k, req.Payload, &rsa.PSSOptions{SaltLength: rsa.PSSSaltLengthEqualsHash, Hash: cryptoHash(req.Hash)})
+	case protocol.OpEd25519Sign:
+		return sign(k, req.Payload, crypto.Hash(0))
+	case protocol.OpRSADecrypt:
+		return decrypt(k, req.Payload, int(req.Param))
+	}
+	return nil, protocol.Errorf(protocol.CodeBadRequest, "operation %s not served", req.Op)
+}
+
+func sign(k *keyEntry, msg []byte, opts crypto.SignerOpts) ([]byte, error) {
+	sig, err := k.Signer.Sign(rand.Reader, msg, opts)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeCryptoFailure, "signing with key %s: %v", k.ID.Short(), err)
+	}
+	return sig, nil
+}
+
+// decrypt performs RSA PKCS #1 v1.5 decryption. With sessionKeyLen > 0 (TLS 1.2 RSA key
+// exchange) a padding failure or a plaintext of another length yields sessionKeyLen
+// random bytes instead of an error, as rsa.DecryptPKCS1v15SessionKey does, so the
+// answer tells an attacker nothing about the padding (Bleichenbacher).
+func decrypt(k *keyEntry, ct []byte, sessionKeyLen int) ([]byte, error) {
+	d, ok := k.Signer.(crypto.Decrypter)
+	if !ok {
+		return nil, protocol.Errorf(protocol.CodeBadRequest, "key %s cannot decrypt", k.ID.Short())
+	}
+	if sessionKeyLen > 0 {
+		random := make([]byte, sessionKeyLen)
+		if _, err := rand.Read(random); err != nil {
+			return nil, protocol.Errorf(protocol.CodeInternal, "reading randomness: %v", err)
+		}
+		pt, err := d.Decrypt(rand.Reader, ct, nil)
+		if err != nil || len(pt) != sessionKeyLen {
+			return random, nil
+		}
+		return pt, nil
+	}
+	pt, err := d.Decrypt(rand.Reader, ct, nil)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeCryptoFailure, "decrypting with key %s: %v", k.ID.Short(), err)
+	}
+	return pt, nil
+}
+
+func opKeyType(op protocol.Op) protocol.KeyType {
+	switch op {
+	case protocol.OpRSASignPKCS1, protocol.OpRSASignPSS, protocol.OpRSADecrypt:
+		return protocol.KeyRSA
+	case protocol.OpECDSASign:
+		return protocol.KeyECDSA
+	case protocol.OpEd25519Sign:
+		return protocol.KeyEd25519
+	}
+	return 0
+}
+
+func cryptoHash(h protocol.Hash) crypto.Hash {
+	switch h {
+	case protocol.HashSHA256:
+		return crypto.SHA256
+	case protocol.HashSHA384:
+		return crypto.SHA384
+	case protocol.HashSHA512:
+		return crypto.SHA512
+	}
+	return 0
+}
+
+// classifyHandshakeError names why a client's TLS handshake failed.
+func classifyHandshakeError(err error) string {
+	var unknownCA x509.UnknownAuthorityError
+	var invalid x509.CertificateInvalidError
+	switch {
+	case errors.As(err, &unknownCA):
+		return rejectUnknownCA
+	case errors.As(err, &invalid):
+		return rejectBadClientCert
+	case isNoCert(err):
+		return rejectNoClientCert
+	}
+	return rejectHandshake
+}
+
+// isNoCert reports a missing client certificate, which crypto/tls reports with this
+// text only.
+func isNoCert(err error) bool {
+	return strings.Contains(err.Error(), "client didn't provide a certificate")
+}
