@@ -1,0 +1,248 @@
+package keyserverd
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tiergate/tiergate/keyserver"
+	"github.com/tiergate/tiergate/keyserver/backend"
+	"github.com/tiergate/tiergate/keyserver/hsm"
+	"github.com/tiergate/tiergate/keyserver/softkey"
+)
+
+const usage = `usage: keyserverd <command> [flags]
+
+commands:
+  run     -config FILE                      serve until SIGINT/SIGTERM
+  import  -config FILE -label L -key FILE   store a PEM private key in the first backend
+  keys    -config FILE                      list the keys the backends offer
+`
+
+// Main runs keyserverd with args (without the program name) and returns the exit
+// status. SIGINT and SIGTERM stop `run` gracefully.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch args[0] {
+	case "run":
+		err = cmdRun(ctx, args[1:], stderr)
+	case "import":
+		err = cmdImport(args[1:], stdout, stderr)
+	case "keys":
+		err = cmdKeys(args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "keyserverd: unknown command %q\n%s", args[0], usage)
+		return 2
+	}
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 2
+		}
+		fmt.Fprintf(stderr, "keyserverd: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func parseFlags(name string, args []string, stderr io.Writer, extra func(*flag.FlagSet)) (*FileConfig, error) {
+	fs := flag.NewFlagSet("keyserverd "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "/etc/tiergate/keyserverd.yaml", "configuration `file`")
+	if extra != nil {
+		extra(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("%s: unexpected argument %q", name, fs.Arg(0))
+	}
+	return LoadConfig(*path)
+}
+
+func newLogger(cfg *FileConfig, w io.Writer) *slog.Logger {
+	lvl, _ := cfg.logLevel()
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
+}
+
+// openBackends opens the configured backends, PKCS#11 first.
+func openBackends(cfg *FileConfig, log *slog.Logger) ([]backend.Backend, error) {
+	var out []backend.Backend
+	if cfg.PKCS11 != nil {
+		c := *cfg.PKCS11
+		c.Logger = log
+		b, err := hsm.New(c)
+		if err != nil {
+			return nil, fmt.Errorf("opening PKCS#11 backend: %w", err)
+		}
+		out = append(out, b)
+	}
+	if cfg.Software != nil {
+		b, err := softkey.New(*cfg.Software)
+		if err != nil {
+			closeAll(out)
+			return nil, fmt.Errorf("opening software backend: %w", err)
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+func closeAll(bs []backend.Backend) {
+	for _, b := range bs {
+		b.Close()
+	}
+}
+
+func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
+	cfg, err := parseFlags("run", args, stderr, nil)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, stderr)
+	tlsCfg, err := cfg.serverTLS()
+	if err != nil {
+		return err
+	}
+	backends, err := openBackends(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer closeAll(backends)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := keyserver.NewServer(keyserver.Config{
+		Addr:               cfg.Listen,
+		TLS:                tlsCfg,
+		Backends:           backends,
+		Clients:            cfg.Clients,
+		MaxInFlightPerConn: cfg.Limits.MaxInFlightPerConn,
+		MaxConns:           cfg.Limits.MaxConns,
+		HandshakeTimeout:   cfg.Limits.HandshakeTimeout,
+		IdleTimeout:        cfg.Limits.IdleTimeout,
+		WriteTimeout:       cfg.Limits.WriteTimeout,
+		Registerer:         reg,
+		Logger:             log,
+	})
+	if err != nil {
+		return err
+	}
+
+	var admin *http.Server
+	if cfg.MetricsListen != "off" {
+		ln, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		admin = &http.Server{Handler: AdminHandler(reg, srv.Healthy), ReadHeaderTimeout: 5 * time.Second}
+		go admin.Serve(ln)
+		log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	}
+	if err := srv.Start(); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	log.Info("stopping", "grace", cfg.ShutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	if admin != nil {
+		admin.Close()
+	}
+	return err
+}
+
+// AdminHandler serves /metrics from reg and /healthz from healthy.
+func AdminHandler(reg *prometheus.Registry, healthy func() error) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	return mux
+}
+
+func cmdImport(args []string, stdout, stderr io.Writer) error {
+	var label, keyPath string
+	cfg, err := parseFlags("import", args, stderr, func(fs *flag.FlagSet) {
+		fs.StringVar(&label, "label", "", "`label` of the key in the token (required)")
+		fs.StringVar(&keyPath, "key", "", "PEM private key `file` (required)")
+	})
+	if err != nil {
+		return err
+	}
+	if label == "" || keyPath == "" {
+		return errors.New("import: -label and -key are required")
+	}
+	pemKey, err := os.ReadFile(keyPath)
+	if err != nil {
+		return fmt.Errorf("import: %w", err)
+	}
+	priv, err := softkey.ParsePEM(pemKey)
+	if err != nil {
+		return fmt.Errorf("import: %s: %w", keyPath, err)
+	}
+	backends, err := openBackends(cfg, newLogger(cfg, stderr))
+	if err != nil {
+		return err
+	}
+	defer closeAll(backends)
+	k, err := backends[0].Import(label, priv)
+	if err != nil {
+		return fmt.Errorf("import: %w", err)
+	}
+	fmt.Fprintf(stdout, "%s\t%s\t%s\t%s\n", k.ID, k.Type, backends[0].Name(), k.Label)
+	return nil
+}
+
+func cmdKeys(args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseFlags("keys", args, stderr, nil)
+	if err != nil {
+		return err
+	}
+	backends, err := openBackends(cfg, newLogger(cfg, stderr))
+	if err != nil {
+		return err
+	}
+	defer closeAll(backends)
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY ID\tTYPE\tBACKEND\tLABEL")
+	for _, b := range backends {
+		keys, err := b.Keys()
+		if err != nil {
+			return fmt.Errorf("keys of %s: %w", b.Name(), err)
+		}
+		for _, k := range keys {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", k.ID, k.Type, b.Name(), k.Label)
+		}
+	}
+	return tw.Flush()
+}
