@@ -1,0 +1,412 @@
+package main
+
+import (
+	"context"
+	"crypto"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/keyserver"
+	"github.com/tiergate/tiergate/keyserver/backend"
+	"github.com/tiergate/tiergate/keyserver/client"
+	"github.com/tiergate/tiergate/keyserver/hsm"
+	"github.com/tiergate/tiergate/keyserver/softkey"
+)
+
+type options struct {
+	bin            string
+	duration       time.Duration
+	warmup         time.Duration
+	maxOps         int
+	levels         []int
+	verifyEvery    int
+	requestTimeout time.Duration
+	cpuProfile     string
+	inProcess      bool
+	opensslSeconds int
+	out, log       io.Writer
+}
+
+// Configurations, as named in the table.
+const (
+	cfgOpenSSL      = "openssl speed"
+	cfgPKCS11Direct = "PKCS#11 direct (SoftHSM)"
+	cfgSoftDirect   = "crypto/rsa direct"
+	cfgKSPKCS11     = "keyserverd + SoftHSM"
+	cfgKSSoftware   = "keyserverd + software"
+)
+
+// row is one measured configuration at one level of concurrency.
+type row struct {
+	config    string
+	inFlight  int
+	res       *benchkit.Result
+	serverCPU bool // res.CPU[1] is the keyserver process's
+	verified  int64
+}
+
+type bench struct {
+	o        *options
+	f        *fixture
+	ksBin    string
+	quiet    *slog.Logger
+	rows     []*row
+	openssl  *benchkit.OpenSSLRSA
+	failures []string // what broke; any makes the exit status 1
+}
+
+func run(ctx context.Context, o *options) error {
+	ksBin, err := filepath.Abs(filepath.Join(o.bin, "keyserverd"))
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(ksBin); err != nil {
+		return fmt.Errorf("keyserverd binary: %w (run `make build`, or pass -bin)", err)
+	}
+	dir, err := os.MkdirTemp("", "tiergate-bench-keyserver-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	b := &bench{
+		o:     o,
+		ksBin: ksBin,
+		quiet: slog.New(slog.NewTextHandler(o.log, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	b.progress("setting up: SoftHSM2 token, RSA-2048 key, certificates, keyserverd import (in %s)", dir)
+	if b.f, err = newFixture(dir, ksBin); err != nil {
+		return err
+	}
+
+	phases := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"openssl speed", b.runOpenSSL},
+		{"PKCS#11 direct", b.runPKCS11Direct},
+		{"crypto/rsa direct", b.runSoftwareDirect},
+		{"keyserverd + SoftHSM", func(ctx context.Context) error { return b.runKeyserver(ctx, pkcs11Backend) }},
+		{"keyserverd + software", func(ctx context.Context) error { return b.runKeyserver(ctx, softwareBackend) }},
+	}
+	for _, p := range phases {
+		if err := p.run(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			b.fail("%s: %v", p.name, err)
+		}
+	}
+	b.report()
+	if len(b.failures) > 0 {
+		return fmt.Errorf("%d failures: %s", len(b.failures), strings.Join(b.failures, "; "))
+	}
+	return nil
+}
+
+func (b *bench) progress(format string, args ...any) {
+	fmt.Fprintf(b.o.log, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func (b *bench) fail(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	b.failures = append(b.failures, msg)
+	b.progress("FAILED: %s", msg)
+}
+
+func (b *bench) runOpenSSL(ctx context.Context) error {
+	b.progress("openssl speed -seconds %d -multi %d rsa2048", b.o.opensslSeconds, runtime.NumCPU())
+	r, err := benchkit.OpenSSLSpeedRSA(ctx, 2048, b.o.opensslSeconds, runtime.NumCPU())
+	if err != nil {
+		return err
+	}
+	b.openssl = r
+	return nil
+}
+
+// signFunc makes one signature over a SHA-256 digest.
+type signFunc func(ctx context.Context, digest []byte) ([]byte, error)
+
+func signerFunc(s crypto.Signer) signFunc {
+	return func(_ context.Context, digest []byte) ([]byte, error) {
+		return s.Sign(rand.Reader, digest, crypto.SHA256)
+	}
+}
+
+// measure runs inFlight workers signing distinct digests back to back, verifying a
+// sample of the signatures with the public key.
+func (b *bench) measure(ctx context.Context, config string, inFlight int, sign signFunc, clocks []benchkit.CPUClock) (*row, error) {
+	b.progress("%s, %d in flight: %v warm-up, %v measured", config, inFlight, b.o.warmup, b.o.duration)
+	var nonce [16]byte
+	rand.Read(nonce[:])
+	pub := &b.f.key.PublicKey
+	every := uint64(b.o.verifyEvery)
+	var verified, bad atomic.Int64
+	op := func(ctx context.Context, w int, seq uint64) error {
+		var in [32]byte
+		copy(in[:], nonce[:])
+		binary.BigEndian.PutUint64(in[16:], uint64(w))
+		binary.BigEndian.PutUint64(in[24:], seq)
+		digest := sha256.Sum256(in[:])
+		sig, err := sign(ctx, digest[:])
+		if err != nil {
+			return err
+		}
+		if seq%every == 0 {
+			if err := rsa.VerifyPKCS1v15(pub, crypto.SHA256, digest[:], sig); err != nil {
+				bad.Add(1)
+				return fmt.Errorf("signature %d of worker %d does not verify: %w", seq, w, err)
+			}
+			verified.Add(1)
+		}
+		return nil
+	}
+	res, err := benchkit.Run(ctx, benchkit.Load{
+		Workers:  inFlight,
+		Warmup:   b.o.warmup,
+		Duration: b.o.duration,
+		MaxOps:   b.o.maxOps,
+		Op:       op,
+		Clocks:   clocks,
+	})
+	if err != nil {
+		return nil, err
+	}
+	r := &row{config: config, inFlight: inFlight, res: res, serverCPU: len(clocks) > 1, verified: verified.Load()}
+	b.rows = append(b.rows, r)
+	b.progress("  %.1f signs/s, p50 %.3f ms, p99 %.3f ms, %d errors, %d signatures verified",
+		res.Rate(), benchkit.Ms(res.Latencies.Percentile(50)), benchkit.Ms(res.Latencies.Percentile(99)), res.Errors, r.verified)
+	switch {
+	case bad.Load() > 0:
+		b.fail("%s at %d in flight: %d signatures did not verify", config, inFlight, bad.Load())
+	case res.Errors > 0:
+		b.fail("%s at %d in flight: %d errors, the first: %v", config, inFlight, res.Errors, res.FirstErr)
+	case res.Ops == 0:
+		b.fail("%s at %d in flight: no signature completed in the window", config, inFlight)
+	case r.verified == 0:
+		b.fail("%s at %d in flight: no signature was verified", config, inFlight)
+	}
+	if res.CPUErr != nil {
+		b.progress("  reading CPU time: %v", res.CPUErr)
+	}
+	return r, nil
+}
+
+// openHSM opens the token in this process with the benchmark's session count.
+func (b *bench) openHSM() (*hsm.Backend, crypto.Signer, error) {
+	hb, err := hsm.New(hsm.Config{
+		Module:     b.f.tok.Module,
+		TokenLabel: b.f.tok.Label,
+		PINFile:    b.f.pinFile,
+		Sessions:   b.f.sessions,
+		Keys:       []hsm.KeySpec{{Label: keyLabel}},
+		Logger:     b.quiet,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := keyOf(hb, b.f)
+	if err != nil {
+		hb.Close()
+		return nil, nil, err
+	}
+	return hb, s, nil
+}
+
+func keyOf(bk backend.Backend, f *fixture) (crypto.Signer, error) {
+	keys, err := bk.Keys()
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range keys {
+		if k.ID == f.keyID {
+			return k.Signer, nil
+		}
+	}
+	return nil, fmt.Errorf("%s backend does not offer key %s", bk.Name(), f.keyID.Short())
+}
+
+// runPKCS11Direct signs through the hsm backend in this process: the token's own
+// ceiling with keyserverd's session count, twice as many goroutines as sessions so
+// that no session waits for a caller.
+func (b *bench) runPKCS11Direct(ctx context.Context) error {
+	hb, s, err := b.openHSM()
+	if err != nil {
+		return err
+	}
+	defer hb.Close()
+	_, err = b.measure(ctx, cfgPKCS11Direct, 2*b.f.sessions, signerFunc(s), []benchkit.CPUClock{benchkit.SelfCPU})
+	return err
+}
+
+// runSoftwareDirect signs with crypto/rsa and the key parsed from its PEM file, one
+// goroutine per GOMAXPROCS.
+func (b *bench) runSoftwareDirect(ctx context.Context) error {
+	pemKey, err := os.ReadFile(b.f.keyPath)
+	if err != nil {
+		return err
+	}
+	priv, err := softkey.ParsePEM(pemKey)
+	if err != nil {
+		return err
+	}
+	key, ok := priv.(*rsa.PrivateKey)
+	if !ok {
+		return fmt.Errorf("%s holds a %T", b.f.keyPath, priv)
+	}
+	_, err = b.measure(ctx, cfgSoftDirect, runtime.GOMAXPROCS(0), signerFunc(key), []benchkit.CPUClock{benchkit.SelfCPU})
+	return err
+}
+
+// runKeyserver starts keyserverd with the given backend and measures every level
+// through the client library.
+func (b *bench) runKeyserver(ctx context.Context, kind string) (err error) {
+	config := cfgKSPKCS11
+	if kind == softwareBackend {
+		config = cfgKSSoftware
+	}
+	listen, err := benchkit.FreeAddr()
+	if err != nil {
+		return err
+	}
+	clocks := []benchkit.CPUClock{benchkit.SelfCPU}
+	var proc *benchkit.Process
+	if b.o.inProcess {
+		config += " (in-process)"
+		stop, err := b.startInProcess(kind, listen)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if serr := stop(); serr != nil && err == nil {
+				err = serr
+			}
+		}()
+	} else {
+		metrics, err := benchkit.FreeAddr()
+		if err != nil {
+			return err
+		}
+		cfg, err := b.f.writeConfig(kind, listen, metrics, kind)
+		if err != nil {
+			return err
+		}
+		proc, err = benchkit.StartProcess("keyserverd ("+kind+")", b.ksBin, []string{"run", "-config", cfg},
+			b.f.tok.Env(), filepath.Join(b.f.dir, "keyserverd-"+kind+".log"))
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if serr := proc.Stop(10 * time.Second); serr != nil && err == nil {
+				err = fmt.Errorf("%w; log:\n%s", serr, proc.LogTail(20))
+			}
+		}()
+		if err := benchkit.WaitHTTP(ctx, "http://"+metrics+"/healthz", proc, 20*time.Second); err != nil {
+			return fmt.Errorf("keyserverd did not become healthy: %w; log:\n%s", err, proc.LogTail(20))
+		}
+		if kind == pkcs11Backend {
+			if want := fmt.Sprintf("sessions=%d", b.f.sessions); !strings.Contains(proc.LogTail(50), want) {
+				b.progress("warning: keyserverd's log does not say %s:\n%s", want, proc.LogTail(20))
+			}
+		}
+		clocks = append(clocks, proc.CPU())
+	}
+
+	cl, err := client.New(client.Config{
+		Servers:        []string{listen},
+		TLS:            b.f.clientTLS,
+		RequestTimeout: b.o.requestTimeout,
+		Timeout:        3 * b.o.requestTimeout,
+		Logger:         b.quiet,
+	})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	rk := cl.NewKey(b.f.keyID, &b.f.key.PublicKey)
+	sign := func(ctx context.Context, digest []byte) ([]byte, error) {
+		return rk.SignContext(ctx, digest, crypto.SHA256)
+	}
+
+	if b.o.cpuProfile != "" {
+		path := b.o.cpuProfile + "-" + kind + ".pprof"
+		pf, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			pf.Close()
+			return err
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			pf.Close()
+			b.progress("CPU profile written to %s", path)
+		}()
+	}
+	for _, n := range b.o.levels {
+		if _, err := b.measure(ctx, config, n, sign, clocks); err != nil {
+			return err
+		}
+		if proc != nil {
+			select {
+			case <-proc.Done():
+				return fmt.Errorf("keyserverd exited: %v; log:\n%s", proc.ExitErr(), proc.LogTail(20))
+			default:
+			}
+		}
+	}
+	return nil
+}
+
+// startInProcess runs the keyserver library in this process (for -inprocess).
+func (b *bench) startInProcess(kind, listen string) (stop func() error, err error) {
+	var bk backend.Backend
+	switch kind {
+	case pkcs11Backend:
+		hb, _, err := b.openHSM()
+		if err != nil {
+			return nil, err
+		}
+		bk = hb
+	default:
+		sb, err := softkey.New(softkey.Config{Files: []string{b.f.keyPath}})
+		if err != nil {
+			return nil, err
+		}
+		bk = sb
+	}
+	srv, err := keyserver.NewServer(keyserver.Config{
+		Addr:     listen,
+		TLS:      b.f.serverTLS,
+		Backends: []backend.Backend{bk},
+		Clients:  []keyserver.ClientRule{{Name: clientName, Keys: []string{"*"}}},
+		Logger:   b.quiet,
+	})
+	if err == nil {
+		err = srv.Start()
+	}
+	if err != nil {
+		bk.Close()
+		return nil, err
+	}
+	return func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return errors.Join(srv.Shutdown(ctx), bk.Close())
+	}, nil
+}
