@@ -105,7 +105,9 @@ func OpenOrCreateToken(dir, label, soPIN, userPIN string) (*Token, error) {
 }
 
 // Env returns the environment entries a child process needs to see this token:
-// SOFTHSM2_CONF=ConfPath. Append them to os.Environ() for exec.Cmd.Env.
+// SOFTHSM2_CONF=ConfPath. Append them to os.Environ() for exec.Cmd.Env. They do not
+// affect this process: in-process users of the module call Setenv (or os.Setenv)
+// before it is initialized.
 func (t *Token) Env() []string {
 	return []string{"SOFTHSM2_CONF=" + t.ConfPath}
 }

@@ -17,6 +17,17 @@
 // and finalized when the last one closes; likewise the token is logged out only when
 // the last Backend logged in to it closes.
 //
+// # Keys
+//
+// A key is a CKO_PRIVATE_KEY object; its public key comes from the CKO_PUBLIC_KEY
+// object with the same CKA_ID (for RSA, failing that, from the private key's own
+// modulus and exponent). Served are RSA of at least 2048 bits (CKM_RSA_PKCS for
+// PKCS #1 v1.5 signatures over a DigestInfo and for decryption, CKM_RSA_PKCS_PSS),
+// ECDSA on P-256 and P-384 (CKM_ECDSA, the raw r||s result re-encoded as ASN.1 DER)
+// and Ed25519 (CKK_EC_EDWARDS keys, CKM_EDDSA), each only if the token offers its
+// mechanism. Keys are named, as everywhere in keyserverd, by the SHA-256 of their
+// SubjectPublicKeyInfo; Import stores that ID as CKA_ID.
+//
 // # Recovery
 //
 // Tokens lose sessions and logins: a network HSM restarts, a USB token is replugged,
@@ -244,7 +255,10 @@ func newBackend(cfg *Config) (*Backend, error) {
 		b.log = slog.Default()
 	}
 	if err := b.start(cfg, specs, pinErr); err != nil {
-		b.teardown()
+		for len(b.pool) > 0 {
+			_ = mod.ctx.CloseSession((<-b.pool).h)
+		}
+		_ = b.teardown()
 		return nil, err
 	}
 	return b, nil
@@ -282,7 +296,9 @@ func (b *Backend) start(cfg *Config, specs []keySpec, pinErr error) error {
 		return err
 	}
 	if b.needsLogin {
-		b.mod.holdLogin(b.tokenKey)
+		if !b.mod.holdLogin(b.tokenKey, b.pin) {
+			return fmt.Errorf("logging in to token %q: wrong PIN (another backend in this process is logged in to the token with a different one)", b.tokenLabel)
+		}
 		b.holdsLogin = true
 	}
 	if err := b.loadKeysLocked(specs, slot, ti); err != nil {
@@ -462,7 +478,8 @@ func (b *Backend) ensureLoginLocked() error {
 }
 
 // acquire takes an operation session from the pool, replacing one that is dead or
-// from before the latest loss of the login session.
+// from before the latest loss of the login session. Unless the error is ErrClosed,
+// the returned session, dead if it could not be replaced, must be released.
 func (b *Backend) acquire() (opSession, error) {
 	var s opSession
 	select {
@@ -477,12 +494,7 @@ func (b *Backend) acquire() (opSession, error) {
 	default:
 	}
 	if s.dead || s.epoch != b.sessEpoch.Load() {
-		ns, err := b.openOpSession()
-		if err != nil {
-			b.pool <- opSession{dead: true}
-			return s, err
-		}
-		s = ns
+		return b.openOpSession()
 	}
 	return s, nil
 }
@@ -519,7 +531,7 @@ func (b *Backend) recover(s opSession, k *keyObject, opErr error) (opSession, er
 		}
 		return s, fmt.Errorf("recovering from %v: %w", opErr, err)
 	}
-	if isSessionGone(opErr) || isDeviceGone(opErr) || s.epoch != b.sessEpoch.Load() {
+	if s.dead || isSessionGone(opErr) || isDeviceGone(opErr) || s.epoch != b.sessEpoch.Load() {
 		// The old session is not closed: it is gone, and its handle may be reused.
 		if s, err = b.openOpSession(); err != nil {
 			return s, fmt.Errorf("recovering from %v: %w", opErr, err)
@@ -552,11 +564,16 @@ func isHandleGone(err error) bool {
 // the single-part call, retried once after recovery.
 func (b *Backend) op(k *keyObject, decrypt bool, mech *pkcs11.Mechanism, in []byte) ([]byte, error) {
 	s, err := b.acquire()
-	if err != nil {
+	if errors.Is(err, ErrClosed) {
 		return nil, err
 	}
-	out, err := b.try(s, k, decrypt, mech, in)
-	if err != nil && recoverable(err) {
+	var out []byte
+	if err == nil {
+		out, err = b.try(s, k, decrypt, mech, in)
+	}
+	// A session that could not be opened is recovered from as well: the token may
+	// have been reinserted, possibly in another slot.
+	if err != nil && (s.dead || recoverable(err)) {
 		var rerr error
 		if s, rerr = b.recover(s, k, err); rerr != nil {
 			err = rerr

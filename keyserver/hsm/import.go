@@ -32,6 +32,12 @@ func (b *Backend) Import(label string, priv crypto.PrivateKey) (*backend.Key, er
 }
 
 func (b *Backend) importKey(label string, priv crypto.PrivateKey) (*keyObject, error) {
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
 	if p, ok := priv.(*ed25519.PrivateKey); ok && p != nil {
 		priv = *p
 	}
@@ -169,14 +175,21 @@ func (b *Backend) importKey(label string, priv crypto.PrivateKey) (*keyObject, e
 	return b.addLocked(k), nil
 }
 
-// createLocked returns the key with ID id from the token, creating its objects from
-// the templates when it is not there. A public key object left by an interrupted
-// import is reused.
+// createLocked returns the key with ID id from the token, creating what is missing
+// of its objects from the templates. A public key object left by an interrupted
+// import is reused, and one that was lost is created again.
 func (b *Backend) createLocked(id protocol.KeyID, keyType uint, label string, pubT, privT []*pkcs11.Attribute) (*keyObject, error) {
 	ctx := b.mod.ctx
-	existing, err := b.findExistingLocked(id, keyType)
-	if err != nil || existing != nil {
-		return existing, err
+	privs, err := b.listPrivateLocked(
+		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, keyType),
+		pkcs11.NewAttribute(pkcs11.CKA_ID, id[:]))
+	if err != nil {
+		return nil, err
+	}
+	if len(privs) == 0 {
+		if k, err := b.findUnderOtherIDLocked(id, keyType); err != nil || k != nil {
+			return k, err
+		}
 	}
 	pubs, err := b.findLocked([]*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY),
@@ -194,46 +207,39 @@ func (b *Backend) createLocked(id protocol.KeyID, keyType uint, label string, pu
 		}
 		created = true
 	}
-	privH, err := ctx.CreateObject(b.login, privT)
-	if err != nil {
+	c := candidate{keyType: keyType, id: id[:], label: label}
+	if len(privs) > 0 {
+		c = privs[0]
+	} else if c.h, err = ctx.CreateObject(b.login, privT); err != nil {
 		if created {
 			_ = ctx.DestroyObject(b.login, pubH)
 		}
 		return nil, fmt.Errorf("creating private key object: %w", err)
 	}
-	k, err := b.buildKeyLocked(candidate{h: privH, keyType: keyType, id: id[:], label: label})
+	k, err := b.buildKeyLocked(c)
 	if err != nil {
-		return nil, fmt.Errorf("loading the imported key: %w", err)
+		return nil, fmt.Errorf("loading the key: %w", err)
 	}
 	if k.id != id {
-		return nil, fmt.Errorf("the token reports key ID %s for the imported key %s", k.id, id)
+		return nil, fmt.Errorf("the token holds key %s under the CKA_ID of key %s", k.id, id)
 	}
 	return k, nil
 }
 
-// findExistingLocked returns the key with ID id if it is on the token: under CKA_ID
-// id, or under another CKA_ID (a key created by other tools), found by comparing the
-// public keys of the private keys of keyType not loaded.
-func (b *Backend) findExistingLocked(id protocol.KeyID, keyType uint) (*keyObject, error) {
+// findUnderOtherIDLocked returns the key with ID id if it is on the token under
+// another CKA_ID, as keys made by other tools are, by comparing the public keys of
+// the private keys of keyType.
+func (b *Backend) findUnderOtherIDLocked(id protocol.KeyID, keyType uint) (*keyObject, error) {
 	cs, err := b.listPrivateLocked(pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, keyType))
 	if err != nil {
 		return nil, err
 	}
-	for pass := 0; pass < 2; pass++ {
-		for _, c := range cs {
-			if sameID := string(c.id) == string(id[:]); sameID != (pass == 0) {
-				continue
-			}
-			k, err := b.buildKeyLocked(c)
-			if err != nil {
-				if pass == 0 {
-					return nil, fmt.Errorf("loading the key already on the token as %s: %w", c, err)
-				}
-				continue
-			}
-			if k.id == id {
-				return k, nil
-			}
+	for _, c := range cs {
+		if string(c.id) == string(id[:]) {
+			continue
+		}
+		if k, err := b.buildKeyLocked(c); err == nil && k.id == id {
+			return k, nil
 		}
 	}
 	return nil, nil

@@ -369,10 +369,37 @@ func (b *Backend) findPublicLocked(c candidate) (pkcs11.ObjectHandle, bool, erro
 	if err != nil {
 		return 0, false, fmt.Errorf("finding public key of %s: %w", c, err)
 	}
+	if len(hs) > 1 {
+		// Several key pairs share the CKA_ID: narrow down by label, and for RSA by
+		// the modulus, which the private key object carries too.
+		hs = b.narrowLocked(hs, pkcs11.CKA_LABEL, []byte(c.label))
+		if len(hs) > 1 && c.keyType == pkcs11.CKK_RSA {
+			if n, err := b.attr(b.login, c.h, pkcs11.CKA_MODULUS); err == nil {
+				hs = b.narrowLocked(hs, pkcs11.CKA_MODULUS, n)
+			}
+		}
+		if len(hs) != 1 {
+			return 0, false, fmt.Errorf("cannot tell which public key object belongs to %s: several share its CKA_ID and label", c)
+		}
+	}
 	if len(hs) == 0 {
 		return 0, false, nil
 	}
 	return hs[0], true, nil
+}
+
+// narrowLocked keeps the objects whose attribute typ is v, or all of them if none is.
+func (b *Backend) narrowLocked(hs []pkcs11.ObjectHandle, typ uint, v []byte) []pkcs11.ObjectHandle {
+	var keep []pkcs11.ObjectHandle
+	for _, h := range hs {
+		if have, err := b.attr(b.login, h, typ); err == nil && bytes.Equal(have, v) {
+			keep = append(keep, h)
+		}
+	}
+	if len(keep) == 0 {
+		return hs
+	}
+	return keep
 }
 
 // refindLocked finds k's private object again after its handle went stale.
@@ -540,6 +567,8 @@ func rsaHash(h crypto.Hash, digest []byte) (*hashInfo, error) {
 	return hi, nil
 }
 
+var errNilOpts = errors.New("nil crypto.SignerOpts")
+
 func (k *keyObject) fail(what string, err error) error {
 	if errors.Is(err, ErrClosed) {
 		return fmt.Errorf("hsm: %s with key %s: %w", what, k, err)
@@ -557,6 +586,9 @@ func (s *rsaSigner) Public() crypto.PublicKey { return s.k.pub }
 // is given). rand is not used: the token has its own.
 func (s *rsaSigner) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
 	k := s.k
+	if opts == nil {
+		return nil, k.fail("signing (RSA)", errNilOpts)
+	}
 	if pss, ok := opts.(*rsa.PSSOptions); ok {
 		hi, err := rsaHash(pss.Hash, digest)
 		if err != nil {
@@ -614,6 +646,9 @@ func (s *ecdsaSigner) Public() crypto.PublicKey { return s.k.pub }
 // Sign signs digest with CKM_ECDSA and returns an ASN.1 DER signature.
 func (s *ecdsaSigner) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
 	k := s.k
+	if opts == nil {
+		return nil, k.fail("signing (ECDSA)", errNilOpts)
+	}
 	if h := opts.HashFunc(); h != 0 && len(digest) != h.Size() {
 		return nil, k.fail("signing (ECDSA)", fmt.Errorf("digest is %d bytes, %v needs %d", len(digest), h, h.Size()))
 	}
@@ -677,6 +712,9 @@ func (s *ed25519Signer) Public() crypto.PublicKey { return s.k.pub }
 // a hash (Ed25519ph) or a context (Ed25519ctx).
 func (s *ed25519Signer) Sign(_ io.Reader, message []byte, opts crypto.SignerOpts) ([]byte, error) {
 	k := s.k
+	if opts == nil {
+		return nil, k.fail("signing (Ed25519)", errNilOpts)
+	}
 	if opts.HashFunc() != 0 {
 		return nil, k.fail("signing (Ed25519)", fmt.Errorf("Ed25519ph (hash %v) is not supported; pass crypto.Hash(0)", opts.HashFunc()))
 	}

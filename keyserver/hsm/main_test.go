@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"sync"
@@ -22,8 +23,10 @@ import (
 
 const (
 	testTokenLabel = "tiergate-hsm-test"
-	testSOPIN      = "so-pin-1234"
-	testUserPIN    = "user-pin-5678"
+	// otherTokenLabel is a second token that no shared backend logs in to.
+	otherTokenLabel = "tiergate-hsm-other"
+	testSOPIN       = "so-pin-1234"
+	testUserPIN     = "user-pin-5678"
 )
 
 // The token every test uses. SoftHSM reads SOFTHSM2_CONF once, in C_Initialize, so
@@ -38,6 +41,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if haveSoftHSM() {
 		dir, err := os.MkdirTemp("", "tiergate-hsm-test-")
 		if err != nil {
@@ -45,6 +49,9 @@ func run(m *testing.M) int {
 		} else {
 			defer os.RemoveAll(dir)
 			if testToken, setupErr = softhsm.CreateToken(dir, testTokenLabel, testSOPIN, testUserPIN); setupErr == nil {
+				_, setupErr = softhsm.CreateToken(dir, otherTokenLabel, testSOPIN, testUserPIN)
+			}
+			if setupErr == nil {
 				setupErr = testToken.Setenv()
 			}
 		}
@@ -196,4 +203,47 @@ func (b *Backend) countObjects(t testing.TB, class uint, id []byte) int {
 		t.Fatal(err)
 	}
 	return len(hs)
+}
+
+// destroyObjects destroys every object of class with CKA_ID id.
+func (b *Backend) destroyObjects(t testing.TB, class uint, id []byte) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	hs, err := b.findLocked([]*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, class),
+		pkcs11.NewAttribute(pkcs11.CKA_ID, id),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hs {
+		if err := b.mod.ctx.DestroyObject(b.login, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// setID changes the CKA_ID of every key object with CKA_ID from to to.
+func (b *Backend) setID(t testing.TB, from, to []byte) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	hs, err := b.findLocked([]*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_ID, from)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hs) == 0 {
+		t.Fatalf("no objects with CKA_ID %x", from)
+	}
+	for _, h := range hs {
+		if err := b.mod.ctx.SetAttributeValue(b.login, h, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_ID, to)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func testenvCommand(t testing.TB, name, pkg string) string {
+	t.Helper()
+	return testenv.RequireCommand(t, name, pkg)
 }

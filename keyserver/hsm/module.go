@@ -1,6 +1,8 @@
 package hsm
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"os"
@@ -26,7 +28,13 @@ type module struct {
 
 	// Guarded by modules.mu.
 	refs   int
-	logins map[string]int // token key → Backends holding a login
+	logins map[string]*login // token key → the process's login to it
+}
+
+// login is the process's login to one token.
+type login struct {
+	holders int      // Backends relying on it
+	pin     [32]byte // SHA-256 of the PIN it was made with
 }
 
 var modules struct {
@@ -51,7 +59,7 @@ func openModule(path string) (*module, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("loading PKCS#11 module %s: not a loadable PKCS#11 library", path)
 	}
-	m := &module{path: key, ctx: ctx, finalize: true, refs: 1, logins: map[string]int{}}
+	m := &module{path: key, ctx: ctx, finalize: true, refs: 1, logins: map[string]*login{}}
 	if err := ctx.Initialize(); err != nil {
 		if !isRV(err, pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED) {
 			ctx.Destroy()
@@ -101,11 +109,24 @@ func (m *module) release() error {
 	return err
 }
 
-// holdLogin records that one more Backend relies on the login to token.
-func (m *module) holdLogin(token string) {
+// holdLogin records that one more Backend relies on the login to token, made with
+// pin. If another Backend of the process logged in to token with a different PIN,
+// it returns false: the token accepted the login only because it was already logged
+// in, and pin may well be wrong.
+func (m *module) holdLogin(token, pin string) bool {
+	sum := sha256.Sum256([]byte(pin))
 	modules.mu.Lock()
-	m.logins[token]++
-	modules.mu.Unlock()
+	defer modules.mu.Unlock()
+	l := m.logins[token]
+	if l == nil {
+		m.logins[token] = &login{holders: 1, pin: sum}
+		return true
+	}
+	if subtle.ConstantTimeCompare(l.pin[:], sum[:]) != 1 {
+		return false
+	}
+	l.holders++
+	return true
 }
 
 // dropLogin records that a Backend no longer relies on the login to token and
@@ -113,8 +134,11 @@ func (m *module) holdLogin(token string) {
 func (m *module) dropLogin(token string) (last bool) {
 	modules.mu.Lock()
 	defer modules.mu.Unlock()
-	m.logins[token]--
-	if m.logins[token] > 0 {
+	l := m.logins[token]
+	if l == nil {
+		return false
+	}
+	if l.holders--; l.holders > 0 {
 		return false
 	}
 	delete(m.logins, token)

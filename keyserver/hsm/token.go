@@ -26,7 +26,7 @@ var moduleDirs = []string{
 // resolveModule returns the module path from cfg.Module, the module-path or
 // module-name of the URIs, or DefaultModule. Conflicting choices are an error.
 func resolveModule(cfg *Config, uris []*URI) (string, error) {
-	path, from := cfg.Module, "module"
+	path, from := cfg.Module, "the module setting"
 	for _, u := range uris {
 		p := u.ModulePath
 		if p == "" && u.ModuleName != "" {
