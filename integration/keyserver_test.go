@@ -256,7 +256,7 @@ func TestTLSHandshakesWithRemoteKey(t *testing.T) {
 		if _, ok := k.priv.Public().(*ecdsa.PublicKey); ok {
 			modes = ecModes
 		}
-		site := newTLSSite(t, k, c.NewKey(k.id, k.priv.Public()))
+		site := newTLSSite(t, k, c.NewKey(k.id, k.priv.Public()).PrivateKey())
 		for _, m := range modes {
 			t.Run(k.name+"/"+m.name, func(t *testing.T) {
 				before := ks.opsOK()
@@ -298,7 +298,11 @@ func TestKeyserverKilledDuringHandshakes(t *testing.T) {
 	a := newKeyserver(t, p, []*siteKey{k})
 	b := newKeyserver(t, p, []*siteKey{k})
 	c := newClient(t, p, "l7-node", a, b)
-	site := newTLSSite(t, k, c.NewKey(k.id, k.priv.Public()))
+	site := newTLSSite(t, k, c.NewKey(k.id, k.priv.Public()).PrivateKey())
+	waitFor(t, 10*time.Second, "client connected to both keyservers", func() bool {
+		st := c.Stats()
+		return st[0].Conns > 0 && st[1].Conns > 0
+	})
 
 	const (
 		workers  = 500

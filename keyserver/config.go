@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tiergate/tiergate/keyserver/backend"
+	"github.com/tiergate/tiergate/keyserver/protocol"
 )
 
 // Config configures a Server. The zero value of every field means its documented
@@ -130,4 +131,4 @@ func (c *Config) populate() {
 }
 
 // ALPN is the application protocol name both sides negotiate.
-const ALPN = "tiergate-keyless/1"
+const ALPN = protocol.ALPN

@@ -3,23 +3,36 @@
 // private-key operations over them, and fails over between servers.
 //
 // A RemoteKey is a crypto.Signer and crypto.Decrypter whose private half lives on the
-// keyservers, so tls.Certificate{PrivateKey: key} works unchanged in crypto/tls and
-// quic-go: the handshake goroutine blocks on its answer while the connection carries
-// other handshakes' requests.
+// keyservers, so tls.Certificate{PrivateKey: key} works unchanged in crypto/tls (TLS
+// 1.3) and quic-go: the handshake goroutine blocks on its answer while the connection
+// carries other handshakes' requests. One exception: in TLS 1.2, crypto/tls refuses a
+// crypto.Decrypter whose public key is not RSA, so ECDSA and Ed25519 certificates
+// take RemoteKey.PrivateKey() (or come from Client.TLSCertificate, which does that).
 //
 // Each connection has one writer goroutine, which coalesces the frames queued by
 // concurrent callers into one write, and one reader goroutine, which hands each answer
-// to the caller waiting for its request ID. A request that fails on one server for a
-// reason another server may not share (a broken connection, a timeout, overload, an
-// internal error, a missing key) is retried on another server, preferring the one with
-// the fewest requests in flight, until Config.Timeout; a refusal (not authorized, bad
-// request, crypto failure) is returned at once as a *protocol.Error.
+// to the caller waiting for its request ID; answers come in any order.
+//
+// A request that fails on one server for a reason another server may not share (a
+// broken connection, a timeout, overload, an internal error, a missing key) is retried
+// on another server: among those with a connection up, the one with the fewest
+// requests in flight, ties broken round-robin, and a server where a request just
+// timed out comes last until it answers again. When every server has been tried, and
+// at least one failure was transient, the client pauses ReconnectMin and tries them
+// all again, until Config.Timeout. A refusal (not authorized, bad request, crypto
+// failure) is returned at once as a *protocol.Error. When every server failed, a
+// Config.Fallback key for the operation's key, if any, serves it locally.
+//
+// Errors are *OpError values that wrap the last attempt's error: match them with
+// errors.Is against protocol.ErrNotAuthorized and friends, ErrTimeout,
+// ErrUnavailable, ErrConnectionLost or ErrClosed.
 package client
 
 import (
 	"context"
 	"crypto"
 	cryptorand "crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
 	"encoding/binary"
 	"fmt"
@@ -33,6 +46,9 @@ import (
 
 	"github.com/tiergate/tiergate/keyserver/protocol"
 )
+
+// ALPN is the application protocol the client offers when Config.TLS names none.
+const ALPN = protocol.ALPN
 
 // Client is a pool of connections to a set of keyservers. It is safe for concurrent
 // use.
@@ -83,10 +99,11 @@ func (s *server) answered() {
 }
 
 // timedOut puts the server last in the order of choice for a while: a request timed
-// out there. The period doubles with each timeout until the server answers anything.
-func (s *server) timedOut(base time.Duration) {
-	n := min(s.timeouts.Add(1), 7)
-	s.penalty.Store(time.Now().Add(base << (n - 1)).UnixNano())
+// out there. The period starts at base and doubles with each timeout, up to limit,
+// until the server sends anything (a health ping's answer, say).
+func (s *server) timedOut(base, limit time.Duration) {
+	n := min(s.timeouts.Add(1), 16)
+	s.penalty.Store(time.Now().Add(min(base<<(n-1), limit)).UnixNano())
 }
 
 func (s *server) setDialErr(err error) {
@@ -125,6 +142,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	tc := cfg.TLS.Clone()
 	tc.MinVersion = tls.VersionTLS13
+	if len(tc.NextProtos) == 0 {
+		tc.NextProtos = []string{ALPN}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
 		cfg:     cfg,
@@ -388,7 +408,7 @@ func (c *Client) attempt(ctx context.Context, s *server, req *protocol.Request, 
 	if err != nil {
 		s.failures.Add(1)
 		if o == outTimeout {
-			s.timedOut(c.cfg.RequestTimeout)
+			s.timedOut(c.cfg.RequestTimeout, max(c.cfg.RequestTimeout, c.cfg.PingInterval))
 			cn.requestPing()
 		}
 	}
@@ -406,7 +426,12 @@ type fallbackOp struct {
 
 func (f *fallbackOp) run() ([]byte, error) {
 	if !f.decrypt {
-		return f.signer.Sign(cryptorand.Reader, f.digest, f.opts)
+		opts := f.opts
+		if pss, ok := opts.(*rsa.PSSOptions); ok {
+			// What the keyservers do (OpRSASignPSS), whatever salt length was asked.
+			opts = &rsa.PSSOptions{SaltLength: rsa.PSSSaltLengthEqualsHash, Hash: pss.Hash}
+		}
+		return f.signer.Sign(cryptorand.Reader, f.digest, opts)
 	}
 	d, ok := f.signer.(crypto.Decrypter)
 	if !ok {

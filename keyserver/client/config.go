@@ -28,8 +28,9 @@ type Config struct {
 
 	// TLS carries the client certificate (Certificates or GetClientCertificate) and the
 	// CA pool that verifies the keyservers (RootCAs; nil means the system pool).
-	// ServerName, when empty, is taken from each server's host. The config is cloned
-	// and MinVersion is forced to TLS 1.3. Required.
+	// ServerName, when empty, is taken from each server's host; NextProtos, when
+	// empty, is ALPN. The config is cloned and MinVersion is forced to TLS 1.3.
+	// Required.
 	TLS *tls.Config
 
 	// ConnsPerServer is the number of long-lived connections kept to each server.

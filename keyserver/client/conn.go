@@ -25,8 +25,8 @@ const maxBatch = 64 << 10
 // timeout) is the only one who may complete it.
 type conn struct {
 	srv *server
-	tc  *tls.Conn
-	raw net.Conn
+	nc  net.Conn // the TLS connection
+	raw net.Conn // the TCP connection under it
 
 	wch          chan *[]byte  // encoded frames for the writer
 	sem          chan struct{} // one token per request in flight
@@ -64,11 +64,11 @@ func putBuf(b *[]byte) {
 	}
 }
 
-func newConn(srv *server, tc *tls.Conn, maxInFlight int, writeTimeout time.Duration) *conn {
+func newConn(srv *server, nc, raw net.Conn, maxInFlight int, writeTimeout time.Duration) *conn {
 	cn := &conn{
 		srv:          srv,
-		tc:           tc,
-		raw:          tc.NetConn(),
+		nc:           nc,
+		raw:          raw,
 		wch:          make(chan *[]byte, maxInFlight+8),
 		sem:          make(chan struct{}, maxInFlight),
 		done:         make(chan struct{}),
@@ -112,7 +112,7 @@ func (cn *conn) failed() error {
 
 func (cn *conn) readLoop() {
 	defer cn.wg.Done()
-	br := bufio.NewReaderSize(cn.tc, 16<<10)
+	br := bufio.NewReaderSize(cn.nc, 16<<10)
 	hdr := make([]byte, protocol.HeaderLen)
 	for {
 		h, body, err := protocol.ReadFrame(br, hdr)
@@ -170,7 +170,7 @@ func (cn *conn) writeLoop() {
 			}
 		}
 		cn.raw.SetWriteDeadline(time.Now().Add(cn.writeTimeout))
-		if _, err := cn.tc.Write(buf); err != nil {
+		if _, err := cn.nc.Write(buf); err != nil {
 			cn.fail(fmt.Errorf("writing: %w", err))
 			return
 		}
@@ -316,6 +316,8 @@ func (c *Client) runSlot(s *slot) {
 		}
 		if failures > 0 {
 			log.Info("keyserver connection restored", "after_failures", failures)
+		} else {
+			log.Debug("keyserver connected")
 		}
 		s.conn.Store(cn)
 		s.srv.up.Add(1)
@@ -325,6 +327,9 @@ func (c *Client) runSlot(s *slot) {
 
 		c.supervise(cn)
 
+		// Connecting before down, so that requests looking for a connection wait for
+		// this one rather than give up on the server.
+		c.setState(s, slotConnecting)
 		s.conn.Store(nil)
 		s.srv.up.Add(-1)
 		s.srv.m.addConns(-1)
@@ -332,9 +337,7 @@ func (c *Client) runSlot(s *slot) {
 		if c.isClosed() {
 			return
 		}
-		err = cn.failed()
-		log.Warn("keyserver connection lost", "err", err, "up_for", time.Since(upSince).Round(time.Millisecond))
-		c.setState(s, slotConnecting)
+		log.Warn("keyserver connection lost", "err", cn.failed(), "up_for", time.Since(upSince).Round(time.Millisecond))
 		if time.Since(upSince) >= c.cfg.ReconnectMax {
 			failures = 0
 		}
@@ -398,7 +401,7 @@ func (c *Client) dial(srv *server) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newConn(srv, nc.(*tls.Conn), c.cfg.MaxInFlightPerConn, c.cfg.RequestTimeout), nil
+	return newConn(srv, nc, nc.(*tls.Conn).NetConn(), c.cfg.MaxInFlightPerConn, c.cfg.RequestTimeout), nil
 }
 
 var timerPool sync.Pool

@@ -136,10 +136,15 @@ func (o outcome) String() string { return outcomeNames[o] }
 
 // classify returns the outcome of an attempt's error.
 func classify(err error) outcome {
+	if err == nil {
+		return outcome(protocol.CodeOK)
+	}
+	return classifyError(err)
+}
+
+func classifyError(err error) outcome {
 	var pe *protocol.Error
 	switch {
-	case err == nil:
-		return outcome(protocol.CodeOK)
 	case errors.Is(err, ErrClosed):
 		return outClosed
 	case errors.Is(err, ErrTimeout):

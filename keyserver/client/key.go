@@ -6,6 +6,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/rsa"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -16,9 +17,10 @@ import (
 )
 
 // RemoteKey is a private key held by the keyservers. It implements crypto.Signer and
-// crypto.Decrypter, so it can be the PrivateKey of a tls.Certificate. Its methods block
-// until the keyservers answer (at most Config.Timeout) and are safe for concurrent
-// use.
+// crypto.Decrypter, so it can be the PrivateKey of a tls.Certificate (for ECDSA and
+// Ed25519 keys served over TLS 1.2, use PrivateKey or Client.TLSCertificate). Its
+// methods block until the keyservers answer (at most Config.Timeout) and are safe for
+// concurrent use.
 type RemoteKey struct {
 	c   *Client
 	id  protocol.KeyID
@@ -52,6 +54,49 @@ func (c *Client) Key(ctx context.Context, id protocol.KeyID) (*RemoteKey, error)
 		return nil, &OpError{Op: req.Op, Key: id, Err: fmt.Errorf("server sent the public key of %s", got.Short())}
 	}
 	return c.NewKey(id, pub), nil
+}
+
+// TLSCertificate returns a certificate for chain (DER, leaf first) whose private key
+// is held by the keyservers, without a round trip: the key ID is that of the leaf's
+// public key.
+func (c *Client) TLSCertificate(chain [][]byte) (tls.Certificate, error) {
+	if len(chain) == 0 {
+		return tls.Certificate{}, errors.New("keyserver client: empty certificate chain")
+	}
+	leaf, err := x509.ParseCertificate(chain[0])
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("keyserver client: parsing leaf certificate: %w", err)
+	}
+	id, err := backend.KeyIDOf(leaf.PublicKey)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("keyserver client: certificate %q: %w", leaf.Subject, err)
+	}
+	k := c.NewKey(id, leaf.PublicKey)
+	return tls.Certificate{Certificate: chain, PrivateKey: k.PrivateKey(), Leaf: leaf}, nil
+}
+
+// PrivateKey returns the value for tls.Certificate.PrivateKey: k itself for an RSA
+// key, and for ECDSA and Ed25519 keys a view of k without the Decrypt method. In TLS
+// 1.2, crypto/tls takes any crypto.Decrypter for an RSA decryption key and refuses
+// one whose public key is not RSA; TLS 1.3 and QUIC accept k itself for every key.
+func (k *RemoteKey) PrivateKey() crypto.Signer {
+	if _, ok := k.pub.(*rsa.PublicKey); ok {
+		return k
+	}
+	return signer{k}
+}
+
+// signer is a RemoteKey that is not a crypto.Decrypter.
+type signer struct{ k *RemoteKey }
+
+func (s signer) Public() crypto.PublicKey { return s.k.pub }
+
+func (s signer) Sign(rand io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	return s.k.Sign(rand, digest, opts)
+}
+
+func (s signer) SignContext(ctx context.Context, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	return s.k.SignContext(ctx, digest, opts)
 }
 
 // ID returns the key's ID.
@@ -177,6 +222,7 @@ func (k *RemoteKey) decryptRequest(req *protocol.Request, opts crypto.DecrypterO
 	}
 	switch o := opts.(type) {
 	case nil:
+	//lint:ignore SA1019 crypto/tls passes these options for the TLS 1.2 RSA key exchange.
 	case *rsa.PKCS1v15DecryptOptions:
 		if o == nil {
 			break

@@ -18,6 +18,9 @@ import (
 // is answered with CodeBadRequest.
 const Version = 1
 
+// ALPN is the TLS application protocol both sides negotiate.
+const ALPN = "tiergate-keyless/1"
+
 // HeaderLen is the size of a frame header in bytes.
 const HeaderLen = 16
 
