@@ -44,7 +44,7 @@ func binaries(t *testing.T) string {
 		if buildErr != nil {
 			return
 		}
-		out, err := exec.Command("go", "build", "-o", binDir+"/", "github.com/tiergate/tiergate/cmd/...").CombinedOutput()
+		out, err := exec.Command("go", "build", "-o", binDir+"/", "github.com/tiergate/tiergate/cmd/...", "github.com/tiergate/tiergate/integration/cmd/hsload").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
