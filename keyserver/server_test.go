@@ -264,6 +264,7 @@ func TestOperationsVerify(t *testing.T) {
 	}
 
 	secret := []byte("0123456789abcdef0123456789abcdef0123456789abcdef")
+	//lint:ignore SA1019 TLS 1.2 RSA key exchange is PKCS #1 v1.5 encryption; it is what keyserverd must decrypt
 	ct, err := rsa.EncryptPKCS1v15(rand.Reader, &f.rsa.PublicKey, secret)
 	if err != nil {
 		t.Fatal(err)

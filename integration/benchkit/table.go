@@ -22,8 +22,13 @@ func (t *Table) Row(cells ...any) {
 	t.rows = append(t.rows, r)
 }
 
-// Separator appends a horizontal rule.
-func (t *Table) Separator() { t.rows = append(t.rows, nil) }
+// Separator appends a horizontal rule, unless the table has no row yet or already ends
+// with one.
+func (t *Table) Separator() {
+	if len(t.rows) > 0 && t.rows[len(t.rows)-1] != nil {
+		t.rows = append(t.rows, nil)
+	}
+}
 
 // Fprint writes the table to w.
 func (t *Table) Fprint(w io.Writer) error {

@@ -38,6 +38,10 @@ type options struct {
 	cpuProfile     string
 	inProcess      bool
 	opensslSeconds int
+	sessions       int // 0: 4 × GOMAXPROCS
+	quietCores     float64
+	quietWait      time.Duration
+	phases         map[string]bool // nil: all
 	out, log       io.Writer
 }
 
@@ -55,9 +59,16 @@ type row struct {
 	config    string
 	inFlight  int
 	res       *benchkit.Result
-	serverCPU bool // res.CPU[1] is the keyserver process's
+	serverCPU bool // res.CPU[clockServer] is the keyserver process's
 	verified  int64
 }
+
+// The CPU clocks of every measurement, in this order.
+const (
+	clockSelf    = iota // this process
+	clockMachine        // every process on the machine
+	clockServer         // the keyserverd process, when there is one
+)
 
 type bench struct {
 	o        *options
@@ -89,21 +100,16 @@ func run(ctx context.Context, o *options) error {
 		quiet: slog.New(slog.NewTextHandler(o.log, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	b.progress("setting up: SoftHSM2 token, RSA-2048 key, certificates, keyserverd import (in %s)", dir)
-	if b.f, err = newFixture(dir, ksBin); err != nil {
+	if b.f, err = newFixture(dir, ksBin, o.sessions); err != nil {
 		return err
 	}
 
-	phases := []struct {
-		name string
-		run  func(context.Context) error
-	}{
-		{"openssl speed", b.runOpenSSL},
-		{"PKCS#11 direct", b.runPKCS11Direct},
-		{"crypto/rsa direct", b.runSoftwareDirect},
-		{"keyserverd + SoftHSM", func(ctx context.Context) error { return b.runKeyserver(ctx, pkcs11Backend) }},
-		{"keyserverd + software", func(ctx context.Context) error { return b.runKeyserver(ctx, softwareBackend) }},
-	}
-	for _, p := range phases {
+	// Each keyserverd configuration runs right after its in-process baseline, so that
+	// the ratio between them is taken over the same stretch of a shared machine.
+	for _, p := range phases(b) {
+		if o.phases != nil && !o.phases[p.name] {
+			continue
+		}
 		if err := p.run(ctx); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -113,9 +119,34 @@ func run(ctx context.Context, o *options) error {
 	}
 	b.report()
 	if len(b.failures) > 0 {
-		return fmt.Errorf("%d failures: %s", len(b.failures), strings.Join(b.failures, "; "))
+		return errFailed
 	}
 	return nil
+}
+
+// errFailed says that the report, already written, lists failures.
+var errFailed = errors.New("failures listed in the report")
+
+// clientConns is the number of connections the client keeps to keyserverd (the
+// client's default).
+const clientConns = 2
+
+type phase struct {
+	name string
+	run  func(context.Context) error
+}
+
+// phaseNames lists the phases in the order they run, for -phases.
+var phaseNames = []string{"openssl", "pkcs11-direct", "keyserverd-pkcs11", "software-direct", "keyserverd-software"}
+
+func phases(b *bench) []phase {
+	return []phase{
+		{"openssl", b.runOpenSSL},
+		{"pkcs11-direct", b.runPKCS11Direct},
+		{"keyserverd-pkcs11", func(ctx context.Context) error { return b.runKeyserver(ctx, pkcs11Backend) }},
+		{"software-direct", b.runSoftwareDirect},
+		{"keyserverd-software", func(ctx context.Context) error { return b.runKeyserver(ctx, softwareBackend) }},
+	}
 }
 
 func (b *bench) progress(format string, args ...any) {
@@ -129,12 +160,31 @@ func (b *bench) fail(format string, args ...any) {
 }
 
 func (b *bench) runOpenSSL(ctx context.Context) error {
+	if err := b.waitQuiet(ctx, benchkit.SelfCPU); err != nil {
+		return err
+	}
 	b.progress("openssl speed -seconds %d -multi %d rsa2048", b.o.opensslSeconds, runtime.NumCPU())
 	r, err := benchkit.OpenSSLSpeedRSA(ctx, 2048, b.o.opensslSeconds, runtime.NumCPU())
 	if err != nil {
 		return err
 	}
 	b.openssl = r
+	return nil
+}
+
+// waitQuiet waits, within -quiet-wait, for the processes other than ours to leave
+// the machine alone.
+func (b *bench) waitQuiet(ctx context.Context, ours ...benchkit.CPUClock) error {
+	if b.o.quietWait <= 0 {
+		return nil
+	}
+	others, quiet, err := benchkit.WaitQuiet(ctx, b.o.quietCores, b.o.quietWait, ours...)
+	if err != nil {
+		return err
+	}
+	if !quiet {
+		b.progress("other processes still use %.2f cores after %v: measuring anyway", others, b.o.quietWait)
+	}
 	return nil
 }
 
@@ -150,6 +200,13 @@ func signerFunc(s crypto.Signer) signFunc {
 // measure runs inFlight workers signing distinct digests back to back, verifying a
 // sample of the signatures with the public key.
 func (b *bench) measure(ctx context.Context, config string, inFlight int, sign signFunc, clocks []benchkit.CPUClock) (*row, error) {
+	ours := []benchkit.CPUClock{clocks[clockSelf]}
+	if len(clocks) > clockServer {
+		ours = append(ours, clocks[clockServer])
+	}
+	if err := b.waitQuiet(ctx, ours...); err != nil {
+		return nil, err
+	}
 	b.progress("%s, %d in flight: %v warm-up, %v measured", config, inFlight, b.o.warmup, b.o.duration)
 	var nonce [16]byte
 	rand.Read(nonce[:])
@@ -186,10 +243,10 @@ func (b *bench) measure(ctx context.Context, config string, inFlight int, sign s
 	if err != nil {
 		return nil, err
 	}
-	r := &row{config: config, inFlight: inFlight, res: res, serverCPU: len(clocks) > 1, verified: verified.Load()}
+	r := &row{config: config, inFlight: inFlight, res: res, serverCPU: len(clocks) > clockServer, verified: verified.Load()}
 	b.rows = append(b.rows, r)
-	b.progress("  %.1f signs/s, p50 %.3f ms, p99 %.3f ms, %d errors, %d signatures verified",
-		res.Rate(), benchkit.Ms(res.Latencies.Percentile(50)), benchkit.Ms(res.Latencies.Percentile(99)), res.Errors, r.verified)
+	b.progress("  %.1f signs/s, p50 %.3f ms, p99 %.3f ms, %d errors, %d signatures verified, other processes %.2f cores",
+		res.Rate(), benchkit.Ms(res.Latencies.Percentile(50)), benchkit.Ms(res.Latencies.Percentile(99)), res.Errors, r.verified, r.otherCores())
 	switch {
 	case bad.Load() > 0:
 		b.fail("%s at %d in flight: %d signatures did not verify", config, inFlight, bad.Load())
@@ -204,6 +261,39 @@ func (b *bench) measure(ctx context.Context, config string, inFlight int, sign s
 		b.progress("  reading CPU time: %v", res.CPUErr)
 	}
 	return r, nil
+}
+
+func selfClocks() []benchkit.CPUClock {
+	return []benchkit.CPUClock{clockSelf: benchkit.SelfCPU, clockMachine: benchkit.MachineBusyCPU}
+}
+
+// ourCores is the CPU this process and keyserverd used, in cores.
+func (r *row) ourCores() float64 {
+	if r.res.Elapsed <= 0 || len(r.res.CPU) <= clockMachine {
+		return 0
+	}
+	d := r.res.CPU[clockSelf]
+	if r.serverCPU {
+		d += r.res.CPU[clockServer]
+	}
+	return d.Seconds() / r.res.Elapsed.Seconds()
+}
+
+// cpuPerSign is the CPU this process and keyserverd used per signature.
+func (r *row) cpuPerSign() time.Duration {
+	d := r.res.CPUPerOp(clockSelf)
+	if r.serverCPU {
+		d += r.res.CPUPerOp(clockServer)
+	}
+	return d
+}
+
+// otherCores is the CPU every other process on the machine used, in cores.
+func (r *row) otherCores() float64 {
+	if r.res.Elapsed <= 0 || len(r.res.CPU) <= clockMachine {
+		return 0
+	}
+	return max(r.res.CPU[clockMachine].Seconds()/r.res.Elapsed.Seconds()-r.ourCores(), 0)
 }
 
 // openHSM opens the token in this process with the benchmark's session count.
@@ -249,7 +339,7 @@ func (b *bench) runPKCS11Direct(ctx context.Context) error {
 		return err
 	}
 	defer hb.Close()
-	_, err = b.measure(ctx, cfgPKCS11Direct, 2*b.f.sessions, signerFunc(s), []benchkit.CPUClock{benchkit.SelfCPU})
+	_, err = b.measure(ctx, cfgPKCS11Direct, 2*b.f.sessions, signerFunc(s), selfClocks())
 	return err
 }
 
@@ -268,7 +358,7 @@ func (b *bench) runSoftwareDirect(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("%s holds a %T", b.f.keyPath, priv)
 	}
-	_, err = b.measure(ctx, cfgSoftDirect, runtime.GOMAXPROCS(0), signerFunc(key), []benchkit.CPUClock{benchkit.SelfCPU})
+	_, err = b.measure(ctx, cfgSoftDirect, runtime.GOMAXPROCS(0), signerFunc(key), selfClocks())
 	return err
 }
 
@@ -283,7 +373,7 @@ func (b *bench) runKeyserver(ctx context.Context, kind string) (err error) {
 	if err != nil {
 		return err
 	}
-	clocks := []benchkit.CPUClock{benchkit.SelfCPU}
+	clocks := selfClocks()
 	var proc *benchkit.Process
 	if b.o.inProcess {
 		config += " (in-process)"
@@ -301,7 +391,7 @@ func (b *bench) runKeyserver(ctx context.Context, kind string) (err error) {
 		if err != nil {
 			return err
 		}
-		cfg, err := b.f.writeConfig(kind, listen, metrics, kind)
+		cfg, err := b.f.writeConfig(kind, listen, metrics, kind, true)
 		if err != nil {
 			return err
 		}
@@ -329,6 +419,7 @@ func (b *bench) runKeyserver(ctx context.Context, kind string) (err error) {
 	cl, err := client.New(client.Config{
 		Servers:        []string{listen},
 		TLS:            b.f.clientTLS,
+		ConnsPerServer: clientConns,
 		RequestTimeout: b.o.requestTimeout,
 		Timeout:        3 * b.o.requestTimeout,
 		Logger:         b.quiet,

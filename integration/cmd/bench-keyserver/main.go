@@ -13,11 +13,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,11 +42,15 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "warm-up before each measurement")
 	fs.IntVar(&o.maxOps, "max-ops", 1_000_000, "end a measurement early after this many signatures")
 	levels := fs.String("levels", "1,16,256,1024", "comma-separated `counts` of requests in flight through keyserverd")
-	fs.IntVar(&o.verifyEvery, "verify-every", 32, "verify every `n`th signature of each worker with crypto/rsa (and each worker's first)")
+	fs.IntVar(&o.verifyEvery, "verify-every", 32, "verify one signature in `n` of each worker with crypto/rsa (and each worker's first)")
 	fs.DurationVar(&o.requestTimeout, "request-timeout", 10*time.Second,
 		"keyserver client RequestTimeout; the whole request gets 3× this (generous, so that queueing at 1024 in flight is measured, not cut off)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write CPU profiles of this process during the keyserverd phases to `prefix`-pkcs11.pprof and prefix-software.pprof")
 	fs.BoolVar(&o.inProcess, "inprocess", false, "run the keyserver inside this process instead of bin/keyserverd (for profiling both sides in one profile)")
+	phaseList := fs.String("phases", strings.Join(phaseNames, ","), "comma-separated phases to run (for iterating; the summary needs them all)")
+	fs.IntVar(&o.sessions, "sessions", 0, "PKCS#11 operation sessions in keyserverd and in the direct run (default 4 × GOMAXPROCS, keyserverd's own default)")
+	fs.Float64Var(&o.quietCores, "quiet-cores", 0.2, "before each measurement, wait for other processes to use fewer `cores` than this (the machines are shared)")
+	fs.DurationVar(&o.quietWait, "quiet-wait", 30*time.Second, "how long to wait for that before measuring anyway (0: do not wait)")
 	fs.IntVar(&o.opensslSeconds, "openssl-seconds", 0, "seconds for openssl speed (default: -duration rounded up)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -58,7 +64,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench-keyserver: -levels: %v\n", err)
 		return 2
 	}
-	if o.duration <= 0 || o.warmup < 0 || o.maxOps <= 0 || o.verifyEvery <= 0 || o.requestTimeout <= 0 {
+	if o.phases, err = parsePhases(*phaseList); err != nil {
+		fmt.Fprintf(stderr, "bench-keyserver: -phases: %v\n", err)
+		return 2
+	}
+	if o.duration <= 0 || o.warmup < 0 || o.maxOps <= 0 || o.verifyEvery <= 0 || o.requestTimeout <= 0 || o.sessions < 0 || o.quietWait < 0 {
 		fmt.Fprintln(stderr, "bench-keyserver: -duration, -max-ops, -verify-every and -request-timeout must be positive, -warmup not negative")
 		return 2
 	}
@@ -69,9 +79,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, &o); err != nil {
-		if ctx.Err() != nil {
+		switch {
+		case errors.Is(err, errFailed):
+			// The report ends with the failures and the JSON line; nothing follows.
+		case ctx.Err() != nil:
 			fmt.Fprintln(stderr, "bench-keyserver: interrupted")
-		} else {
+		default:
 			fmt.Fprintf(stderr, "bench-keyserver: %v\n", err)
 		}
 		return 1
@@ -87,6 +100,18 @@ func parseLevels(s string) ([]int, error) {
 			return nil, fmt.Errorf("%q is not a positive count", f)
 		}
 		out = append(out, n)
+	}
+	return out, nil
+}
+
+func parsePhases(s string) (map[string]bool, error) {
+	out := map[string]bool{}
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if !slices.Contains(phaseNames, f) {
+			return nil, fmt.Errorf("unknown phase %q (known: %s)", f, strings.Join(phaseNames, ", "))
+		}
+		out[f] = true
 	}
 	return out, nil
 }

@@ -28,6 +28,9 @@ type summary struct {
 	P50MsAt256           *float64 `json:"p50_ms_at_256"`
 	P99MsAt256           *float64 `json:"p99_ms_at_256"`
 	KeyserverBestAt      int      `json:"keyserver_best_in_flight"`
+	CPUOverheadRatio     float64  `json:"cpu_overhead_ratio"`
+	KeyserverCPUUs       float64  `json:"keyserver_cpu_us_per_sign"`
+	PKCS11DirectCPUUs    float64  `json:"pkcs11_direct_cpu_us_per_sign"`
 	KeyserverVsOpenSSL   float64  `json:"keyserver_vs_openssl_ratio"`
 	PKCS11VsOpenSSL      float64  `json:"pkcs11_direct_vs_openssl_ratio"`
 	SoftwareKeyserver    float64  `json:"software_keyserver_rsa2048_signs_per_s"`
@@ -39,6 +42,7 @@ type summary struct {
 	TailTargetMet        *bool    `json:"p99_target_met"`
 	Sessions             int      `json:"pkcs11_sessions"`
 	Cores                int      `json:"cores"`
+	MaxOtherCores        float64  `json:"max_other_processes_cores"`
 	GOMAXPROCS           int      `json:"gomaxprocs"`
 	DurationS            float64  `json:"duration_s"`
 	InProcess            bool     `json:"in_process_keyserver"`
@@ -57,6 +61,7 @@ type level struct {
 	KeyserverdCPUUs *float64 `json:"keyserverd_cpu_us_per_sign,omitempty"`
 	BenchCPUUs      float64  `json:"bench_cpu_us_per_sign"`
 	CoresBusy       float64  `json:"cores_busy"`
+	OtherCores      float64  `json:"other_processes_cores"`
 }
 
 func round(v float64, digits int) float64 {
@@ -115,21 +120,31 @@ func (b *bench) report() {
 	if b.openssl != nil {
 		fmt.Fprintf(w, ", %s", b.openssl.OpenSSLVersion)
 	}
-	fmt.Fprintf(w, "\nkeyserver:  %s on 127.0.0.1, mutual TLS 1.3; keyserver/client with 2 connections, request timeout %v\n", server, o.requestTimeout)
-	fmt.Fprintf(w, "PKCS#11:    SoftHSM2 (%s), %d operation sessions (4 × GOMAXPROCS) in keyserverd and in the direct run (%d goroutines)\n",
-		f.tok.Module, f.sessions, 2*f.sessions)
-	fmt.Fprintf(w, "each row:   %v warm-up, then %v or %d signatures; every %dth signature of each worker verified with crypto/rsa\n",
+	fmt.Fprintf(w, "\nkeyserver:  %s on 127.0.0.1, mutual TLS 1.3; keyserver/client with %d connections, request timeout %v\n",
+		server, clientConns, o.requestTimeout)
+	how := "4 × GOMAXPROCS, keyserverd's default"
+	if f.sessions != 4*runtime.GOMAXPROCS(0) {
+		how = "-sessions"
+	}
+	fmt.Fprintf(w, "PKCS#11:    SoftHSM2 (%s), %d operation sessions (%s) set in keyserverd and in the direct run (%d goroutines)\n",
+		f.tok.Module, f.sessions, how, 2*f.sessions)
+	fmt.Fprintf(w, "each row:   %v warm-up, then %v or %d signatures; one signature in %d of each worker (and its first) verified with crypto/rsa\n",
 		o.warmup, o.duration, o.maxOps, o.verifyEvery)
 	fmt.Fprintf(w, "CPU:        µs of CPU per signature, keyserverd's from /proc/PID/stat (1/100 s ticks), this process's from getrusage;\n")
-	fmt.Fprintf(w, "            cores busy = both together ÷ wall time (the machine has %d)\n\n", runtime.NumCPU())
+	fmt.Fprintf(w, "            cores busy = both together ÷ wall time; others' cores = every other process on the machine (/proc/stat)\n")
+	if o.quietWait > 0 {
+		fmt.Fprintf(w, "shared machine: each row first waited up to %v for other processes to use < %.2f cores\n", o.quietWait, o.quietCores)
+	}
+	fmt.Fprintln(w)
 
 	t := benchkit.Table{Header: []string{"configuration", "in flight", "signs/s", "p50 ms", "p99 ms", "errors",
-		"keyserverd CPU µs/sign", "bench CPU µs/sign", "cores busy"}}
+		"keyserverd CPU µs/sign", "bench CPU µs/sign", "cores busy", "others' cores"}}
 	if r := b.openssl; r != nil {
-		t.Row(r.Command, strconv.Itoa(runtime.NumCPU())+" procs", fmt.Sprintf("%.1f", r.SignPerSec), "-", "-", "-", "-", "-", "-")
+		t.Row(r.Command, strconv.Itoa(runtime.NumCPU())+" procs", fmt.Sprintf("%.1f", r.SignPerSec), "-", "-", "-", "-", "-", "-", "-")
 	}
 	last := ""
 	var levels []level
+	var maxOther float64
 	for _, r := range b.rows {
 		if r.config != last {
 			t.Separator()
@@ -139,30 +154,30 @@ func (b *bench) report() {
 		lv := level{
 			Config: r.config, InFlight: r.inFlight, SignsPerS: round(res.Rate(), 1),
 			P50Ms: round(benchkit.Ms(res.Latencies.Percentile(50)), 3), P99Ms: round(benchkit.Ms(res.Latencies.Percentile(99)), 3),
-			Errors: res.Errors, Verified: r.verified, BenchCPUUs: us(res.CPUPerOp(0)),
+			Errors: res.Errors, Verified: r.verified, BenchCPUUs: us(res.CPUPerOp(clockSelf)),
 		}
 		ksCPU := "-"
-		var cpuTotal time.Duration
-		for _, c := range res.CPU {
-			cpuTotal += c
-		}
-		if res.Elapsed > 0 {
-			lv.CoresBusy = round(cpuTotal.Seconds()/res.Elapsed.Seconds(), 2)
-		}
+		lv.CoresBusy, lv.OtherCores = round(r.ourCores(), 2), round(r.otherCores(), 2)
 		if r.serverCPU {
-			v := us(res.CPUPerOp(1))
+			v := us(res.CPUPerOp(clockServer))
 			lv.KeyserverdCPUUs = &v
 			ksCPU = fmt.Sprintf("%.1f", v)
 		}
 		levels = append(levels, lv)
 		t.Row(r.config, r.inFlight, fmt.Sprintf("%.1f", lv.SignsPerS), fmt.Sprintf("%.3f", lv.P50Ms), fmt.Sprintf("%.3f", lv.P99Ms),
-			lv.Errors, ksCPU, fmt.Sprintf("%.1f", lv.BenchCPUUs), fmt.Sprintf("%.2f", lv.CoresBusy))
+			lv.Errors, ksCPU, fmt.Sprintf("%.1f", lv.BenchCPUUs), fmt.Sprintf("%.2f", lv.CoresBusy), fmt.Sprintf("%.2f", lv.OtherCores))
+		maxOther = max(maxOther, lv.OtherCores)
 	}
 	t.Fprint(w)
+	if maxOther >= 0.2 {
+		fmt.Fprintf(w, "warning: other processes used up to %.2f of the %d cores during a measurement: the machine was shared, figures are noisy\n",
+			maxOther, runtime.NumCPU())
+	}
 
 	s := summary{
 		Sessions: f.sessions, Cores: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
 		DurationS: o.duration.Seconds(), InProcess: o.inProcess, Failures: b.failures, Levels: levels,
+		MaxOtherCores: maxOther,
 	}
 	if s.Failures == nil {
 		s.Failures = []string{}
@@ -178,6 +193,10 @@ func (b *bench) report() {
 		s.OpenSSLSignsPerS = round(b.openssl.SignPerSec, 1)
 	}
 	s.OverheadRatio = ratio(rate(bestKS), rate(direct))
+	if bestKS != nil && direct != nil {
+		s.KeyserverCPUUs, s.PKCS11DirectCPUUs = us(bestKS.cpuPerSign()), us(direct.cpuPerSign())
+		s.CPUOverheadRatio = ratio(s.PKCS11DirectCPUUs, s.KeyserverCPUUs)
+	}
 	s.KeyserverVsOpenSSL = ratio(rate(bestKS), s.OpenSSLSignsPerS)
 	s.PKCS11VsOpenSSL = ratio(rate(direct), s.OpenSSLSignsPerS)
 	bestSoft, softDirect := b.best(ksSoft), b.best(cfgSoftDirect)
@@ -210,6 +229,10 @@ func (b *bench) report() {
 		fmt.Fprintf(w, "software backend vs SoftHSM on the same key: through keyserverd %.1f vs %.1f signs/s: software %s; direct %.1f vs %.1f signs/s: software %s\n",
 			rate(bestSoft), rate(bestKS), beats(rate(bestSoft), rate(bestKS)),
 			rate(softDirect), rate(direct), beats(rate(softDirect), rate(direct)))
+	}
+	if bestKS != nil && direct != nil {
+		fmt.Fprintf(w, "CPU per signature: PKCS#11 direct %.1f µs; keyserverd + SoftHSM at %d in flight %.1f µs (keyserverd %.1f + client %.1f): direct ÷ keyserverd = %.3f\n",
+			s.PKCS11DirectCPUUs, bestKS.inFlight, s.KeyserverCPUUs, us(bestKS.res.CPUPerOp(clockServer)), us(bestKS.res.CPUPerOp(clockSelf)), s.CPUOverheadRatio)
 	}
 	if b.openssl != nil && bestKS != nil {
 		fmt.Fprintf(w, "keyserverd + SoftHSM reaches %.0f%% of openssl speed (%.1f signs/s per core vs %.1f); PKCS#11 direct %.0f%%\n",

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/tls"
@@ -40,9 +41,13 @@ type fixture struct {
 }
 
 // newFixture creates the token, the RSA key and the mutual-TLS certificates in dir,
-// and imports the key into the token with `keyserverd import`.
-func newFixture(dir, ksBin string) (*fixture, error) {
-	f := &fixture{dir: dir, sessions: 4 * runtime.GOMAXPROCS(0)}
+// and imports the key into the token with `keyserverd import`. sessions 0 means
+// keyserverd's default, 4 × GOMAXPROCS.
+func newFixture(dir, ksBin string, sessions int) (*fixture, error) {
+	if sessions == 0 {
+		sessions = 4 * runtime.GOMAXPROCS(0)
+	}
+	f := &fixture{dir: dir, sessions: sessions}
 	var err error
 	f.tok, err = softhsm.CreateToken(filepath.Join(dir, "softhsm"), tokenLabel, "bench-so-pin", "bench-user-pin")
 	if err != nil {
@@ -106,15 +111,17 @@ func newFixture(dir, ksBin string) (*fixture, error) {
 	f.clientTLS = &tls.Config{Certificates: []tls.Certificate{clientLeaf}, RootCAs: serverCA.Pool(), ServerName: "127.0.0.1"}
 
 	// The import goes through keyserverd itself, as an operator would do it.
-	cfg, err := f.writeConfig("import", "127.0.0.1:0", "off", pkcs11Backend)
+	cfg, err := f.writeConfig("import", "127.0.0.1:0", "off", pkcs11Backend, false)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(ksBin, "import", "-config", cfg, "-label", keyLabel, "-key", f.keyPath)
 	cmd.Env = append(os.Environ(), f.tok.Env()...)
-	out, err := cmd.CombinedOutput()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("keyserverd import: %v: %s", err, strings.TrimSpace(string(out)))
+		return nil, fmt.Errorf("keyserverd import: %v: %s", err, strings.TrimSpace(stderr.String()))
 	}
 	if !strings.HasPrefix(string(out), f.keyID.String()) {
 		return nil, fmt.Errorf("keyserverd import answered %q, want key ID %s", strings.TrimSpace(string(out)), f.keyID)
@@ -129,8 +136,9 @@ const (
 )
 
 // writeConfig writes a keyserverd configuration serving the key from kind and returns
-// its path.
-func (f *fixture) writeConfig(name, listen, metrics, kind string) (string, error) {
+// its path. With selectKey the PKCS#11 backend is told to load the benchmark key by its
+// label (it must be on the token already).
+func (f *fixture) writeConfig(name, listen, metrics, kind string, selectKey bool) (string, error) {
 	var backendYAML string
 	switch kind {
 	case pkcs11Backend:
@@ -139,9 +147,10 @@ func (f *fixture) writeConfig(name, listen, metrics, kind string) (string, error
   token_label: %q
   pin_file: %q
   sessions: %d
-  keys:
-    - label: %q
-`, f.tok.Module, f.tok.Label, f.pinFile, f.sessions, keyLabel)
+`, f.tok.Module, f.tok.Label, f.pinFile, f.sessions)
+		if selectKey {
+			backendYAML += fmt.Sprintf("  keys:\n    - label: %q\n", keyLabel)
+		}
 	case softwareBackend:
 		backendYAML = fmt.Sprintf(`software:
   files: [%q]
