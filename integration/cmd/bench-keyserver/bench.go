@@ -56,7 +56,8 @@ const (
 
 // row is one measured configuration at one level of concurrency.
 type row struct {
-	config    string
+	config    string // one of the cfg constants
+	note      string // tells apart rows of one configuration and level, e.g. "before"
 	inFlight  int
 	res       *benchkit.Result
 	serverCPU bool // res.CPU[clockServer] is the keyserver process's
@@ -104,8 +105,9 @@ func run(ctx context.Context, o *options) error {
 		return err
 	}
 
-	// Each keyserverd configuration runs right after its in-process baseline, so that
-	// the ratio between them is taken over the same stretch of a shared machine.
+	// Each keyserverd configuration runs between two runs of its in-process baseline,
+	// so that the ratio between them is taken over the same stretch of a shared machine
+	// and the two baselines show how much the machine drifted meanwhile.
 	for _, p := range phases(b) {
 		if o.phases != nil && !o.phases[p.name] {
 			continue
@@ -140,14 +142,28 @@ type phase struct {
 var phaseNames = []string{"openssl", "pkcs11-direct", "keyserverd-pkcs11", "software-direct", "keyserverd-software"}
 
 func phases(b *bench) []phase {
+	direct := func(run func(context.Context, string) error, note string) func(context.Context) error {
+		return func(ctx context.Context) error { return run(ctx, note) }
+	}
+	keyserver := func(kind string) func(context.Context) error {
+		return func(ctx context.Context) error { return b.runKeyserver(ctx, kind) }
+	}
 	return []phase{
 		{"openssl", b.runOpenSSL},
-		{"pkcs11-direct", b.runPKCS11Direct},
-		{"keyserverd-pkcs11", func(ctx context.Context) error { return b.runKeyserver(ctx, pkcs11Backend) }},
-		{"software-direct", b.runSoftwareDirect},
-		{"keyserverd-software", func(ctx context.Context) error { return b.runKeyserver(ctx, softwareBackend) }},
+		{"pkcs11-direct", direct(b.runPKCS11Direct, noteBefore)},
+		{"keyserverd-pkcs11", keyserver(pkcs11Backend)},
+		{"pkcs11-direct", direct(b.runPKCS11Direct, noteAfter)},
+		{"software-direct", direct(b.runSoftwareDirect, noteBefore)},
+		{"keyserverd-software", keyserver(softwareBackend)},
+		{"software-direct", direct(b.runSoftwareDirect, noteAfter)},
 	}
 }
+
+// Notes of the baseline runs around a keyserverd phase.
+const (
+	noteBefore = "before"
+	noteAfter  = "after"
+)
 
 func (b *bench) progress(format string, args ...any) {
 	fmt.Fprintf(b.o.log, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
@@ -199,7 +215,11 @@ func signerFunc(s crypto.Signer) signFunc {
 
 // measure runs inFlight workers signing distinct digests back to back, verifying a
 // sample of the signatures with the public key.
-func (b *bench) measure(ctx context.Context, config string, inFlight int, sign signFunc, clocks []benchkit.CPUClock) (*row, error) {
+func (b *bench) measure(ctx context.Context, config, note string, inFlight int, sign signFunc, clocks []benchkit.CPUClock) (*row, error) {
+	label := config
+	if note != "" {
+		label += ", " + note
+	}
 	ours := []benchkit.CPUClock{clocks[clockSelf]}
 	if len(clocks) > clockServer {
 		ours = append(ours, clocks[clockServer])
@@ -207,7 +227,7 @@ func (b *bench) measure(ctx context.Context, config string, inFlight int, sign s
 	if err := b.waitQuiet(ctx, ours...); err != nil {
 		return nil, err
 	}
-	b.progress("%s, %d in flight: %v warm-up, %v measured", config, inFlight, b.o.warmup, b.o.duration)
+	b.progress("%s, %d in flight: %v warm-up, %v measured", label, inFlight, b.o.warmup, b.o.duration)
 	var nonce [16]byte
 	rand.Read(nonce[:])
 	pub := &b.f.key.PublicKey
@@ -243,19 +263,19 @@ func (b *bench) measure(ctx context.Context, config string, inFlight int, sign s
 	if err != nil {
 		return nil, err
 	}
-	r := &row{config: config, inFlight: inFlight, res: res, serverCPU: len(clocks) > clockServer, verified: verified.Load()}
+	r := &row{config: config, note: note, inFlight: inFlight, res: res, serverCPU: len(clocks) > clockServer, verified: verified.Load()}
 	b.rows = append(b.rows, r)
 	b.progress("  %.1f signs/s, p50 %.3f ms, p99 %.3f ms, %d errors, %d signatures verified, other processes %.2f cores",
 		res.Rate(), benchkit.Ms(res.Latencies.Percentile(50)), benchkit.Ms(res.Latencies.Percentile(99)), res.Errors, r.verified, r.otherCores())
 	switch {
 	case bad.Load() > 0:
-		b.fail("%s at %d in flight: %d signatures did not verify", config, inFlight, bad.Load())
+		b.fail("%s at %d in flight: %d signatures did not verify", label, inFlight, bad.Load())
 	case res.Errors > 0:
-		b.fail("%s at %d in flight: %d errors, the first: %v", config, inFlight, res.Errors, res.FirstErr)
+		b.fail("%s at %d in flight: %d errors, the first: %v", label, inFlight, res.Errors, res.FirstErr)
 	case res.Ops == 0:
-		b.fail("%s at %d in flight: no signature completed in the window", config, inFlight)
+		b.fail("%s at %d in flight: no signature completed in the window", label, inFlight)
 	case r.verified == 0:
-		b.fail("%s at %d in flight: no signature was verified", config, inFlight)
+		b.fail("%s at %d in flight: no signature was verified", label, inFlight)
 	}
 	if res.CPUErr != nil {
 		b.progress("  reading CPU time: %v", res.CPUErr)
@@ -333,19 +353,19 @@ func keyOf(bk backend.Backend, f *fixture) (crypto.Signer, error) {
 // runPKCS11Direct signs through the hsm backend in this process: the token's own
 // ceiling with keyserverd's session count, twice as many goroutines as sessions so
 // that no session waits for a caller.
-func (b *bench) runPKCS11Direct(ctx context.Context) error {
+func (b *bench) runPKCS11Direct(ctx context.Context, note string) error {
 	hb, s, err := b.openHSM()
 	if err != nil {
 		return err
 	}
 	defer hb.Close()
-	_, err = b.measure(ctx, cfgPKCS11Direct, 2*b.f.sessions, signerFunc(s), selfClocks())
+	_, err = b.measure(ctx, cfgPKCS11Direct, note, 2*b.f.sessions, signerFunc(s), selfClocks())
 	return err
 }
 
 // runSoftwareDirect signs with crypto/rsa and the key parsed from its PEM file, one
 // goroutine per GOMAXPROCS.
-func (b *bench) runSoftwareDirect(ctx context.Context) error {
+func (b *bench) runSoftwareDirect(ctx context.Context, note string) error {
 	pemKey, err := os.ReadFile(b.f.keyPath)
 	if err != nil {
 		return err
@@ -358,7 +378,7 @@ func (b *bench) runSoftwareDirect(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("%s holds a %T", b.f.keyPath, priv)
 	}
-	_, err = b.measure(ctx, cfgSoftDirect, runtime.GOMAXPROCS(0), signerFunc(key), selfClocks())
+	_, err = b.measure(ctx, cfgSoftDirect, note, runtime.GOMAXPROCS(0), signerFunc(key), selfClocks())
 	return err
 }
 
@@ -450,7 +470,7 @@ func (b *bench) runKeyserver(ctx context.Context, kind string) (err error) {
 		}()
 	}
 	for _, n := range b.o.levels {
-		if _, err := b.measure(ctx, config, n, sign, clocks); err != nil {
+		if _, err := b.measure(ctx, config, "", n, sign, clocks); err != nil {
 			return err
 		}
 		if proc != nil {
