@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tiergate/tiergate/internal/softhsm"
 	"github.com/tiergate/tiergate/internal/testenv"
 	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver/client"
@@ -449,5 +450,36 @@ func TestKeyserverdCLI(t *testing.T) {
 		if code != tc.code || !strings.Contains(string(out), tc.want) {
 			t.Errorf("keyserverd %v: exit %d, output %q; want exit %d and %q", tc.args, code, out, tc.code, tc.want)
 		}
+	}
+}
+
+// TestImportWithKeySelection: a configuration that already names the key being
+// imported (pkcs11.keys) must not stop `keyserverd import`, and `run` then serves it.
+func TestImportWithKeySelection(t *testing.T) {
+	requireSoftHSM(t)
+	bin := filepath.Join(binaries(t), "keyserverd")
+	dir := t.TempDir()
+	tok, err := softhsm.CreateToken(filepath.Join(dir, "token"), "sel", "so-pin-1", "pin-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := keyByName(t, "p256")
+	cfg := filepath.Join(dir, "ks.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("pkcs11:\n  module: %q\n  token_label: sel\n  pin: pin-1\n  keys: [{label: site}]\n", tok.Module)), 0o600)
+	run := func(args ...string) (string, error) {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), tok.Env()...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := run("keys", "-config", cfg); err == nil || !strings.Contains(out, "site") {
+		t.Fatalf("keys before import: %v %s (want an error naming the missing key)", err, out)
+	}
+	if out, err := run("import", "-config", cfg, "-label", "site", "-key", k.pem); err != nil {
+		t.Fatalf("import: %v\n%s", err, out)
+	}
+	out, err := run("keys", "-config", cfg)
+	if err != nil || !strings.Contains(out, k.id.String()) {
+		t.Fatalf("keys after import: %v\n%s", err, out)
 	}
 }

@@ -88,12 +88,17 @@ func newLogger(cfg *FileConfig, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
 }
 
-// openBackends opens the configured backends, PKCS#11 first.
-func openBackends(cfg *FileConfig, log *slog.Logger) ([]backend.Backend, error) {
+// openBackends opens the configured backends, PKCS#11 first. With allKeys the token's
+// key selection is ignored: an import must not fail because the configuration already
+// names the key being imported.
+func openBackends(cfg *FileConfig, log *slog.Logger, allKeys bool) ([]backend.Backend, error) {
 	var out []backend.Backend
 	if cfg.PKCS11 != nil {
 		c := *cfg.PKCS11
 		c.Logger = log
+		if allKeys {
+			c.Keys = nil
+		}
 		b, err := hsm.New(c)
 		if err != nil {
 			return nil, fmt.Errorf("opening PKCS#11 backend: %w", err)
@@ -127,7 +132,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	backends, err := openBackends(cfg, log)
+	backends, err := openBackends(cfg, log, false)
 	if err != nil {
 		return err
 	}
@@ -210,7 +215,7 @@ func cmdImport(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("import: %s: %w", keyPath, err)
 	}
-	backends, err := openBackends(cfg, newLogger(cfg, stderr))
+	backends, err := openBackends(cfg, newLogger(cfg, stderr), true)
 	if err != nil {
 		return err
 	}
@@ -228,7 +233,7 @@ func cmdKeys(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	backends, err := openBackends(cfg, newLogger(cfg, stderr))
+	backends, err := openBackends(cfg, newLogger(cfg, stderr), false)
 	if err != nil {
 		return err
 	}

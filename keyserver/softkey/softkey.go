@@ -12,8 +12,10 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -36,13 +38,38 @@ type Backend struct {
 	cfg  Config
 	mu   sync.Mutex
 	keys []*backend.Key
+	// cpu bounds concurrent private-key operations to the number of cores: they are
+	// CPU-bound, so more at once only lengthens every one of them (the tail latency
+	// of a burst) and a queue here keeps first come, first served.
+	cpu chan struct{}
+}
+
+// boundedSigner runs its Signer (and Decrypter) under the backend's CPU bound.
+type boundedSigner struct {
+	crypto.Signer
+	cpu chan struct{}
+}
+
+func (s *boundedSigner) Sign(r io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	s.cpu <- struct{}{}
+	defer func() { <-s.cpu }()
+	return s.Signer.Sign(r, digest, opts)
+}
+
+// boundedDecrypter adds Decrypt for RSA keys.
+type boundedDecrypter struct{ *boundedSigner }
+
+func (s boundedDecrypter) Decrypt(r io.Reader, ct []byte, opts crypto.DecrypterOpts) ([]byte, error) {
+	s.cpu <- struct{}{}
+	defer func() { <-s.cpu }()
+	return s.Signer.(crypto.Decrypter).Decrypt(r, ct, opts)
 }
 
 var _ backend.Backend = (*Backend)(nil)
 
 // New loads every configured key. A file that does not parse is an error naming it.
 func New(cfg Config) (*Backend, error) {
-	b := &Backend{cfg: cfg}
+	b := &Backend{cfg: cfg, cpu: make(chan struct{}, runtime.GOMAXPROCS(0))}
 	files := append([]string(nil), cfg.Files...)
 	if cfg.Dir != "" {
 		ents, err := os.ReadDir(cfg.Dir)
@@ -70,7 +97,7 @@ func New(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("loading key %s: %w", f, err)
 		}
 		label := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(f), ".key"), ".pem")
-		k, err := newKey(label, priv)
+		k, err := b.newKey(label, priv)
 		if err != nil {
 			return nil, fmt.Errorf("loading key %s: %w", f, err)
 		}
@@ -104,7 +131,7 @@ func (b *Backend) Keys() ([]*backend.Key, error) {
 // Import implements backend.Backend. With Dir set the key is also written to
 // Dir/<label>.key (mode 0600), so it survives a restart.
 func (b *Backend) Import(label string, priv crypto.PrivateKey) (*backend.Key, error) {
-	k, err := newKey(label, priv)
+	k, err := b.newKey(label, priv)
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +168,7 @@ func (b *Backend) Import(label string, priv crypto.PrivateKey) (*backend.Key, er
 // Close implements backend.Backend.
 func (b *Backend) Close() error { return nil }
 
-func newKey(label string, priv crypto.PrivateKey) (*backend.Key, error) {
+func (b *Backend) newKey(label string, priv crypto.PrivateKey) (*backend.Key, error) {
 	var s crypto.Signer
 	switch p := priv.(type) {
 	case *rsa.PrivateKey:
@@ -149,11 +176,11 @@ func newKey(label string, priv crypto.PrivateKey) (*backend.Key, error) {
 			return nil, fmt.Errorf("invalid RSA key: %w", err)
 		}
 		p.Precompute()
-		s = p
+		s = boundedDecrypter{&boundedSigner{p, b.cpu}}
 	case *ecdsa.PrivateKey:
-		s = p
+		s = &boundedSigner{p, b.cpu}
 	case ed25519.PrivateKey:
-		s = p
+		s = &boundedSigner{p, b.cpu}
 	default:
 		return nil, fmt.Errorf("%w: %T", backend.ErrUnsupportedKey, priv)
 	}
