@@ -1,0 +1,204 @@
+// Package l7d is the l7d command as a library: its YAML configuration, its run loop
+// with reload on SIGHUP and on the admin endpoint, and graceful shutdown, so tests drive
+// it in-process and cmd/l7d stays a one-line main.
+package l7d
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/tiergate/tiergate/certs"
+)
+
+// FileConfig is l7d's configuration file. Every field may be left out unless marked
+// required; its default is given beside it. deploy/l7d.yaml is a full example.
+type FileConfig struct {
+	// Listeners terminate TLS (TCP) and QUIC (UDP) on the same address. Required.
+	Listeners []ListenerFile `yaml:"listeners"`
+
+	// Backends are named pools of HTTP/1.1 servers that listeners proxy to. Required.
+	Backends map[string]PoolFile `yaml:"backends"`
+
+	// Certificates: files or a directory, the default name, and the ticket keys shared
+	// by the cluster. Required (at least one certificate).
+	Certificates certs.Config `yaml:"certificates"`
+
+	// KeyServers is where remote private keys live. Default: none (every certificate
+	// needs a local key_file).
+	KeyServers *KeyServersFile `yaml:"keyservers"`
+
+	// AdminListen serves /metrics, /healthz and POST /reload. Default
+	// "127.0.0.1:9241"; "off" disables it.
+	AdminListen string `yaml:"admin_listen"`
+
+	// ShutdownGrace is how long in-flight requests may take on SIGTERM/SIGINT.
+	// Default 10s.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+
+	// LogLevel is debug, info, warn or error. Default info.
+	LogLevel string `yaml:"log_level"`
+}
+
+// ListenerFile is one listener.
+type ListenerFile struct {
+	// Name labels the listener in metrics and logs. Default "listener<N>".
+	Name string `yaml:"name"`
+	// Addr is the "ip:port" for TCP and UDP. Required.
+	Addr string `yaml:"addr"`
+	// Pool is the backend pool requests go to. Required.
+	Pool string `yaml:"pool"`
+	// DisableHTTP3 turns the QUIC listener off. Default false (HTTP/3 on).
+	DisableHTTP3 bool `yaml:"disable_http3"`
+	// Limits; zero means the default named.
+	HandshakeTimeout     time.Duration `yaml:"handshake_timeout"`      // 10s
+	ReadHeaderTimeout    time.Duration `yaml:"read_header_timeout"`    // 10s
+	IdleTimeout          time.Duration `yaml:"idle_timeout"`           // 60s
+	MaxHeaderBytes       int           `yaml:"max_header_bytes"`       // 64 KiB
+	MaxConns             int           `yaml:"max_conns"`              // 10000
+	MaxConcurrentStreams int           `yaml:"max_concurrent_streams"` // 250
+}
+
+// PoolFile is a backend pool.
+type PoolFile struct {
+	// Members are "host:port" of HTTP/1.1 servers. Required.
+	Members []string `yaml:"members"`
+	// ConnsPerMember bounds keep-alive connections per member. Default 512.
+	ConnsPerMember int `yaml:"conns_per_member"`
+	// Timeout bounds one proxied request. Default 30s.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// KeyServersFile configures the keyserver client.
+type KeyServersFile struct {
+	// Servers are "host:port" of keyserverd. Required.
+	Servers []string `yaml:"servers"`
+	// CertFile and KeyFile are this node's client certificate. Required.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// CAFile verifies the keyservers. Required.
+	CAFile string `yaml:"ca_file"`
+	// ServerName overrides the name verified in keyserver certificates. Default: the
+	// host of each server address.
+	ServerName string `yaml:"server_name"`
+	// ConnsPerServer, RequestTimeout and Timeout: see keyserver/client.Config.
+	// Defaults 2, 1s, 3s.
+	ConnsPerServer int           `yaml:"conns_per_server"`
+	RequestTimeout time.Duration `yaml:"request_timeout"`
+	Timeout        time.Duration `yaml:"timeout"`
+}
+
+// DefaultAdminListen is where /metrics, /healthz and /reload are served by default.
+const DefaultAdminListen = "127.0.0.1:9241"
+
+// LoadConfig reads and checks a configuration file. Unknown fields are errors.
+func LoadConfig(path string) (*FileConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading configuration: %w", err)
+	}
+	return ParseConfig(data, path)
+}
+
+// ParseConfig decodes and validates a configuration; name is used in errors.
+func ParseConfig(data []byte, name string) (*FileConfig, error) {
+	var c FileConfig
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && err != io.EOF {
+		return nil, fmt.Errorf("configuration %s: %w", name, err)
+	}
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("configuration %s: %w", name, err)
+	}
+	return &c, nil
+}
+
+func (c *FileConfig) validate() error {
+	if c.AdminListen == "" {
+		c.AdminListen = DefaultAdminListen
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = 10 * time.Second
+	}
+	if _, err := logLevel(c.LogLevel); err != nil {
+		return err
+	}
+	if len(c.Listeners) == 0 {
+		return errors.New("listeners: at least one is required")
+	}
+	if len(c.Backends) == 0 {
+		return errors.New("backends: at least one pool is required")
+	}
+	for name, p := range c.Backends {
+		if len(p.Members) == 0 {
+			return fmt.Errorf("backends.%s.members: at least one is required", name)
+		}
+	}
+	seen := map[string]bool{}
+	for i := range c.Listeners {
+		l := &c.Listeners[i]
+		if l.Name == "" {
+			l.Name = fmt.Sprintf("listener%d", i)
+		}
+		if seen[l.Name] {
+			return fmt.Errorf("listeners[%d].name: %q used twice", i, l.Name)
+		}
+		seen[l.Name] = true
+		if l.Addr == "" {
+			return fmt.Errorf("listeners[%d].addr: required", i)
+		}
+		if _, ok := c.Backends[l.Pool]; !ok {
+			return fmt.Errorf("listeners[%d].pool: no backend pool %q", i, l.Pool)
+		}
+	}
+	if len(c.Certificates.Certificates) == 0 && c.Certificates.Dir == "" {
+		return errors.New("certificates: give certificates or dir")
+	}
+	if ks := c.KeyServers; ks != nil {
+		if len(ks.Servers) == 0 || ks.CertFile == "" || ks.KeyFile == "" || ks.CAFile == "" {
+			return errors.New("keyservers: servers, cert_file, key_file and ca_file are required")
+		}
+	}
+	return nil
+}
+
+func logLevel(s string) (slog.Level, error) {
+	switch strings.ToLower(s) {
+	case "", "info":
+		return slog.LevelInfo, nil
+	case "debug":
+		return slog.LevelDebug, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, fmt.Errorf("log_level %q: want debug, info, warn or error", s)
+}
+
+// keyserverTLS loads the client certificate and the keyservers' CA.
+func (ks *KeyServersFile) keyserverTLS() (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(ks.CertFile, ks.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("keyservers: client certificate: %w", err)
+	}
+	caPEM, err := os.ReadFile(ks.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("keyservers: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("keyservers: %s holds no PEM certificate", ks.CAFile)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, ServerName: ks.ServerName}, nil
+}

@@ -1,0 +1,324 @@
+package l7d
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tiergate/tiergate/certs"
+	"github.com/tiergate/tiergate/keyserver/client"
+	"github.com/tiergate/tiergate/l7"
+)
+
+const usage = `usage: l7d <command> [flags]
+
+commands:
+  run    -config FILE   serve until SIGINT/SIGTERM; SIGHUP or POST /reload reloads
+  check  -config FILE   validate the configuration and load every certificate, then exit
+`
+
+// Main runs l7d with args (without the program name) and returns the exit status.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fs := flag.NewFlagSet("l7d "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "/etc/tiergate/l7d.yaml", "configuration `file`")
+	var err error
+	switch args[0] {
+	case "run", "check":
+		if err = fs.Parse(args[1:]); err != nil {
+			return 2
+		}
+		d := &Daemon{Path: *path, Stderr: stderr}
+		if args[0] == "check" {
+			err = d.Check(stdout)
+		} else {
+			err = d.Run(ctx)
+		}
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "l7d: unknown command %q\n%s", args[0], usage)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "l7d: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// Daemon is a running l7d: the L7 server, its certificate store, its keyserver client
+// and its admin endpoint, built from a configuration file that can be reloaded.
+type Daemon struct {
+	// Path is the configuration file. Required.
+	Path string
+	// Stderr receives logs. Default os.Stderr.
+	Stderr io.Writer
+
+	mu     sync.Mutex // serialises reloads
+	cfg    *FileConfig
+	log    *slog.Logger
+	reg    *prometheus.Registry
+	ks     *client.Client
+	store  *certs.Store
+	srv    *l7.Server
+	admin  net.Listener
+	reload chan chan error
+
+	reloads *prometheus.CounterVec
+}
+
+func (d *Daemon) setup() error {
+	if d.Stderr == nil {
+		d.Stderr = os.Stderr
+	}
+	cfg, err := LoadConfig(d.Path)
+	if err != nil {
+		return err
+	}
+	lvl, _ := logLevel(cfg.LogLevel)
+	d.log = slog.New(slog.NewTextHandler(d.Stderr, &slog.HandlerOptions{Level: lvl}))
+	d.reg = prometheus.NewRegistry()
+	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tiergate_l7_reloads_total", Help: "Configuration reloads, by result.",
+	}, []string{"result"})
+	d.reg.MustRegister(d.reloads)
+	if cfg.KeyServers != nil {
+		tlsCfg, err := cfg.KeyServers.keyserverTLS()
+		if err != nil {
+			return err
+		}
+		d.ks, err = client.New(client.Config{
+			Servers:        cfg.KeyServers.Servers,
+			TLS:            tlsCfg,
+			ConnsPerServer: cfg.KeyServers.ConnsPerServer,
+			RequestTimeout: cfg.KeyServers.RequestTimeout,
+			Timeout:        cfg.KeyServers.Timeout,
+			Registerer:     d.reg,
+			Logger:         d.log,
+		})
+		if err != nil {
+			return err
+		}
+	}
+	d.store = certs.NewStore(certs.Options{KeyServer: d.ks, Registerer: d.reg, Logger: d.log})
+	if err := d.loadCerts(cfg); err != nil {
+		return err
+	}
+	d.cfg = cfg
+	return nil
+}
+
+func (d *Daemon) loadCerts(cfg *FileConfig) error {
+	rep, err := d.store.Load(cfg.Certificates)
+	if err != nil {
+		return fmt.Errorf("certificates: %w", err)
+	}
+	for _, r := range rep.Rejected {
+		d.log.Warn("certificate rejected", "name", r.Name, "err", r.Err)
+	}
+	d.log.Info("certificates loaded", "loaded", len(rep.Loaded), "rejected", len(rep.Rejected))
+	return nil
+}
+
+func (d *Daemon) l7Config(cfg *FileConfig) l7.Config {
+	c := l7.Config{Backends: map[string]l7.PoolConfig{}, Registerer: d.reg, Logger: d.log}
+	for name, p := range cfg.Backends {
+		c.Backends[name] = l7.PoolConfig{Members: p.Members, ConnsPerMember: p.ConnsPerMember, Timeout: p.Timeout}
+	}
+	for _, l := range cfg.Listeners {
+		c.Listeners = append(c.Listeners, l7.ListenerConfig{
+			Name:                 l.Name,
+			Addr:                 l.Addr,
+			TLS:                  d.store.TLSConfig(),
+			Pool:                 l.Pool,
+			DisableHTTP3:         l.DisableHTTP3,
+			HandshakeTimeout:     l.HandshakeTimeout,
+			ReadHeaderTimeout:    l.ReadHeaderTimeout,
+			IdleTimeout:          l.IdleTimeout,
+			MaxHeaderBytes:       l.MaxHeaderBytes,
+			MaxConns:             l.MaxConns,
+			MaxConcurrentStreams: l.MaxConcurrentStreams,
+		})
+	}
+	return c
+}
+
+// Check validates the configuration and loads every certificate (reaching the
+// keyservers for remote keys), then reports.
+func (d *Daemon) Check(out io.Writer) error {
+	if err := d.setup(); err != nil {
+		return err
+	}
+	defer d.close()
+	for _, c := range d.store.Set().Certs() {
+		where := "local key"
+		if c.Remote {
+			where = "remote key " + c.KeyID.Short()
+		}
+		fmt.Fprintf(out, "%-24s %-6s %-18s expires %s  %v\n", c.Name, c.KeyType, where, c.NotAfter.Format(time.DateOnly), c.Names)
+	}
+	fmt.Fprintln(out, "configuration OK")
+	return nil
+}
+
+func (d *Daemon) close() {
+	if d.ks != nil {
+		d.ks.Close()
+	}
+}
+
+// Run serves until ctx is done, reloading on SIGHUP and POST /reload.
+func (d *Daemon) Run(ctx context.Context) error {
+	if err := d.setup(); err != nil {
+		return err
+	}
+	defer d.close()
+	srv, err := l7.NewServer(d.l7Config(d.cfg))
+	if err != nil {
+		return err
+	}
+	if err := srv.Start(); err != nil {
+		return err
+	}
+	d.srv = srv
+	for name, a := range srv.Addrs() {
+		d.log.Info("listening", "listener", name, "addr", a.String())
+	}
+	d.reload = make(chan chan error)
+	var admin *http.Server
+	if d.cfg.AdminListen != "off" {
+		ln, err := net.Listen("tcp", d.cfg.AdminListen)
+		if err != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			srv.Shutdown(sctx)
+			cancel()
+			return fmt.Errorf("admin listener: %w", err)
+		}
+		d.admin = ln
+		admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go admin.Serve(ln)
+		d.log.Info("admin", "metrics", "http://"+ln.Addr().String()+"/metrics")
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			d.log.Info("stopping", "grace", d.cfg.ShutdownGrace)
+			sctx, cancel := context.WithTimeout(context.Background(), d.cfg.ShutdownGrace)
+			err := srv.Shutdown(sctx)
+			cancel()
+			if admin != nil {
+				admin.Close()
+			}
+			return err
+		case <-hup:
+			if err := d.Reload(); err != nil {
+				d.log.Error("reload failed; the running configuration stays", "err", err)
+			}
+		case reply := <-d.reload:
+			reply <- d.Reload()
+		}
+	}
+}
+
+// AdminAddr returns the admin listener's address, or nil.
+func (d *Daemon) AdminAddr() net.Addr {
+	if d.admin == nil {
+		return nil
+	}
+	return d.admin.Addr()
+}
+
+// Reload re-reads the configuration file and applies it: certificates first (a set
+// that fails validation changes nothing), then listeners' pools and limits. A failure
+// leaves the running configuration in force.
+func (d *Daemon) Reload() (err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	defer func() {
+		result := "ok"
+		if err != nil {
+			result = "error"
+		}
+		d.reloads.WithLabelValues(result).Inc()
+	}()
+	cfg, err := LoadConfig(d.Path)
+	if err != nil {
+		return err
+	}
+	if !sameKeyServers(cfg.KeyServers, d.cfg.KeyServers) {
+		return errors.New("keyservers changed: restart l7d to apply")
+	}
+	if err := d.loadCerts(cfg); err != nil {
+		return err
+	}
+	if err := d.srv.Reload(d.l7Config(cfg)); err != nil {
+		// Put the certificates that went with the running configuration back.
+		if rerr := d.loadCerts(d.cfg); rerr != nil {
+			d.log.Error("restoring certificates after a failed reload", "err", rerr)
+		}
+		return err
+	}
+	d.cfg = cfg
+	d.log.Info("reloaded", "config", d.Path)
+	return nil
+}
+
+func sameKeyServers(a, b *KeyServersFile) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return fmt.Sprint(*a) == fmt.Sprint(*b)
+}
+
+func (d *Daemon) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("/reload", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", "POST")
+			http.Error(w, "use POST", http.StatusMethodNotAllowed)
+			return
+		}
+		reply := make(chan error, 1)
+		select {
+		case d.reload <- reply:
+		case <-r.Context().Done():
+			return
+		}
+		if err := <-reply; err != nil {
+			http.Error(w, "reload failed; the running configuration stays: "+err.Error(), http.StatusUnprocessableEntity)
+			return
+		}
+		io.WriteString(w, "reloaded\n")
+	})
+	return mux
+}
