@@ -62,10 +62,13 @@ type ListenerFile struct {
 	// Limits; zero means the default named.
 	HandshakeTimeout     time.Duration `yaml:"handshake_timeout"`      // 10s
 	ReadHeaderTimeout    time.Duration `yaml:"read_header_timeout"`    // 10s
+	ReadTimeout          time.Duration `yaml:"read_timeout"`           // 60s: a whole request, body included
+	WriteTimeout         time.Duration `yaml:"write_timeout"`          // 30s: a whole response
 	IdleTimeout          time.Duration `yaml:"idle_timeout"`           // 60s
 	MaxHeaderBytes       int           `yaml:"max_header_bytes"`       // 64 KiB
 	MaxConns             int           `yaml:"max_conns"`              // 10000
 	MaxConcurrentStreams int           `yaml:"max_concurrent_streams"` // 250
+	MaxRequestBody       int           `yaml:"max_request_body"`       // 16 MiB; larger bodies get 413
 }
 
 // PoolFile is a backend pool.
@@ -76,6 +79,8 @@ type PoolFile struct {
 	ConnsPerMember int `yaml:"conns_per_member"`
 	// Timeout bounds one proxied request. Default 30s.
 	Timeout time.Duration `yaml:"timeout"`
+	// ConnectTimeout bounds a new connection to a member. Default 3s.
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 }
 
 // KeyServersFile configures the keyserver client.

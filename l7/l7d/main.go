@@ -144,9 +144,14 @@ func (d *Daemon) loadCerts(cfg *FileConfig) error {
 }
 
 func (d *Daemon) l7Config(cfg *FileConfig) l7.Config {
-	c := l7.Config{Backends: map[string]l7.PoolConfig{}, Registerer: d.reg, Logger: d.log}
+	c := l7.Config{
+		Backends:        map[string]l7.PoolConfig{},
+		IsNoCertificate: func(err error) bool { return errors.Is(err, certs.ErrNoCertificate) },
+		Registerer:      d.reg,
+		Logger:          d.log,
+	}
 	for name, p := range cfg.Backends {
-		c.Backends[name] = l7.PoolConfig{Members: p.Members, ConnsPerMember: p.ConnsPerMember, Timeout: p.Timeout}
+		c.Backends[name] = l7.PoolConfig{Members: p.Members, ConnsPerMember: p.ConnsPerMember, Timeout: p.Timeout, ConnectTimeout: p.ConnectTimeout}
 	}
 	for _, l := range cfg.Listeners {
 		c.Listeners = append(c.Listeners, l7.ListenerConfig{
@@ -157,10 +162,13 @@ func (d *Daemon) l7Config(cfg *FileConfig) l7.Config {
 			DisableHTTP3:         l.DisableHTTP3,
 			HandshakeTimeout:     l.HandshakeTimeout,
 			ReadHeaderTimeout:    l.ReadHeaderTimeout,
+			ReadTimeout:          l.ReadTimeout,
+			WriteTimeout:         l.WriteTimeout,
 			IdleTimeout:          l.IdleTimeout,
 			MaxHeaderBytes:       l.MaxHeaderBytes,
 			MaxConns:             l.MaxConns,
 			MaxConcurrentStreams: l.MaxConcurrentStreams,
+			MaxRequestBody:       l.MaxRequestBody,
 		})
 	}
 	return c
@@ -300,6 +308,10 @@ func (d *Daemon) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := d.srv.Healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 		io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("/reload", func(w http.ResponseWriter, r *http.Request) {

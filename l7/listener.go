@@ -1,0 +1,563 @@
+package l7
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
+	"github.com/valyala/fasthttp"
+)
+
+// listener serves one ListenerConfig: a TCP socket whose TLS connections go to the
+// fasthttp server (HTTP/1.1) or the net/http server (HTTP/2) by ALPN, and a UDP socket
+// on the same port for QUIC and HTTP/3.
+type listener struct {
+	s      *Server
+	idx    int
+	cfg    ListenerConfig
+	log    *slog.Logger
+	altSvc []byte // nil without HTTP/3
+
+	tcpTLS  *tls.Config // stable outer configs; see tlsSource
+	quicTLS *tls.Config
+
+	tcpLn net.Listener
+	udp   *net.UDPConn
+	tr    *quic.Transport
+	qln   *quic.Listener
+
+	h1  *fasthttp.Server
+	h2  *http.Server
+	h2q *connQueue
+	h3  *http3.Server
+
+	nconns atomic.Int64 // TCP and QUIC connections open, against MaxConns
+
+	mu     sync.Mutex
+	conns  map[*tls.Conn]*tcpConn
+	closed bool
+	connWG sync.WaitGroup // one per tracked TCP connection
+	bg     sync.WaitGroup // accept loop and protocol servers
+
+	gTLS, gHTTP1, gH2, gH3 prometheus.Gauge
+	rejectedMax            prometheus.Counter
+	reqH1, reqH2, reqH3    prometheus.Counter
+}
+
+// Phases of a TCP connection.
+const (
+	phaseHandshake int32 = iota
+	phaseHTTP1
+	phaseHTTP2
+)
+
+// tcpConn is a tracked TCP connection.
+type tcpConn struct {
+	l     *listener
+	raw   net.Conn
+	tc    *tls.Conn
+	start time.Time
+	info  ConnInfo // set once the handshake is done
+	gauge prometheus.Gauge
+
+	phase atomic.Int32
+	idle  atomic.Bool // HTTP/1.1: waiting for the next request
+}
+
+var drainDeadline = time.Unix(1, 0) // a deadline in the past: reads fail at once
+
+func newListener(s *Server, idx int, cfg ListenerConfig) *listener {
+	l := &listener{
+		s:     s,
+		idx:   idx,
+		cfg:   cfg,
+		log:   s.log.With("listener", cfg.Name),
+		conns: map[*tls.Conn]*tcpConn{},
+	}
+	m := s.m
+	l.gTLS = m.conns.WithLabelValues(cfg.Name, connTLS)
+	l.gHTTP1 = m.conns.WithLabelValues(cfg.Name, connHTTP1)
+	l.gH2 = m.conns.WithLabelValues(cfg.Name, connH2)
+	l.rejectedMax = m.connsRejected.WithLabelValues(cfg.Name, "max_conns")
+	l.reqH1 = m.requestsByProto.WithLabelValues(cfg.Name, ProtoHTTP1)
+	l.reqH2 = m.requestsByProto.WithLabelValues(cfg.Name, ProtoHTTP2)
+	if !cfg.DisableHTTP3 {
+		l.gH3 = m.conns.WithLabelValues(cfg.Name, connH3)
+		l.reqH3 = m.requestsByProto.WithLabelValues(cfg.Name, ProtoHTTP3)
+	}
+
+	l.tcpTLS = &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: tcpProtos,
+		GetConfigForClient: func(chi *tls.ClientHelloInfo) (*tls.Config, error) {
+			return l.s.state.Load().listeners[l.idx].tcpTLS.forClient(chi)
+		},
+	}
+	l.quicTLS = &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: quicProtos,
+		GetConfigForClient: func(chi *tls.ClientHelloInfo) (*tls.Config, error) {
+			return l.s.state.Load().listeners[l.idx].quicTLS.forClient(chi)
+		},
+	}
+
+	fastLog := fastLogger{l.log}
+	l.h1 = &fasthttp.Server{
+		Handler:      l.serveH1,
+		ErrorHandler: l.h1Error,
+		ConnState:    l.h1State,
+		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+			return fasthttp.RequestConfig{ReadTimeout: cfg.ReadTimeout}
+		},
+		ReadTimeout:                  cfg.ReadHeaderTimeout,
+		WriteTimeout:                 cfg.WriteTimeout,
+		IdleTimeout:                  cfg.IdleTimeout,
+		ReadBufferSize:               cfg.MaxHeaderBytes,
+		MaxRequestBodySize:           cfg.MaxRequestBody,
+		Concurrency:                  cfg.MaxConns,
+		NoDefaultServerHeader:        true,
+		NoDefaultContentType:         true,
+		DisablePreParseMultipartForm: true,
+		SecureErrorLogMessage:        true,
+		Logger:                       fastLog,
+	}
+
+	l.h2q = newConnQueue()
+	l.h2 = &http.Server{
+		Handler:           l,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams: cfg.MaxConcurrentStreams,
+			WriteByteTimeout:     cfg.WriteTimeout,
+		},
+		ConnContext: l.h2ConnContext,
+		ConnState:   l.h2State,
+		ErrorLog:    slog.NewLogLogger(l.log.Handler(), slog.LevelDebug),
+	}
+	return l
+}
+
+var (
+	tcpProtos  = []string{"h2", "http/1.1"}
+	quicProtos = []string{http3.NextProtoH3}
+)
+
+// bind opens the TCP socket and, unless HTTP/3 is off, the UDP socket on the same
+// port. With port 0 the UDP port is the one the kernel gave TCP; when another socket
+// holds it over UDP, it tries again with a fresh TCP port.
+func (l *listener) bind() error {
+	_, port, _ := net.SplitHostPort(l.cfg.Addr)
+	for attempt := 1; ; attempt++ {
+		tln, err := net.Listen("tcp", l.cfg.Addr)
+		if err != nil {
+			return fmt.Errorf("l7: listener %q: listening on tcp %s: %w", l.cfg.Name, l.cfg.Addr, err)
+		}
+		if l.cfg.DisableHTTP3 {
+			l.tcpLn = tln
+			return nil
+		}
+		ta := tln.Addr().(*net.TCPAddr)
+		udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: ta.IP, Port: ta.Port, Zone: ta.Zone})
+		if err == nil {
+			l.tcpLn, l.udp = tln, udp
+			l.altSvc = []byte(`h3=":` + strconv.Itoa(ta.Port) + `"; ma=86400`)
+			return nil
+		}
+		tln.Close()
+		if port != "0" || attempt == 5 {
+			return fmt.Errorf("l7: listener %q: listening on udp %s: %w", l.cfg.Name, ta, err)
+		}
+	}
+}
+
+// start serves the bound sockets in the background.
+func (l *listener) start() error {
+	if l.udp != nil {
+		l.tr = &quic.Transport{Conn: l.udp, ConnContext: l.quicConnContext}
+		ln, err := l.tr.Listen(l.quicTLS, &quic.Config{
+			// quic-go gives up on a handshake idle for this long, or not done in twice it.
+			HandshakeIdleTimeout: l.cfg.HandshakeTimeout / 2,
+			MaxIdleTimeout:       l.cfg.IdleTimeout,
+			MaxIncomingStreams:   int64(l.cfg.MaxConcurrentStreams),
+		})
+		if err != nil {
+			return fmt.Errorf("l7: listener %q: starting QUIC on %s: %w", l.cfg.Name, l.udp.LocalAddr(), err)
+		}
+		l.qln = ln
+		l.h3 = &http3.Server{
+			Handler:        l,
+			MaxHeaderBytes: l.cfg.MaxHeaderBytes,
+			IdleTimeout:    l.cfg.IdleTimeout,
+			ConnContext:    l.h3ConnContext,
+			Logger:         l.log,
+		}
+		l.bg.Go(func() {
+			if err := l.h3.ServeListener(quicAccepter{l}); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				l.log.Error("HTTP/3 server stopped", "err", err)
+			}
+		})
+	}
+	l.bg.Go(func() {
+		if err := l.h2.Serve(l.h2q); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			l.log.Error("HTTP/2 server stopped", "err", err)
+		}
+	})
+	l.bg.Go(l.acceptLoop)
+	l.log.Info("serving", "addr", l.tcpLn.Addr().String(), "http3", l.udp != nil)
+	return nil
+}
+
+// closeSockets releases what bind opened, for a Start that failed.
+func (l *listener) closeSockets() {
+	if l.tcpLn != nil {
+		l.tcpLn.Close()
+	}
+	if l.udp != nil {
+		l.udp.Close()
+	}
+}
+
+func (l *listener) acquire() bool {
+	if l.nconns.Add(1) > int64(l.cfg.MaxConns) {
+		l.nconns.Add(-1)
+		l.rejectedMax.Inc()
+		return false
+	}
+	return true
+}
+
+func (l *listener) release() { l.nconns.Add(-1) }
+
+func (l *listener) acceptLoop() {
+	var backoff time.Duration
+	for {
+		nc, err := l.tcpLn.Accept()
+		if err != nil {
+			if l.s.draining.Load() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: back off rather than spin.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			l.log.Warn("accept failed", "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		if !l.acquire() {
+			nc.Close()
+			continue
+		}
+		c := &tcpConn{l: l, raw: nc, tc: tls.Server(nc, l.tcpTLS), start: time.Now(), gauge: l.gTLS}
+		if !l.track(c) {
+			nc.Close()
+			l.release()
+			continue
+		}
+		c.gauge.Inc()
+		go l.serveTCP(c)
+	}
+}
+
+func (l *listener) track(c *tcpConn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.conns[c.tc] = c
+	l.connWG.Add(1)
+	return true
+}
+
+// untrack forgets a connection that has been closed; it may be called more than once.
+func (l *listener) untrack(tc *tls.Conn) {
+	l.mu.Lock()
+	c := l.conns[tc]
+	delete(l.conns, tc)
+	l.mu.Unlock()
+	if c == nil {
+		return
+	}
+	c.gauge.Dec()
+	l.release()
+	l.connWG.Done()
+}
+
+func (l *listener) lookup(tc *tls.Conn) *tcpConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conns[tc]
+}
+
+// serveTCP does the TLS handshake and hands the connection to HTTP/1.1 or HTTP/2.
+func (l *listener) serveTCP(c *tcpConn) {
+	hs := &handshake{start: c.start}
+	_ = c.raw.SetDeadline(c.start.Add(l.cfg.HandshakeTimeout))
+	if l.s.draining.Load() {
+		c.raw.Close()
+		l.untrack(c.tc)
+		return
+	}
+	err := c.tc.HandshakeContext(context.WithValue(context.Background(), handshakeKey{}, hs))
+	if err != nil {
+		l.handshakeFailed(hs, c.tc.ConnectionState().Version, classifyTLSError(err), c.raw.RemoteAddr(), err)
+		c.raw.Close()
+		l.untrack(c.tc)
+		return
+	}
+	st := c.tc.ConnectionState()
+	l.handshakeOK(hs, &st)
+	_ = c.raw.SetDeadline(time.Time{})
+	c.info = ConnInfo{Listener: l.cfg.Name, Remote: addrPort(c.raw.RemoteAddr()), TLS: &st}
+	if l.s.draining.Load() {
+		c.tc.Close()
+		l.untrack(c.tc)
+		return
+	}
+
+	c.gauge.Dec()
+	if st.NegotiatedProtocol == "h2" {
+		c.info.Proto = ProtoHTTP2
+		c.gauge = l.gH2
+		c.gauge.Inc()
+		c.phase.Store(phaseHTTP2)
+		if !l.h2q.push(c.tc) {
+			c.tc.Close()
+			l.untrack(c.tc)
+		}
+		return // the HTTP/2 server untracks it when it closes (h2State)
+	}
+	c.info.Proto = ProtoHTTP1
+	c.gauge = l.gHTTP1
+	c.gauge.Inc()
+	c.idle.Store(true)
+	c.phase.Store(phaseHTTP1)
+	_ = l.h1.ServeConn(&h1Conn{Conn: c.tc, c: c}) // closes the connection
+	l.untrack(c.tc)
+}
+
+func (l *listener) handshakeOK(hs *handshake, st *tls.ConnectionState) {
+	if hs == nil || !hs.counted.CompareAndSwap(false, true) {
+		return
+	}
+	sig, _ := hs.result()
+	if st.DidResume {
+		sig = "none" // no signature in a resumed handshake
+	}
+	resumed := boolLabel(st.DidResume)
+	l.s.m.handshakes.WithLabelValues(l.cfg.Name, versionLabel(st.Version), resumed, sig, resultOK).Inc()
+	l.s.m.handshakeSeconds.WithLabelValues(l.cfg.Name, resumed).Observe(time.Since(hs.start).Seconds())
+}
+
+func (l *listener) handshakeFailed(hs *handshake, version uint16, reason string, remote net.Addr, err error) {
+	if !hs.counted.CompareAndSwap(false, true) {
+		return
+	}
+	sig, seen := hs.result()
+	if seen != "" {
+		reason = seen
+	}
+	l.s.m.handshakes.WithLabelValues(l.cfg.Name, versionLabel(version), "false", sig, reason).Inc()
+	if l.log.Enabled(context.Background(), slog.LevelDebug) {
+		l.log.Debug("TLS handshake failed", "remote", fmt.Sprint(remote), "result", reason, "err", err)
+	}
+}
+
+// h1Conn is a connection served by fasthttp. It is a *tls.Conn, so fasthttp knows
+// its requests came over TLS (https URIs). While the server drains, a read deadline
+// fasthttp sets on an idle connection (waiting for its next request) is moved to the
+// past, so it closes instead of waiting; a request being read is left to finish.
+type h1Conn struct {
+	*tls.Conn
+	c *tcpConn
+}
+
+func (w *h1Conn) SetReadDeadline(t time.Time) error {
+	if w.c.idle.Load() && w.c.l.s.draining.Load() {
+		t = drainDeadline
+	}
+	return w.Conn.SetReadDeadline(t)
+}
+
+func (l *listener) h1State(nc net.Conn, st fasthttp.ConnState) {
+	w, ok := nc.(*h1Conn)
+	if !ok {
+		return
+	}
+	switch st {
+	case fasthttp.StateActive:
+		w.c.idle.Store(false)
+	case fasthttp.StateIdle:
+		w.c.idle.Store(true)
+		if l.s.draining.Load() {
+			_ = w.Conn.SetReadDeadline(drainDeadline)
+		}
+	}
+}
+
+func (l *listener) h2ConnContext(ctx context.Context, nc net.Conn) context.Context {
+	if tc, ok := nc.(*tls.Conn); ok {
+		if c := l.lookup(tc); c != nil {
+			return context.WithValue(ctx, connInfoKey{}, &c.info)
+		}
+	}
+	return ctx
+}
+
+func (l *listener) h2State(nc net.Conn, st http.ConnState) {
+	if st != http.StateClosed && st != http.StateHijacked {
+		return
+	}
+	if tc, ok := nc.(*tls.Conn); ok {
+		l.untrack(tc)
+	}
+}
+
+// shutdown stops accepting, lets requests in flight finish and connections close
+// within ctx, then closes what is left.
+func (l *listener) shutdown(ctx context.Context) error {
+	l.mu.Lock()
+	l.closed = true
+	conns := make([]*tcpConn, 0, len(l.conns))
+	for _, c := range l.conns {
+		conns = append(conns, c)
+	}
+	l.mu.Unlock()
+
+	l.tcpLn.Close()
+	if l.qln != nil {
+		l.qln.Close()
+	}
+	// Handshaking and idle HTTP/1.1 connections close now; those reading or
+	// answering a request close after it (Connection: close).
+	for _, c := range conns {
+		switch c.phase.Load() {
+		case phaseHandshake:
+			_ = c.raw.SetDeadline(drainDeadline)
+		case phaseHTTP1:
+			if c.idle.Load() {
+				_ = c.raw.SetReadDeadline(drainDeadline)
+			}
+		}
+	}
+
+	var wg sync.WaitGroup
+	var h2Err, h3Err error
+	wg.Go(func() { h2Err = l.h2.Shutdown(ctx) })
+	if l.h3 != nil {
+		wg.Go(func() { h3Err = l.h3.Shutdown(ctx) })
+	}
+	tcpDone := make(chan struct{})
+	go func() { l.connWG.Wait(); close(tcpDone) }()
+
+	var err error
+	select {
+	case <-tcpDone:
+	case <-ctx.Done():
+		err = fmt.Errorf("l7: listener %q: shutdown deadline passed, connections closed: %w", l.cfg.Name, ctx.Err())
+		l.mu.Lock()
+		for _, c := range l.conns {
+			c.raw.Close()
+		}
+		l.mu.Unlock()
+		l.h2.Close()
+	}
+	wg.Wait()
+	if l.tr != nil {
+		l.tr.Close()
+	}
+	if l.udp != nil {
+		l.udp.Close()
+	}
+	l.bg.Wait()
+	if err == nil && h2Err != nil {
+		err = fmt.Errorf("l7: listener %q: HTTP/2 shutdown: %w", l.cfg.Name, h2Err)
+	}
+	if err == nil && h3Err != nil {
+		err = fmt.Errorf("l7: listener %q: HTTP/3 shutdown: %w", l.cfg.Name, h3Err)
+	}
+	return err
+}
+
+// addrPort returns a connection address as a netip.AddrPort, IPv4 unmapped.
+func addrPort(a net.Addr) netip.AddrPort {
+	var ap netip.AddrPort
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ap = a.AddrPort()
+	case *net.UDPAddr:
+		ap = a.AddrPort()
+	default:
+		return netip.AddrPort{}
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// connQueue is the net.Listener the HTTP/2 server accepts from: connections whose
+// handshake chose h2.
+type connQueue struct {
+	ch     chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func newConnQueue() *connQueue {
+	return &connQueue{ch: make(chan net.Conn), closed: make(chan struct{})}
+}
+
+func (q *connQueue) push(c net.Conn) bool {
+	select {
+	case <-q.closed:
+		return false
+	default:
+	}
+	select {
+	case q.ch <- c:
+		return true
+	case <-q.closed:
+		return false
+	}
+}
+
+func (q *connQueue) Accept() (net.Conn, error) {
+	select {
+	case c := <-q.ch:
+		return c, nil
+	case <-q.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (q *connQueue) Close() error {
+	q.once.Do(func() { close(q.closed) })
+	return nil
+}
+
+func (q *connQueue) Addr() net.Addr { return queueAddr{} }
+
+type queueAddr struct{}
+
+func (queueAddr) Network() string { return "tls" }
+func (queueAddr) String() string  { return "h2" }
+
+// fastLogger sends fasthttp's logs to slog at debug level.
+type fastLogger struct{ log *slog.Logger }
+
+func (f fastLogger) Printf(format string, args ...any) {
+	f.log.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+}

@@ -1,0 +1,126 @@
+package l7
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Handshake results, the values of tiergate_tls_handshakes_total{result}.
+const (
+	resultOK               = "ok"
+	resultNoCertificate    = "no_certificate"    // GetCertificate found none for the SNI
+	resultKeyserverError   = "keyserver_error"   // the private-key operation failed
+	resultKeyserverTimeout = "keyserver_timeout" // the private-key operation timed out
+	resultClientAlert      = "client_alert"      // the client aborted with an alert
+	resultTimeout          = "timeout"           // HandshakeTimeout passed
+	resultClientClosed     = "client_closed"     // the client went away without an alert
+	resultProtocol         = "protocol"          // not TLS, or nothing we could agree on
+	resultOther            = "other"
+)
+
+// Connection protocols, the values of tiergate_l7_connections{proto}.
+const (
+	connTLS   = "tls" // TCP, handshaking
+	connHTTP1 = "http1"
+	connH2    = "h2"
+	connH3    = "h3" // QUIC, handshaking or not
+)
+
+// HandshakeBuckets are the buckets of tiergate_tls_handshake_seconds, 500µs to 10s.
+var HandshakeBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+
+// RequestBuckets are the buckets of tiergate_http_request_seconds, 1ms to 60s.
+var RequestBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+type metrics struct {
+	handshakes       *prometheus.CounterVec
+	handshakeSeconds *prometheus.HistogramVec
+	conns            *prometheus.GaugeVec
+	connsRejected    *prometheus.CounterVec
+	requests         *prometheus.CounterVec
+	requestSeconds   *prometheus.HistogramVec
+	requestsByProto  *prometheus.CounterVec
+	backendErrors    *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tiergate_tls_handshakes_total",
+			Help: "TLS handshakes over TCP and QUIC, by listener, TLS version, resumption, key type of the signature made (none when resumed) and result.",
+		}, []string{"listener", "version", "resumed", "sig", "result"}),
+		handshakeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tiergate_tls_handshake_seconds",
+			Help:    "Time of successful TLS handshakes, from accepting the connection (TCP) or its first packet (QUIC) to the handshake's end.",
+			Buckets: HandshakeBuckets,
+		}, []string{"listener", "resumed"}),
+		conns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tiergate_l7_connections",
+			Help: "Client connections open, by listener and protocol (tls: TCP still handshaking).",
+		}, []string{"listener", "proto"}),
+		connsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tiergate_l7_connections_rejected_total",
+			Help: "Client connections closed at accept, by listener and reason.",
+		}, []string{"listener", "reason"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tiergate_http_requests_total",
+			Help: "HTTP requests answered, by route (the backend pool; - for requests refused before routing) and status code.",
+		}, []string{"route", "code"}),
+		requestSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tiergate_http_request_seconds",
+			Help:    "Time from a request's headers being read to its response being handed to the protocol server, by route.",
+			Buckets: RequestBuckets,
+		}, []string{"route"}),
+		requestsByProto: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tiergate_l7_requests_total",
+			Help: "HTTP requests answered, by listener and protocol.",
+		}, []string{"listener", "proto"}),
+		backendErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tiergate_l7_backend_errors_total",
+			Help: "Failed attempts to get a response from a backend pool, by pool and reason (connect, timeout, busy, other).",
+		}, []string{"pool", "reason"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.handshakes, m.handshakeSeconds, m.conns, m.connsRejected,
+			m.requests, m.requestSeconds, m.requestsByProto, m.backendErrors)
+	}
+	return m
+}
+
+// statusText holds the decimal form of every status code, so counting a request
+// does not format one.
+var statusText = func() (t [600]string) {
+	for i := range t {
+		t[i] = strconv.Itoa(i)
+	}
+	return t
+}()
+
+func codeLabel(status int) string {
+	if status >= 0 && status < len(statusText) {
+		return statusText[status]
+	}
+	return strconv.Itoa(status)
+}
+
+func versionLabel(v uint16) string {
+	switch v {
+	case 0x0304:
+		return "1.3"
+	case 0x0303:
+		return "1.2"
+	case 0x0302:
+		return "1.1"
+	case 0x0301:
+		return "1.0"
+	}
+	return "unknown"
+}
+
+func boolLabel(b bool) string {
+	if b {
+		return "true"
+	}
+	return "false"
+}
