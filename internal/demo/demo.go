@@ -1,7 +1,7 @@
 // Package demo runs the Tiergate stack on one machine for `make demo`: keyserverd on a
-// SoftHSM2 token it creates on first run under a state directory, a TLS server whose
-// private key never leaves that token, and a client loop making real full handshakes
-// through it.
+// SoftHSM2 token it creates on first run under a state directory, l7d terminating TLS
+// 1.2/1.3 and QUIC with the site's private key in that token, a backend behind it, and
+// a client loop making real requests, each over a full handshake.
 package demo
 
 import (
@@ -26,10 +26,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/quic-go/quic-go/http3"
+
 	"github.com/tiergate/tiergate/internal/softhsm"
 	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver/backend"
-	"github.com/tiergate/tiergate/keyserver/client"
 	"github.com/tiergate/tiergate/keyserver/softkey"
 )
 
@@ -41,6 +42,8 @@ type Options struct {
 	Interval    time.Duration // between handshakes; default 500ms
 	KeyserverAt string        // keyserverd listen address; default 127.0.0.1:2407
 	MetricsAt   string        // keyserverd metrics address; default 127.0.0.1:9240
+	L7At        string        // l7d listener (TCP and UDP); default 127.0.0.1:8443
+	L7AdminAt   string        // l7d admin (metrics, reload); default 127.0.0.1:9241
 }
 
 // Main is the tgdemo command.
@@ -54,6 +57,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.Interval, "interval", 500*time.Millisecond, "pause between handshakes")
 	fs.StringVar(&o.KeyserverAt, "keyserver", "127.0.0.1:2407", "keyserverd listen `address`")
 	fs.StringVar(&o.MetricsAt, "metrics", "127.0.0.1:9240", "keyserverd metrics `address`")
+	fs.StringVar(&o.L7At, "l7", "127.0.0.1:8443", "l7d listener `address` (TCP and UDP)")
+	fs.StringVar(&o.L7AdminAt, "l7-admin", "127.0.0.1:9241", "l7d admin `address`")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -204,115 +209,172 @@ clients:
 		return fmt.Errorf("keyserverd did not become healthy (log: %s): %w", logPath, err)
 	}
 
-	// 5. The TLS server: its private key is the token's, reached through keyserverd.
-	ksClient, err := client.New(client.Config{
-		Servers: []string{o.KeyserverAt},
-		TLS:     &tls.Config{Certificates: []tls.Certificate{l7Cert}, RootCAs: ksCA.Pool(), ServerName: "127.0.0.1"},
-	})
+	// 5. A backend, and l7d in front of it: TLS 1.2/1.3 and QUIC, the site key remote.
+	if _, err := clientCA.WriteFiles(pki, "l7", l7Cert); err != nil {
+		return err
+	}
+	backendLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	defer ksClient.Close()
-	remote := ksClient.NewKey(siteID, siteKey.Public())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	backend := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from the backend: you are %s, l7d says %s\n", r.Header.Get("X-Real-Ip"), r.Header.Get("X-Forwarded-Proto"))
+	})}
+	go backend.Serve(backendLn)
+	defer backend.Close()
+	l7Cfg := filepath.Join(dir, "l7d.yaml")
+	l7Yaml := fmt.Sprintf(`# Written by tgdemo on every run.
+listeners: [{name: demo, addr: %q, pool: demo}]
+backends: {demo: {members: [%q]}}
+certificates:
+  certificates: [{name: demo-site, cert_file: %q}]   # no key_file: the key is in the token
+keyservers:
+  servers: [%q]
+  cert_file: %q
+  key_file: %q
+  ca_file: %q
+admin_listen: %q
+`, o.L7At, backendLn.Addr().String(), filepath.Join(pki, "site.pem"), o.KeyserverAt,
+		filepath.Join(pki, "l7-demo.pem"), filepath.Join(pki, "l7-demo.key"), filepath.Join(pki, "keyserver-ca.pem"), o.L7AdminAt)
+	if err := os.WriteFile(l7Cfg, []byte(l7Yaml), 0o600); err != nil {
+		return err
+	}
+	l7Log := filepath.Join(dir, "l7d.log")
+	l7LogFile, err := os.Create(l7Log)
 	if err != nil {
 		return err
 	}
-	web := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprintf(w, "hello from a server whose key is in an HSM (%s)\n", r.TLS.ServerName)
-		}),
-		TLSConfig: &tls.Config{
-			Certificates:           []tls.Certificate{{Certificate: [][]byte{siteDER}, PrivateKey: remote}},
-			SessionTicketsDisabled: true, // every handshake is a full one
-			CipherSuites: []uint16{tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
-				tls.TLS_RSA_WITH_AES_128_GCM_SHA256},
-		},
-		ReadHeaderTimeout: 5 * time.Second,
+	defer l7LogFile.Close()
+	l7 := exec.Command(filepath.Join(o.BinDir, "l7d"), "run", "-config", l7Cfg)
+	l7.Stdout, l7.Stderr = l7LogFile, l7LogFile
+	if err := l7.Start(); err != nil {
+		return fmt.Errorf("starting l7d: %w", err)
 	}
-	go web.ServeTLS(ln, "", "")
-	defer web.Close()
+	l7Done := make(chan error, 1)
+	go func() { l7Done <- l7.Wait() }()
+	defer func() {
+		l7.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-l7Done:
+		case <-time.After(15 * time.Second):
+			l7.Process.Kill()
+			<-l7Done
+		}
+		fmt.Fprintln(out, "l7d stopped")
+	}()
+	if err := waitHealthy(ctx, "http://"+o.L7AdminAt+"/healthz", l7Done); err != nil {
+		return fmt.Errorf("l7d did not become healthy (log: %s): %w", l7Log, err)
+	}
+	_, l7Port, _ := net.SplitHostPort(o.L7At)
 
 	fmt.Fprintf(out, `
 Tiergate demo
-  state directory     %s (SoftHSM2 token %q, keyserverd.yaml, keyserverd.log)
+  state directory     %s (SoftHSM2 token %q, configs, logs)
   site key            %s, RSA-2048, imported into the token as non-extractable (source PEM: site.key)
-  keyserverd          %s (mutual TLS), pid %d
-  keyserver metrics   %s
-  keyserver health    http://%s/healthz
-  TLS server          https://%s (demo.tiergate.test, key offloaded to keyserverd)
-  try                 curl --cacert %s --resolve demo.tiergate.test:%d:127.0.0.1 https://demo.tiergate.test:%d/
+  keyserverd          %s (mutual TLS), pid %d, log keyserverd.log
+  l7d                 https://%s (TCP: TLS 1.2/1.3, h2 + http/1.1; UDP: QUIC, HTTP/3), pid %d, log l7d.log
+  metrics             keyserverd %s   l7d http://%s/metrics
+  try                 curl --cacert %s --resolve demo.tiergate.test:%s:127.0.0.1 https://demo.tiergate.test:%s/
   stop                Ctrl-C (or kill -INT %d)
 
-`, dir, tok.Label, siteID, o.KeyserverAt, ks.Process.Pid, metricsURL, o.MetricsAt, ln.Addr(),
-		filepath.Join(pki, "site-ca.pem"), ln.Addr().(*net.TCPAddr).Port, ln.Addr().(*net.TCPAddr).Port, os.Getpid())
+`, dir, tok.Label, siteID, o.KeyserverAt, ks.Process.Pid, o.L7At, l7.Process.Pid, metricsURL, o.L7AdminAt,
+		filepath.Join(pki, "site-ca.pem"), l7Port, l7Port, os.Getpid())
 
-	// 6. The client loop: full handshakes, rotating TLS 1.3, TLS 1.2 ECDHE-RSA and
-	// TLS 1.2 RSA key exchange (which makes keyserverd decrypt).
-	modes := []struct {
-		name  string
-		max   uint16
-		suite uint16
-	}{
-		{"TLS 1.3", tls.VersionTLS13, 0},
-		{"TLS 1.2 ECDHE-RSA", tls.VersionTLS12, tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256},
-		{"TLS 1.2 RSA kx", tls.VersionTLS12, tls.TLS_RSA_WITH_AES_128_GCM_SHA256},
-	}
+	// 6. The client loop: a full handshake per request (no session reuse), rotating
+	// protocols; each handshake is one signature by keyserverd.
 	roots := siteCA.Pool()
+	modes := []mode{
+		{"HTTP/1.1 TLS 1.3", "h1", tls.VersionTLS13, 0},
+		{"HTTP/2 TLS 1.2", "h2", tls.VersionTLS12, tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256},
+		{"HTTP/3 QUIC", "h3", tls.VersionTLS13, 0},
+		{"HTTP/1.1 TLS 1.2", "h1", tls.VersionTLS12, tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256},
+	}
 	ok, failed := 0, 0
 	for i := 1; ; i++ {
 		select {
 		case <-ctx.Done():
-			fmt.Fprintf(out, "\n%d handshakes completed, %d failed\n", ok, failed)
+			fmt.Fprintf(out, "\n%d requests completed, %d failed\n", ok, failed)
 			if failed > 0 {
-				return fmt.Errorf("%d handshakes failed", failed)
+				return fmt.Errorf("%d requests failed", failed)
 			}
 			return nil
 		case err := <-ksDone:
 			return fmt.Errorf("keyserverd exited: %v (log: %s)", err, logPath)
+		case err := <-l7Done:
+			return fmt.Errorf("l7d exited: %v (log: %s)", err, l7Log)
 		case <-time.After(o.Interval):
 		}
 		m := modes[(i-1)%len(modes)]
-		tcfg := &tls.Config{RootCAs: roots, ServerName: "demo.tiergate.test", MaxVersion: m.max}
-		if m.suite != 0 {
-			tcfg.CipherSuites = []uint16{m.suite}
-		}
 		start := time.Now()
-		st, body, err := fetch(ctx, ln.Addr().String(), tcfg)
+		res, err := m.fetch(ctx, o.L7At, roots)
 		took := time.Since(start)
 		if err != nil {
 			failed++
-			fmt.Fprintf(out, "#%-4d %-18s FAILED after %v: %v\n", i, m.name, took.Round(time.Microsecond), err)
+			fmt.Fprintf(out, "#%-4d %-21s FAILED after %v: %v\n", i, m.name, took.Round(time.Microsecond), err)
 			continue
 		}
 		ok++
-		fmt.Fprintf(out, "#%-4d %-18s %-40s %7.2f ms  %q\n", i, m.name, tls.CipherSuiteName(st.CipherSuite),
-			float64(took.Microseconds())/1000, strings.TrimSpace(body))
-		if i%10 == 0 {
+		fmt.Fprintf(out, "#%-4d %-21s %-8s %-40s %7.2f ms  %d %q\n", i, m.name, res.proto, res.suite,
+			float64(took.Microseconds())/1000, res.status, res.body)
+		if i%8 == 0 {
 			fmt.Fprintf(out, "      keyserverd: %s\n", scrapeOps(metricsURL))
 		}
 	}
 }
 
-func fetch(ctx context.Context, addr string, cfg *tls.Config) (tls.ConnectionState, string, error) {
+type mode struct {
+	name  string
+	proto string
+	max   uint16
+	suite uint16
+}
+
+type result struct {
+	proto, suite, body string
+	status             int
+}
+
+// fetch makes one request over a new connection, so each is a full handshake.
+func (m mode) fetch(ctx context.Context, addr string, roots *x509.CertPool) (*result, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	d := tls.Dialer{Config: cfg}
-	nc, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return tls.ConnectionState{}, "", err
+	tcfg := &tls.Config{RootCAs: roots, ServerName: "demo.tiergate.test", MaxVersion: m.max}
+	if m.suite != 0 {
+		tcfg.CipherSuites = []uint16{m.suite}
 	}
-	defer nc.Close()
-	tc := nc.(*tls.Conn)
-	nc.SetDeadline(time.Now().Add(5 * time.Second))
-	fmt.Fprintf(nc, "GET / HTTP/1.1\r\nHost: demo.tiergate.test\r\nConnection: close\r\n\r\n")
-	resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
+	var rt http.RoundTripper
+	switch m.proto {
+	case "h3":
+		t := &http3.Transport{TLSClientConfig: tcfg}
+		defer t.Close()
+		rt = t
+	default:
+		t := &http.Transport{TLSClientConfig: tcfg, DisableKeepAlives: true, ForceAttemptHTTP2: m.proto == "h2"}
+		if m.proto == "h1" {
+			t.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+		}
+		defer t.CloseIdleConnections()
+		rt = t
+	}
+	req, err := http.NewRequestWithContext(ctx, "GET", "https://"+addr+"/", nil)
 	if err != nil {
-		return tc.ConnectionState(), "", err
+		return nil, err
+	}
+	req.Host = "demo.tiergate.test"
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return nil, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	return tc.ConnectionState(), string(b), err
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err != nil {
+		return nil, err
+	}
+	r := &result{proto: resp.Proto, status: resp.StatusCode, body: strings.TrimSpace(string(body))}
+	if resp.TLS != nil {
+		r.suite = tls.CipherSuiteName(resp.TLS.CipherSuite)
+	}
+	return r, nil
 }
 
 // scrapeOps summarises tiergate_keyserver_ops_total from keyserverd's /metrics.
