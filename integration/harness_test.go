@@ -180,17 +180,132 @@ func (p *pki) clientTLS(t *testing.T, cn string) *tls.Config {
 	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: p.serverCA.Pool(), ServerName: "127.0.0.1"}
 }
 
+// daemon is a Tiergate process under test: started, awaited until /healthz answers,
+// stopped gracefully or killed.
+type daemon struct {
+	t      *testing.T
+	name   string
+	args   []string
+	env    []string
+	health string // URL of /healthz
+	log    string
+	cmd    *exec.Cmd
+	done   chan error
+}
+
+func (d *daemon) start() {
+	t := d.t
+	t.Helper()
+	logf, err := os.OpenFile(d.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	d.cmd = exec.Command(d.args[0], d.args[1:]...)
+	d.cmd.Env = append(os.Environ(), d.env...)
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d.done = make(chan error, 1)
+	go func(c *exec.Cmd, done chan error) { done <- c.Wait() }(d.cmd, d.done)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := http.Get(d.health)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		select {
+		case err := <-d.done:
+			t.Fatalf("%s exited: %v\n%s", d.name, err, d.logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not healthy after 15s\n%s", d.name, d.logTail())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// kill stops the process at once, as a crash would.
+func (d *daemon) kill() {
+	if d.cmd == nil {
+		return
+	}
+	d.cmd.Process.Kill()
+	<-d.done
+	d.cmd = nil
+}
+
+// stop sends SIGTERM and waits for a graceful exit.
+func (d *daemon) stop() {
+	if d.cmd == nil {
+		return
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-d.done:
+		if err != nil {
+			d.t.Errorf("%s exited with %v after SIGTERM\n%s", d.name, err, d.logTail())
+		}
+	case <-time.After(20 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.done
+		d.t.Errorf("%s did not stop within 20s of SIGTERM", d.name)
+	}
+	d.cmd = nil
+}
+
+func (d *daemon) logTail() string {
+	b, _ := os.ReadFile(d.log)
+	if len(b) > 6000 {
+		b = b[len(b)-6000:]
+	}
+	return string(b)
+}
+
+// scrape sums the samples of metric name at url whose line contains every filter and
+// none of the exclusions (filters starting with "!").
+func scrape(url, name string, filters ...string) float64 {
+	resp, err := http.Get(url)
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		ok := true
+		for _, f := range filters {
+			if neg, found := strings.CutPrefix(f, "!"); found {
+				ok = ok && !strings.Contains(line, neg)
+			} else {
+				ok = ok && strings.Contains(line, f)
+			}
+		}
+		if ok {
+			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
 // keyserverProc is one keyserverd process on its own SoftHSM2 token.
 type keyserverProc struct {
-	t       *testing.T
+	daemon
 	bin     string
 	tok     *softhsm.Token
 	cfgPath string
 	addr    string
 	metrics string
-	log     string
-	cmd     *exec.Cmd
-	done    chan error
 }
 
 func freePort(t *testing.T) string {
@@ -216,9 +331,10 @@ func newKeyserver(t *testing.T, p *pki, keys []*siteKey) *keyserverProc {
 	if err := os.WriteFile(pinFile, []byte(tok.PIN+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ks := &keyserverProc{t: t, bin: filepath.Join(binaries(t), "keyserverd"), tok: tok,
-		cfgPath: filepath.Join(dir, "keyserverd.yaml"), addr: freePort(t), metrics: freePort(t),
-		log: filepath.Join(dir, "keyserverd.log")}
+	ks := &keyserverProc{bin: filepath.Join(binaries(t), "keyserverd"), tok: tok,
+		cfgPath: filepath.Join(dir, "keyserverd.yaml"), addr: freePort(t), metrics: freePort(t)}
+	ks.daemon = daemon{t: t, name: "keyserverd", args: []string{ks.bin, "run", "-config", ks.cfgPath},
+		env: tok.Env(), health: "http://" + ks.metrics + "/healthz", log: filepath.Join(dir, "keyserverd.log")}
 	cfg := fmt.Sprintf(`listen: %q
 metrics_listen: %q
 log_level: debug
@@ -258,97 +374,7 @@ clients:
 	return ks
 }
 
-func (ks *keyserverProc) start() {
-	t := ks.t
-	t.Helper()
-	logf, err := os.OpenFile(ks.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	ks.cmd = exec.Command(ks.bin, "run", "-config", ks.cfgPath)
-	ks.cmd.Env = append(os.Environ(), ks.tok.Env()...)
-	ks.cmd.Stdout, ks.cmd.Stderr = logf, logf
-	if err := ks.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ks.done = make(chan error, 1)
-	go func(c *exec.Cmd, done chan error) { done <- c.Wait() }(ks.cmd, ks.done)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := http.Get("http://" + ks.metrics + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		select {
-		case err := <-ks.done:
-			t.Fatalf("keyserverd exited: %v\n%s", err, ks.logTail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("keyserverd not healthy after 15s\n%s", ks.logTail())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// kill stops the process at once, as a crash would.
-func (ks *keyserverProc) kill() {
-	if ks.cmd == nil {
-		return
-	}
-	ks.cmd.Process.Kill()
-	<-ks.done
-	ks.cmd = nil
-}
-
-// stop sends SIGTERM and waits for a graceful exit.
-func (ks *keyserverProc) stop() {
-	if ks.cmd == nil {
-		return
-	}
-	ks.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-ks.done:
-		if err != nil {
-			ks.t.Errorf("keyserverd exited with %v after SIGTERM\n%s", err, ks.logTail())
-		}
-	case <-time.After(15 * time.Second):
-		ks.cmd.Process.Kill()
-		<-ks.done
-		ks.t.Errorf("keyserverd did not stop within 15s of SIGTERM")
-	}
-	ks.cmd = nil
-}
-
-func (ks *keyserverProc) logTail() string {
-	b, _ := os.ReadFile(ks.log)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
-}
-
 // opsOK sums tiergate_keyserver_ops_total{result="ok"} over every op but ping.
 func (ks *keyserverProc) opsOK() float64 {
-	resp, err := http.Get("http://" + ks.metrics + "/metrics")
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "tiergate_keyserver_ops_total{") && strings.Contains(line, `result="ok"`) &&
-			!strings.Contains(line, `op="ping"`) {
-			f := strings.Fields(line)
-			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-			sum += v
-		}
-	}
-	return sum
+	return scrape("http://"+ks.metrics+"/metrics", "tiergate_keyserver_ops_total", `result="ok"`, `!op="ping"`)
 }

@@ -107,13 +107,10 @@ func (s *site) pool() *x509.CertPool { return s.ca.Pool() }
 
 // l7dProc is one l7d process.
 type l7dProc struct {
-	t       *testing.T
+	daemon
 	cfgPath string
 	addr    string
 	admin   string
-	log     string
-	cmd     *exec.Cmd
-	done    chan error
 }
 
 // newL7d writes cfg (YAML, with %[1]s the listener address and %[2]s the admin address
@@ -121,7 +118,9 @@ type l7dProc struct {
 func newL7d(t *testing.T, cfg string) *l7dProc {
 	t.Helper()
 	dir := t.TempDir()
-	p := &l7dProc{t: t, cfgPath: filepath.Join(dir, "l7d.yaml"), addr: freePort(t), admin: freePort(t), log: filepath.Join(dir, "l7d.log")}
+	p := &l7dProc{cfgPath: filepath.Join(dir, "l7d.yaml"), addr: freePort(t), admin: freePort(t)}
+	p.daemon = daemon{t: t, name: "l7d", args: []string{filepath.Join(binaries(t), "l7d"), "run", "-config", p.cfgPath},
+		health: "http://" + p.admin + "/healthz", log: filepath.Join(dir, "l7d.log")}
 	p.writeConfig(cfg)
 	p.start()
 	t.Cleanup(p.stop)
@@ -135,94 +134,11 @@ func (p *l7dProc) writeConfig(cfg string) {
 	}
 }
 
-func (p *l7dProc) start() {
-	t := p.t
-	t.Helper()
-	logf, err := os.Create(p.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	p.cmd = exec.Command(filepath.Join(binaries(t), "l7d"), "run", "-config", p.cfgPath)
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p.done = make(chan error, 1)
-	go func(c *exec.Cmd, done chan error) { done <- c.Wait() }(p.cmd, p.done)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := http.Get("http://" + p.admin + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		select {
-		case err := <-p.done:
-			t.Fatalf("l7d exited: %v\n%s", err, p.logTail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("l7d not healthy after 15s\n%s", p.logTail())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func (p *l7dProc) stop() {
-	if p.cmd == nil {
-		return
-	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.done:
-		if err != nil {
-			p.t.Errorf("l7d exited with %v after SIGTERM\n%s", err, p.logTail())
-		}
-	case <-time.After(20 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.done
-		p.t.Errorf("l7d did not stop within 20s of SIGTERM")
-	}
-	p.cmd = nil
-}
-
-func (p *l7dProc) logTail() string {
-	b, _ := os.ReadFile(p.log)
-	if len(b) > 6000 {
-		b = b[len(b)-6000:]
-	}
-	return string(b)
-}
-
 func (p *l7dProc) port() string { _, port, _ := net.SplitHostPort(p.addr); return port }
 
-// metric returns the sum of the samples of a metric whose line contains every filter.
+// metric sums the samples of an l7d metric whose line contains every filter.
 func (p *l7dProc) metric(name string, filters ...string) float64 {
-	resp, err := http.Get("http://" + p.admin + "/metrics")
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	var sum float64
-	for _, line := range strings.Split(string(body), "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		ok := true
-		for _, f := range filters {
-			ok = ok && strings.Contains(line, f)
-		}
-		if ok {
-			var v float64
-			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
-			sum += v
-		}
-	}
-	return sum
+	return scrape("http://"+p.admin+"/metrics", name, filters...)
 }
 
 func rsaKey(t *testing.T) *rsa.PrivateKey {
