@@ -4,19 +4,14 @@
 package keyserverd
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
-	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
+	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver"
 	"github.com/tiergate/tiergate/keyserver/hsm"
 	"github.com/tiergate/tiergate/keyserver/softkey"
@@ -94,10 +89,8 @@ func LoadConfig(path string) (*FileConfig, error) {
 // ParseConfig decodes a configuration; name is used in errors.
 func ParseConfig(data []byte, name string) (*FileConfig, error) {
 	var c FileConfig
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && err != io.EOF { // an empty file is the zero config
-		return nil, fmt.Errorf("configuration %s: %w", name, err)
+	if err := daemon.DecodeYAML(data, name, &c); err != nil {
+		return nil, err
 	}
 	if c.PKCS11 == nil && c.Software == nil {
 		return nil, fmt.Errorf("configuration %s: no key backend: set pkcs11 or software", name)
@@ -108,7 +101,7 @@ func ParseConfig(data []byte, name string) (*FileConfig, error) {
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
 	}
-	if _, err := c.logLevel(); err != nil {
+	if _, err := daemon.LogLevel(c.LogLevel); err != nil {
 		return nil, fmt.Errorf("configuration %s: %w", name, err)
 	}
 	for i, r := range c.Clients {
@@ -117,20 +110,6 @@ func ParseConfig(data []byte, name string) (*FileConfig, error) {
 		}
 	}
 	return &c, nil
-}
-
-func (c *FileConfig) logLevel() (slog.Level, error) {
-	switch strings.ToLower(c.LogLevel) {
-	case "", "info":
-		return slog.LevelInfo, nil
-	case "debug":
-		return slog.LevelDebug, nil
-	case "warn":
-		return slog.LevelWarn, nil
-	case "error":
-		return slog.LevelError, nil
-	}
-	return 0, fmt.Errorf("log_level %q: want debug, info, warn or error", c.LogLevel)
 }
 
 // serverTLS loads the certificate, key and client CA files.

@@ -17,8 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/hsm"
@@ -83,11 +83,6 @@ func parseFlags(name string, args []string, stderr io.Writer, extra func(*flag.F
 	return LoadConfig(*path)
 }
 
-func newLogger(cfg *FileConfig, w io.Writer) *slog.Logger {
-	lvl, _ := cfg.logLevel()
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
-}
-
 // openBackends opens the configured backends, PKCS#11 first. With allKeys the token's
 // key selection is ignored: an import must not fail because the configuration already
 // names the key being imported.
@@ -127,7 +122,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := newLogger(cfg, stderr)
+	log := daemon.NewLogger(cfg.LogLevel, stderr)
 	tlsCfg, err := cfg.serverTLS()
 	if err != nil {
 		return err
@@ -163,7 +158,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("metrics listener: %w", err)
 		}
-		admin = &http.Server{Handler: AdminHandler(reg, srv.Healthy), ReadHeaderTimeout: 5 * time.Second}
+		admin = &http.Server{Handler: daemon.AdminMux(reg, srv.Healthy), ReadHeaderTimeout: 5 * time.Second}
 		go admin.Serve(ln)
 		log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	}
@@ -179,20 +174,6 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 		admin.Close()
 	}
 	return err
-}
-
-// AdminHandler serves /metrics from reg and /healthz from healthy.
-func AdminHandler(reg *prometheus.Registry, healthy func() error) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := healthy(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "ok\n")
-	})
-	return mux
 }
 
 func cmdImport(args []string, stdout, stderr io.Writer) error {
@@ -215,7 +196,7 @@ func cmdImport(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("import: %s: %w", keyPath, err)
 	}
-	backends, err := openBackends(cfg, newLogger(cfg, stderr), true)
+	backends, err := openBackends(cfg, daemon.NewLogger(cfg.LogLevel, stderr), true)
 	if err != nil {
 		return err
 	}
@@ -233,7 +214,7 @@ func cmdKeys(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	backends, err := openBackends(cfg, newLogger(cfg, stderr), false)
+	backends, err := openBackends(cfg, daemon.NewLogger(cfg.LogLevel, stderr), false)
 	if err != nil {
 		return err
 	}

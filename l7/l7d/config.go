@@ -4,20 +4,15 @@
 package l7d
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
-	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/tiergate/tiergate/certs"
+	"github.com/tiergate/tiergate/internal/daemon"
 )
 
 // FileConfig is l7d's configuration file. Every field may be left out unless marked
@@ -117,10 +112,8 @@ func LoadConfig(path string) (*FileConfig, error) {
 // ParseConfig decodes and validates a configuration; name is used in errors.
 func ParseConfig(data []byte, name string) (*FileConfig, error) {
 	var c FileConfig
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && err != io.EOF {
-		return nil, fmt.Errorf("configuration %s: %w", name, err)
+	if err := daemon.DecodeYAML(data, name, &c); err != nil {
+		return nil, err
 	}
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("configuration %s: %w", name, err)
@@ -135,7 +128,7 @@ func (c *FileConfig) validate() error {
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
 	}
-	if _, err := logLevel(c.LogLevel); err != nil {
+	if _, err := daemon.LogLevel(c.LogLevel); err != nil {
 		return err
 	}
 	if len(c.Listeners) == 0 {
@@ -175,20 +168,6 @@ func (c *FileConfig) validate() error {
 		}
 	}
 	return nil
-}
-
-func logLevel(s string) (slog.Level, error) {
-	switch strings.ToLower(s) {
-	case "", "info":
-		return slog.LevelInfo, nil
-	case "debug":
-		return slog.LevelDebug, nil
-	case "warn":
-		return slog.LevelWarn, nil
-	case "error":
-		return slog.LevelError, nil
-	}
-	return 0, fmt.Errorf("log_level %q: want debug, info, warn or error", s)
 }
 
 // keyserverTLS loads the client certificate and the keyservers' CA.

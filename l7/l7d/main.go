@@ -17,9 +17,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tiergate/tiergate/certs"
+	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver/client"
 	"github.com/tiergate/tiergate/l7"
 )
@@ -97,8 +97,7 @@ func (d *Daemon) setup() error {
 	if err != nil {
 		return err
 	}
-	lvl, _ := logLevel(cfg.LogLevel)
-	d.log = slog.New(slog.NewTextHandler(d.Stderr, &slog.HandlerOptions{Level: lvl}))
+	d.log = daemon.NewLogger(cfg.LogLevel, d.Stderr)
 	d.reg = prometheus.NewRegistry()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -305,15 +304,7 @@ func sameKeyServers(a, b *KeyServersFile) bool {
 }
 
 func (d *Daemon) adminHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := d.srv.Healthy(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "ok\n")
-	})
+	mux := daemon.AdminMux(d.reg, d.srv.Healthy)
 	mux.HandleFunc("/reload", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", "POST")

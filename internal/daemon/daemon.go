@@ -1,0 +1,62 @@
+// Package daemon holds what every Tiergate daemon shares: strict YAML configuration
+// files, log levels, and the admin endpoint's /metrics and /healthz.
+package daemon
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.yaml.in/yaml/v3"
+)
+
+// DecodeYAML decodes data into v, refusing unknown fields; an empty document leaves v
+// as it is. name is used in errors.
+func DecodeYAML(data []byte, name string, v any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(v); err != nil && err != io.EOF {
+		return fmt.Errorf("configuration %s: %w", name, err)
+	}
+	return nil
+}
+
+// LogLevel parses debug, info, warn or error; empty means info.
+func LogLevel(s string) (slog.Level, error) {
+	switch strings.ToLower(s) {
+	case "", "info":
+		return slog.LevelInfo, nil
+	case "debug":
+		return slog.LevelDebug, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, fmt.Errorf("log_level %q: want debug, info, warn or error", s)
+}
+
+// NewLogger returns a text logger at level (already validated) writing to w.
+func NewLogger(level string, w io.Writer) *slog.Logger {
+	lvl, _ := LogLevel(level)
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
+}
+
+// AdminMux serves /metrics from reg and /healthz from healthy; callers may add routes.
+func AdminMux(reg *prometheus.Registry, healthy func() error) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	return mux
+}
