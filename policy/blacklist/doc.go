@@ -1,0 +1,88 @@
+// Package blacklist holds the IP blacklists a risk engine pushes to l7d, one global
+// and one per listener, and answers "is this client address blocked?" in well under
+// a microsecond without locks. Lists hold IPv4 and IPv6 addresses and CIDR ranges,
+// each optionally expiring, up to MaxEntries; they are replaced whole or changed by
+// deltas, and each update is built aside and swapped in atomically.
+//
+// # Model
+//
+// A Set is a set of addresses, not a list of rules: overlapping and adjacent entries
+// merge when it is built, an address covered by several entries expires with the
+// latest of them (never beats any time), and removing a prefix removes every address
+// in it. Entries are normalized on input: host bits of a CIDR are masked, a /32 or
+// /128 is a single address, zones are dropped, IPv4-mapped IPv6 addresses and
+// prefixes (::ffff:a.b.c.d) are IPv4, and lookups unmap the same way. Expiry has a
+// resolution of one second: an entry expiring at T matches while the clock's Unix
+// second is below T (rounded up). Expired entries stop matching at once and are
+// dropped from memory by the next build (a Replace or an Apply).
+//
+// # Lookup structure
+//
+// Each family keeps four sorted tables: single addresses and ranges, permanent or
+// expiring. A table of n keys is indexed by n/16 to n/8 buckets (at most 2^18) over
+// the bits that follow the keys' common prefix, each bucket recording where its keys
+// start; a lookup reads one index entry and binary-searches a handful of keys. When the bucket
+// fixes an IPv4 key's upper half, only the lower 16 bits are stored, so IPv4
+// single addresses cost about 2.5 bytes each with the index (nginx's radix tree,
+// Envoy's LC-trie and HAProxy's ebtrees spend several times that), and IPv6 ones
+// 16.5. Range tables add the end address (4 or 16 bytes) and expiring ones a 4-byte
+// expiry. The clock is read only when an expiring entry matches, so a lookup that
+// misses, or hits a permanent entry, costs no time call and no clock goroutine is
+// needed. The tables hold no pointers, so the garbage collector never scans them,
+// however many entries they hold.
+//
+// Compared with a fixed 2^16-bucket index on the top 16 bits, the index here is
+// sized to the table and placed after the common prefix, so a small list does not
+// pay 256 KiB, a list confined to one /8 still spreads over its buckets, and a 10M
+// list gets buckets of a few dozen keys; storing 16-bit suffixes halves the
+// memory of the 4-byte array. Expiring entries live in their own tables so that
+// permanent ones carry no expiry field.
+//
+// # Text format
+//
+// One entry per line; '#' starts a comment that runs to the end of the line; blank
+// lines are skipped; CRLF and a UTF-8 byte order mark are accepted:
+//
+//	# risk engine push 2026-05-01
+//	203.0.113.7
+//	198.51.100.0/24                          # a range
+//	2001:db8::1 expires=2026-12-01T00:00:00Z  # RFC 3339, or Unix seconds
+//	2001:db8:1::/48 ttl=3600s                # a Go duration or plain seconds
+//
+// An entry is an address or a CIDR, then at most one of expires=<time> and
+// ttl=<duration>, counted from when the upload is read. A delta (ParseTextDelta)
+// has the same lines prefixed by '+' to add, or '-' to remove (with no expiry):
+//
+//	+203.0.113.9 ttl=600
+//	-198.51.100.0/24
+//
+// Every bad line is reported with its number, the first MaxReportedErrors of them
+// in full, and the whole upload is then rejected: the list in force stays.
+//
+// # Binary format (version 1)
+//
+// For bulk pushes. Integers are big-endian; uvarint is encoding/binary's unsigned
+// varint. The input may be gzip-compressed (Read and ReadBinary recognise the gzip
+// magic).
+//
+//	header   8 bytes  magic 89 54 47 42 4c 0d 0a 1a ("\x89TGBL\r\n\x1a")
+//	         2 bytes  version, 1
+//	         2 bytes  flags, 0
+//	sections, eight, in this order, each a uvarint record count then its records:
+//	  1 IPv4 addresses   uvarint: the first address; then the gap to the previous
+//	                     address minus one (addresses strictly increase)
+//	  2 IPv4 ranges      uvarint start, coded as in 1 against the previous range's
+//	                     end; uvarint end-start
+//	  3 IPv6 addresses   16 bytes each
+//	  4 IPv6 ranges      16-byte start, 16-byte end
+//	  5-8                as 1-4, for expiring entries: each record followed by a
+//	                     4-byte expiry in Unix seconds
+//	trailer  4 bytes  CRC-32C (Castagnoli) of everything before it
+//
+// A reader checks the size (MaxInputBytes), magic, version, checksum, that every
+// count fits both MaxEntries and the bytes actually present before allocating for
+// it, and that no bytes follow the last section; it reports a *BinaryError. It does
+// not require its input to be merged or ordered beyond what the coding needs, so a
+// producer may write overlapping ranges; WriteBinary writes a Set's merged tables.
+// A million random IPv4 addresses take about 2.3 bytes each, before gzip.
+package blacklist

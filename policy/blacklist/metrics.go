@@ -1,0 +1,88 @@
+package blacklist
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Hit sources, the values of tiergate_blacklist_hits_total{source}.
+const (
+	SourcePacket = "packet" // the address the connection came from
+	SourceHeader = "header" // an address taken from a request header
+)
+
+// Update kinds and results, the values of tiergate_blacklist_updates_total.
+const (
+	kindReplace = "replace"
+	kindDelta   = "delta"
+	resultOK    = "ok"
+	resultError = "rejected"
+)
+
+// metrics are shared by every List registered with one Registerer; each List holds
+// its own children.
+type metrics struct {
+	hits    *prometheus.CounterVec
+	entries *prometheus.GaugeVec
+	bytes   *prometheus.GaugeVec
+	updates *prometheus.CounterVec
+	updated *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		hits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tiergate_blacklist_hits_total",
+			Help: "Blacklisted addresses seen, by list (listener name, or global) and where the address came from (packet or header).",
+		}, []string{"listener", "source"}),
+		entries: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tiergate_blacklist_entries",
+			Help: "Entries in force (single addresses and merged ranges), by list.",
+		}, []string{"listener"}),
+		bytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tiergate_blacklist_bytes",
+			Help: "Memory of the lookup arrays in force, by list.",
+		}, []string{"listener"}),
+		updates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tiergate_blacklist_updates_total",
+			Help: "Updates, by list, kind (replace or delta) and result (ok or rejected: the list in force was kept).",
+		}, []string{"listener", "kind", "result"}),
+		updated: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tiergate_blacklist_last_update_timestamp_seconds",
+			Help: "When the list in force was swapped in, by list.",
+		}, []string{"listener"}),
+	}
+	var err error
+	if m.hits, err = register(reg, m.hits); err != nil {
+		return nil, err
+	}
+	if m.entries, err = register(reg, m.entries); err != nil {
+		return nil, err
+	}
+	if m.bytes, err = register(reg, m.bytes); err != nil {
+		return nil, err
+	}
+	if m.updates, err = register(reg, m.updates); err != nil {
+		return nil, err
+	}
+	if m.updated, err = register(reg, m.updated); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the identical collector registered before.
+func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(T); ok {
+			return existing, nil
+		}
+	}
+	return c, err
+}
