@@ -6,28 +6,55 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"reflect"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tiergate/tiergate/policy/route"
 )
 
 // Config configures a Server. The zero value of every optional field means its
-// documented default; at least one listener is required, and every listener's pool.
+// documented default; at least one listener is required, and either Routing or, for
+// every listener, a Pool among Backends.
 type Config struct {
 	// Listeners are the addresses the server terminates TLS and QUIC on. Names must be
 	// unique. Required.
 	Listeners []ListenerConfig
 
-	// Backends are the named backend pools requests are proxied to. Every listener's
-	// Pool must be here. Default none.
+	// Routing is the routing policy (see package route): for each listener, virtual
+	// hosts and ordered routes that proxy to a pool, redirect or answer; and the pools,
+	// with their balancing, health checks and passive ejection. Listeners it does not
+	// name answer every request 404. With Routing, Backends and every listener's Pool
+	// must be empty.
+	//
+	// Default: the simple form, made from Backends and each listener's Pool: one "*"
+	// virtual host per listener with one route that takes every request to the
+	// listener's Pool, named after the pool, with the pool's Timeout and as many
+	// retries as the pool has other members (connection failures only, idempotent
+	// methods only).
+	Routing *route.Config
+
+	// Backends are the named backend pools of the simple form (no Routing). Every
+	// listener's Pool must be here. Default none.
 	Backends map[string]PoolConfig
 
-	// Decider takes the one per-request decision (pool, direct answer, client IP) that
-	// routing policies, client-IP rules and blacklists plug into. Default: every request
-	// goes to its listener's Pool and the client IP is the packet source.
+	// Decider takes the one per-request decision (client IP, direct answer, pool)
+	// that client-IP rules and blacklists plug into; it runs before routing. Default:
+	// every request is routed, and the client IP is ConnInfo.Remote.
 	Decider Decider
+
+	// AcceptFilter, when set, is asked about every connection before any TLS work:
+	// each TCP connection as it is accepted (after its PROXY header, when the
+	// listener's WrapListener reads one, so remote is the address the header names),
+	// and each QUIC connection at its first packet. When it returns false the
+	// connection is closed (TCP, with a reset) or refused (QUIC) at once and counted
+	// in tiergate_l7_connections_rejected_total{reason="filtered"}. It is called from
+	// the accept loop: it must be fast and must not block. Default: all accepted.
+	AcceptFilter func(listener string, remote netip.AddrPort) bool
 
 	// IsNoCertificate tells which errors of a TLS config's GetCertificate mean "no
 	// certificate for this name" (the certs package's ErrNoCertificate), counted as
@@ -65,8 +92,17 @@ type ListenerConfig struct {
 	DisableHTTP3 bool
 
 	// Pool names the backend pool (a key of Config.Backends) that requests on this
-	// listener go to unless the Decider says otherwise. Required.
+	// listener go to, in the simple form. Required without Config.Routing, refused
+	// with it.
 	Pool string
+
+	// WrapListener, when set, wraps the listener's TCP socket once, at Start, before
+	// any connection is accepted; TLS runs over the connections the wrapper returns.
+	// It is how a PROXY protocol reader (clientip.NewListenerWithOptions) goes in
+	// front of TLS: ConnInfo.Remote is then the RemoteAddr of its connections, and
+	// ConnInfo.Source what clientip.ConnPeer tells. The wrapper owns the socket: its
+	// Close must close it. Reload does not look at this field. Default none.
+	WrapListener func(net.Listener) (net.Listener, error)
 
 	// HandshakeTimeout bounds the TLS handshake over TCP, and the QUIC handshake.
 	// Default 10s.
@@ -156,9 +192,23 @@ func (c *Config) validate() error {
 			return fmt.Errorf("l7: listener %q: name used twice", l.Name)
 		}
 		names[l.Name] = true
-		if err := l.validate(c.Backends); err != nil {
+		if err := l.validate(c.Backends, c.Routing != nil); err != nil {
 			return fmt.Errorf("l7: listener %q: %w", l.Name, err)
 		}
+	}
+	if c.Routing != nil {
+		if len(c.Backends) > 0 {
+			return errors.New("l7: Backends are the simple form of Routing: give one or the other")
+		}
+		if err := c.Routing.Validate(); err != nil {
+			return fmt.Errorf("l7: routing: %w", err)
+		}
+		for i, rl := range c.Routing.Listeners {
+			if !names[rl.Name] {
+				return fmt.Errorf("l7: routing: listeners[%d].name: %q is not a listener", i, rl.Name)
+			}
+		}
+		return nil
 	}
 	for name, p := range c.Backends {
 		if name == "" {
@@ -171,7 +221,7 @@ func (c *Config) validate() error {
 	return nil
 }
 
-func (l *ListenerConfig) validate(pools map[string]PoolConfig) error {
+func (l *ListenerConfig) validate(pools map[string]PoolConfig, routing bool) error {
 	if l.Addr != "" {
 		_, port, err := net.SplitHostPort(l.Addr)
 		if err != nil {
@@ -184,11 +234,16 @@ func (l *ListenerConfig) validate(pools map[string]PoolConfig) error {
 	if l.TLS == nil || (len(l.TLS.Certificates) == 0 && l.TLS.GetCertificate == nil && l.TLS.GetConfigForClient == nil) {
 		return errors.New("TLS with a certificate (Certificates, GetCertificate or GetConfigForClient) is required")
 	}
-	if l.Pool == "" {
+	switch {
+	case routing && l.Pool != "":
+		return fmt.Errorf("pool %q is set with Routing, which says where requests go", l.Pool)
+	case routing:
+	case l.Pool == "":
 		return errors.New("pool is empty")
-	}
-	if _, ok := pools[l.Pool]; !ok {
-		return fmt.Errorf("pool %q is not among the backends", l.Pool)
+	default:
+		if _, ok := pools[l.Pool]; !ok {
+			return fmt.Errorf("pool %q is not among the backends", l.Pool)
+		}
 	}
 	if l.HandshakeTimeout < 0 || l.ReadHeaderTimeout < 0 || l.ReadTimeout < 0 || l.IdleTimeout < 0 || l.WriteTimeout < 0 {
 		return errors.New("timeouts must not be negative")
@@ -265,9 +320,70 @@ func setDefault[T comparable](v *T, def T) {
 	}
 }
 
+// simpleRouting makes the routing policy of the simple form from a populated
+// Config: one pool per backend pool, and per listener one "*" virtual host whose
+// one route, named after the listener's pool, takes every request there. A member
+// listed twice in a pool gets twice the weight.
+func simpleRouting(c *Config) *route.Config {
+	rc := &route.Config{}
+	names := make([]string, 0, len(c.Backends))
+	for name := range c.Backends {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		pc := c.Backends[name]
+		p := route.Pool{
+			Name:              name,
+			ConnectTimeout:    route.Duration(pc.ConnectTimeout),
+			MaxConnsPerMember: pc.ConnsPerMember,
+		}
+		at := map[string]int{}
+		for _, addr := range pc.Members {
+			if i, ok := at[addr]; ok {
+				p.Members[i].Weight++
+				continue
+			}
+			at[addr] = len(p.Members)
+			p.Members = append(p.Members, route.PoolMember{Addr: addr, Weight: 1})
+		}
+		rc.Pools = append(rc.Pools, p)
+	}
+	for _, l := range c.Listeners {
+		pc := c.Backends[l.Pool]
+		members := 0
+		for _, p := range rc.Pools {
+			if p.Name == l.Pool {
+				members = len(p.Members)
+			}
+		}
+		rc.Listeners = append(rc.Listeners, route.Listener{
+			Name: l.Name,
+			VHosts: []route.VHost{{
+				Names: []string{"*"},
+				Routes: []route.Route{{
+					Name:    l.Pool,
+					Action:  route.Action{Pool: l.Pool},
+					Timeout: route.Duration(pc.Timeout),
+					Retries: simpleRetries(members),
+				}},
+			}},
+		})
+	}
+	return rc
+}
+
+// simpleRetries is how many other members a request of the simple form is tried on
+// after a connection failure: all of them, within route's bound.
+func simpleRetries(members int) int { return min(max(members-1, 0), maxRouteRetries) }
+
+// maxRouteRetries is the most retries a route may have.
+const maxRouteRetries = 10
+
 // reloadable lists the ListenerConfig fields Reload may change; the others are bound
-// to sockets and protocol servers made at Start.
-var reloadable = map[string]bool{"TLS": true, "Pool": true}
+// to sockets and protocol servers made at Start, apart from WrapListener, which
+// Reload ignores (functions cannot be compared).
+var reloadable = map[string]bool{"TLS": true, "Pool": true, "WrapListener": true}
 
 // checkReload returns an error naming the first listener setting of next that differs
 // from cur and cannot change without a restart. Both are populated.

@@ -5,33 +5,71 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/tiergate/tiergate/policy/route"
 )
 
-// routeNone is the route label of requests refused before a decision (malformed,
-// headers or body too large).
+// routeNone is the route label of requests refused before routing (malformed,
+// headers or body too large) or matching no route.
 const routeNone = "-"
 
-// serve is the one request handler every protocol reaches: it asks the Decider what
-// to do, answers or proxies, and leaves the response in resp. It returns whether the
-// decision asked for the connection to be closed.
-func (l *listener) serve(r *Request, resp *fasthttp.Response, start time.Time) (closeConn bool) {
+// codeClosed is the code label of requests answered by closing (Decision.Drop).
+const codeClosed = "closed"
+
+// after is what becomes of a connection once a request is answered.
+type after uint8
+
+const (
+	keepConn  after = iota
+	closeConn       // close after the answer
+	dropConn        // answer nothing: close (HTTP/1.1) or reset the stream
+)
+
+// serve is the one request handler every protocol reaches: it asks the Decider,
+// then the routing table, what to do, answers or proxies, and leaves the response in
+// resp.
+func (l *listener) serve(r *Request, resp *fasthttp.Response, start time.Time) after {
 	snap := l.s.state.Load()
 	var d Decision
 	if snap.decider != nil {
 		d = snap.decider.Decide(r)
 	}
-	if d.Pool == "" {
-		d.Pool = snap.listeners[l.idx].pool
-	}
 	peer := r.Conn.Remote.Addr()
 	if !d.ClientIP.IsValid() {
-		d.ClientIP = peer
+		d.ClientIP, d.ClientSource = peer, r.Conn.Source
+	}
+	var sni string
+	if r.Conn.TLS != nil {
+		sni = r.Conn.TLS.ServerName
+	}
+	if d.Drop {
+		l.count(routeNone, codeClosed, r.Conn.Proto, start)
+		return dropConn
+	}
+
+	// The host the backend will see: an absolute-form target's authority, else
+	// Host, else the TLS server name.
+	var hostBuf [256]byte
+	host := r.URI().Host()
+	if len(host) == 0 {
+		host = append(hostBuf[:0], sni...)
+	}
+	var cr *route.CompiledRoute
+	matched := false
+	if snap.table != nil {
+		cr, matched = snap.table.Match(l.cfg.Name, host, r.Header.Method(), r.URI().Path(), r.Header.Peek)
+	}
+	label := routeNone
+	if matched {
+		label = cr.Name()
 	}
 
 	switch {
@@ -39,30 +77,133 @@ func (l *listener) serve(r *Request, resp *fasthttp.Response, start time.Time) (
 		answer(resp, d.Status)
 	case r.Header.IsConnect():
 		answer(resp, fasthttp.StatusMethodNotAllowed)
-	default:
-		p := snap.pools[d.Pool]
-		if p == nil {
+	case d.Pool != "":
+		label = d.Pool
+		b := snap.table.Pool(d.Pool)
+		if b == nil {
 			l.log.Warn("decider chose an unknown pool", "pool", d.Pool)
 			answer(resp, fasthttp.StatusBadGateway)
 			break
 		}
-		var sni string
-		if r.Conn.TLS != nil {
-			sni = r.Conn.TLS.ServerName
+		timeout, retries := route.DefaultTimeout, 0
+		if pc, ok := snap.cfg.Backends[d.Pool]; ok {
+			timeout, retries = pc.Timeout, simpleRetries(len(b.Members()))
+		} else if matched && cr.Kind() == route.ActionProxy {
+			timeout, retries = cr.Timeout(), cr.Retries()
 		}
-		if !prepareUpstream(r.Request, &d, peer, sni) {
-			answer(resp, fasthttp.StatusBadRequest)
-			break
+		l.proxy(snap, r, resp, &d, peer, sni, start.Add(timeout), func(attempt func(*route.Member) route.Outcome) (route.Outcome, error) {
+			return doPool(b, retries, d.ClientIP, r.Header.Peek, r.Header.Method(), attempt)
+		})
+	case !matched:
+		answer(resp, fasthttp.StatusNotFound)
+	case !cr.Allow(d.ClientIP, start):
+		answer(resp, fasthttp.StatusTooManyRequests)
+		cr.ResponseHeaders().Apply(&resp.Header)
+	default:
+		switch cr.Kind() {
+		case route.ActionRespond:
+			rs := cr.Respond()
+			resp.Reset()
+			resp.Header.SetNoDefaultContentType(true)
+			resp.SetStatusCode(rs.Status())
+			if ct := rs.ContentType(); ct != "" {
+				resp.Header.SetContentType(ct)
+			}
+			resp.SetBodyRaw(rs.Body())
+		case route.ActionRedirect:
+			var buf [512]byte
+			loc := cr.AppendLocation(buf[:0], "https", host, r.URI().RequestURI())
+			resp.Reset()
+			resp.Header.SetNoDefaultContentType(true)
+			resp.SetStatusCode(cr.RedirectCode())
+			resp.Header.SetBytesV("Location", loc)
+		case route.ActionProxy:
+			l.proxy(snap, r, resp, &d, peer, sni, start.Add(cr.Timeout()), func(attempt func(*route.Member) route.Outcome) (route.Outcome, error) {
+				cr.RequestHeaders().Apply(&r.Header)
+				return cr.Do(d.ClientIP, r.Header.Peek, r.Header.Method(), attempt)
+			})
 		}
-		resp.Header.SetNoDefaultContentType(true)
-		if status, err := p.do(r.Request, resp); err != nil {
-			l.log.Debug("backend request failed", "pool", p.name, "status", status, "err", err)
-			answer(resp, status)
+		cr.ResponseHeaders().Apply(&resp.Header)
+	}
+	l.finish(resp, label, r.Conn.Proto, start)
+	if d.Close {
+		return closeConn
+	}
+	return keepConn
+}
+
+// proxy sends r to the members do picks, each attempt bounded by deadline, and
+// leaves the backend's response, or the answer to its failure, in resp.
+func (l *listener) proxy(snap *snapshot, r *Request, resp *fasthttp.Response, d *Decision, peer netip.Addr, sni string,
+	deadline time.Time, do func(attempt func(*route.Member) route.Outcome) (route.Outcome, error)) {
+	if !prepareUpstream(r.Request, d, peer, sni) {
+		answer(resp, fasthttp.StatusBadRequest)
+		return
+	}
+	var last error
+	var lastMember *route.Member
+	_, err := do(func(m *route.Member) route.Outcome {
+		lastMember = m
+		b := snap.upstreams.byMember[m]
+		if b == nil {
+			last = errNoBackend
+			return route.Canceled
 		}
+		if !time.Now().Before(deadline) {
+			last = fasthttp.ErrTimeout
+			return route.Canceled
+		}
+		var o route.Outcome
+		o, last = b.do(r.Request, resp, deadline)
+		return o
+	})
+	switch {
+	case err != nil:
+		l.log.Debug("no backend to take the request", "client", d.ClientIP, "client_source", d.ClientSource, "err", err)
+		answer(resp, fasthttp.StatusServiceUnavailable)
+	case last != nil:
+		status, _ := backendStatus(last)
+		l.log.Debug("backend request failed", "pool", lastMember.Pool(), "member", lastMember.Addr(),
+			"client", d.ClientIP, "client_source", d.ClientSource, "status", status, "err", last)
+		answer(resp, status)
+	default:
 		removeResponseHopHeaders(&resp.Header)
 	}
-	l.finish(resp, d.Pool, r.Conn.Proto, start)
-	return d.Close
+}
+
+var errNoBackend = errors.New("l7: no client for the pool member")
+
+// doPool is CompiledRoute.Do for a pool the Decider chose: it picks a member of b,
+// runs attempt on it, and tries another one, at most retries times, after a
+// connection failure of an idempotent request.
+func doPool(b *route.Balancer, retries int, clientIP netip.Addr, header route.HeaderFunc, method []byte,
+	attempt func(*route.Member) route.Outcome) (route.Outcome, error) {
+	var tried []*route.Member
+	exclude := func(m *route.Member) bool { return slices.Contains(tried, m) }
+	o := route.Failure
+	for {
+		m, err := b.Pick(clientIP, header, exclude)
+		if err != nil {
+			if len(tried) == 0 {
+				return o, err
+			}
+			return o, nil
+		}
+		tried = append(tried, m)
+		o = attempt(m)
+		m.Done(o)
+		if o != route.ConnectFailure || len(tried) > retries || !idempotentMethod(method) {
+			return o, nil
+		}
+	}
+}
+
+func idempotentMethod(m []byte) bool {
+	switch string(m) {
+	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
+		return true
+	}
+	return false
 }
 
 // refuse answers a request that never reached the decision.
@@ -76,8 +217,13 @@ func (l *listener) finish(resp *fasthttp.Response, route, proto string, start ti
 	if l.altSvc != nil {
 		resp.Header.SetBytesV("Alt-Svc", l.altSvc)
 	}
+	l.count(route, codeLabel(resp.StatusCode()), proto, start)
+}
+
+// count counts a request answered with code.
+func (l *listener) count(route, code, proto string, start time.Time) {
 	m := l.s.m
-	m.requests.WithLabelValues(route, codeLabel(resp.StatusCode())).Inc()
+	m.requests.WithLabelValues(route, code).Inc()
 	m.requestSeconds.WithLabelValues(route).Observe(time.Since(start).Seconds())
 	switch proto {
 	case ProtoHTTP1:
@@ -100,8 +246,17 @@ func (l *listener) serveH1(ctx *fasthttp.RequestCtx) {
 	}
 	r := Request{Request: &ctx.Request, Conn: hc.c.info}
 	clientClose := ctx.Request.Header.ConnectionClose()
-	closeConn := l.serve(&r, &ctx.Response, start)
-	if clientClose || closeConn || l.s.draining.Load() {
+	switch l.serve(&r, &ctx.Response, start) {
+	case dropConn:
+		// fasthttp closes a hijacked connection once the hijack handler returns; with
+		// no response, nothing is written first.
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(net.Conn) {})
+		return
+	case closeConn:
+		clientClose = true
+	}
+	if clientClose || l.s.draining.Load() {
 		ctx.SetConnectionClose()
 	}
 }
@@ -140,14 +295,18 @@ func (l *listener) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		writeResponse(w, resp, hr.Method == http.MethodHead, false)
 		return
 	}
-	closeConn := false
+	next := keepConn
 	if status := fromHTTP(req, hr, l.cfg.MaxRequestBody); status != 0 {
 		l.refuse(resp, status, info.Proto, start)
 	} else {
 		r := Request{Request: req, Conn: *info}
-		closeConn = l.serve(&r, resp, start)
+		next = l.serve(&r, resp, start)
 	}
-	writeResponse(w, resp, hr.Method == http.MethodHead, closeConn && info.Proto == ProtoHTTP2)
+	if next == dropConn {
+		// Both servers reset the stream and leave the connection's other streams be.
+		panic(http.ErrAbortHandler)
+	}
+	writeResponse(w, resp, hr.Method == http.MethodHead, next == closeConn && info.Proto == ProtoHTTP2)
 }
 
 // fromHTTP fills req from hr, reading at most maxBody bytes of body. It returns 0, or

@@ -18,6 +18,8 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 	"github.com/valyala/fasthttp"
+
+	"github.com/tiergate/tiergate/policy/clientip"
 )
 
 // listener serves one ListenerConfig: a TCP socket whose TLS connections go to the
@@ -51,9 +53,9 @@ type listener struct {
 	connWG sync.WaitGroup // one per tracked TCP connection
 	bg     sync.WaitGroup // accept loop and protocol servers
 
-	gTLS, gHTTP1, gH2, gH3 prometheus.Gauge
-	rejectedMax            prometheus.Counter
-	reqH1, reqH2, reqH3    prometheus.Counter
+	gTLS, gHTTP1, gH2, gH3      prometheus.Gauge
+	rejectedMax, rejectedFilter prometheus.Counter
+	reqH1, reqH2, reqH3         prometheus.Counter
 }
 
 // Phases of a TCP connection.
@@ -91,6 +93,7 @@ func newListener(s *Server, idx int, cfg ListenerConfig) *listener {
 	l.gHTTP1 = m.conns.WithLabelValues(cfg.Name, connHTTP1)
 	l.gH2 = m.conns.WithLabelValues(cfg.Name, connH2)
 	l.rejectedMax = m.connsRejected.WithLabelValues(cfg.Name, "max_conns")
+	l.rejectedFilter = m.connsRejected.WithLabelValues(cfg.Name, "filtered")
 	l.reqH1 = m.requestsByProto.WithLabelValues(cfg.Name, ProtoHTTP1)
 	l.reqH2 = m.requestsByProto.WithLabelValues(cfg.Name, ProtoHTTP2)
 	if !cfg.DisableHTTP3 {
@@ -158,9 +161,26 @@ var (
 )
 
 // bind opens the TCP socket and, unless HTTP/3 is off, the UDP socket on the same
-// port. With port 0 the UDP port is the one the kernel gave TCP; when another socket
-// holds it over UDP, it tries again with a fresh TCP port.
+// port, then wraps the TCP socket with WrapListener.
 func (l *listener) bind() error {
+	if err := l.bindSockets(); err != nil {
+		return err
+	}
+	if l.cfg.WrapListener == nil {
+		return nil
+	}
+	wrapped, err := l.cfg.WrapListener(l.tcpLn)
+	if err != nil {
+		l.closeSockets()
+		return fmt.Errorf("l7: listener %q: wrapping the TCP listener: %w", l.cfg.Name, err)
+	}
+	l.tcpLn = wrapped
+	return nil
+}
+
+// bindSockets opens the sockets. With port 0 the UDP port is the one the kernel gave
+// TCP; when another socket holds it over UDP, it tries again with a fresh TCP port.
+func (l *listener) bindSockets() error {
 	_, port, _ := net.SplitHostPort(l.cfg.Addr)
 	for attempt := 1; ; attempt++ {
 		tln, err := net.Listen("tcp", l.cfg.Addr)
@@ -258,6 +278,11 @@ func (l *listener) acceptLoop() {
 			continue
 		}
 		backoff = 0
+		if f := l.s.state.Load().filter; f != nil && !f(l.cfg.Name, addrPort(nc.RemoteAddr())) {
+			l.rejectedFilter.Inc()
+			reset(nc)
+			continue
+		}
 		if !l.acquire() {
 			nc.Close()
 			continue
@@ -323,7 +348,8 @@ func (l *listener) serveTCP(c *tcpConn) {
 	st := c.tc.ConnectionState()
 	l.handshakeOK(hs, &st)
 	_ = c.raw.SetDeadline(time.Time{})
-	c.info = ConnInfo{Listener: l.cfg.Name, Remote: addrPort(c.raw.RemoteAddr()), TLS: &st}
+	remote, source := clientip.ConnPeer(c.raw)
+	c.info = ConnInfo{Listener: l.cfg.Name, Remote: remote, Source: source, TLS: &st}
 	if l.s.draining.Load() {
 		c.tc.Close()
 		l.untrack(c.tc)
@@ -492,6 +518,23 @@ func (l *listener) shutdown(ctx context.Context) error {
 		err = fmt.Errorf("l7: listener %q: HTTP/3 shutdown: %w", l.cfg.Name, h3Err)
 	}
 	return err
+}
+
+// reset closes c with a TCP reset rather than a FIN, so a refused peer costs no
+// TIME_WAIT state.
+func reset(c net.Conn) {
+	for x := c; x != nil; {
+		if tc, ok := x.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+			break
+		}
+		u, ok := x.(interface{ NetConn() net.Conn })
+		if !ok {
+			break
+		}
+		x = u.NetConn()
+	}
+	c.Close()
 }
 
 // addrPort returns a connection address as a netip.AddrPort, IPv4 unmapped.

@@ -61,11 +61,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"listener", "proto"}),
 		connsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tiergate_l7_connections_rejected_total",
-			Help: "Client connections closed at accept, by listener and reason.",
+			Help: "Client connections closed at accept, before any TLS work, by listener and reason (max_conns; filtered: refused by the accept filter, such as a blacklist).",
 		}, []string{"listener", "reason"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tiergate_http_requests_total",
-			Help: "HTTP requests answered, by route (the backend pool; - for requests refused before routing) and status code.",
+			Help: "HTTP requests answered, by route (its name; in the simple form, the pool; a pool the decider chose; - for requests refused before routing or matching no route) and status code (closed: dropped without an answer).",
 		}, []string{"route", "code"}),
 		requestSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tiergate_http_request_seconds",
@@ -78,7 +78,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"listener", "proto"}),
 		backendErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tiergate_l7_backend_errors_total",
-			Help: "Failed attempts to get a response from a backend pool, by pool and reason (connect, timeout, busy, other).",
+			Help: "Failed attempts to get a response from a pool member, by pool and reason (connect, timeout, busy, other); a retried request counts each attempt.",
 		}, []string{"pool", "reason"}),
 	}
 	if reg != nil {

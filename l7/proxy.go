@@ -6,81 +6,105 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+
+	"github.com/tiergate/tiergate/policy/route"
 )
 
-// pool is a compiled PoolConfig: one fasthttp.HostClient per member, taken in turn.
-type pool struct {
-	name    string
-	cfg     PoolConfig
-	members []*member
-	next    atomic.Uint32
+// upstream is the client of one pool member: a fasthttp.HostClient keeping
+// connections alive to it, and the pool's error counters. It is shared by the
+// snapshots whose routing keeps the member with the same settings.
+type upstream struct {
+	key            memberKey
+	connectTimeout time.Duration
+	maxConns       int
+	hc             *fasthttp.HostClient
 
 	errConnect, errTimeout, errBusy, errOther prometheus.Counter
 }
 
-type member struct {
-	addr string
-	hc   *fasthttp.HostClient
+// memberKey names a pool member across routing tables.
+type memberKey struct{ pool, addr string }
+
+// upstreams maps the members of a routing table to their clients.
+type upstreams struct {
+	byMember map[*route.Member]*upstream
+	byKey    map[memberKey]*upstream
 }
 
-// newPool compiles cfg. Members of old (the pool of the same name before a reload)
-// whose address and settings are unchanged are kept, with their idle connections.
-func newPool(name string, cfg PoolConfig, m *metrics, old *pool) *pool {
-	p := &pool{
-		name:       name,
-		cfg:        cfg,
-		errConnect: m.backendErrors.WithLabelValues(name, "connect"),
-		errTimeout: m.backendErrors.WithLabelValues(name, "timeout"),
-		errBusy:    m.backendErrors.WithLabelValues(name, "busy"),
-		errOther:   m.backendErrors.WithLabelValues(name, "other"),
-	}
-	kept := map[string]*member{}
-	if old != nil && old.cfg.ConnsPerMember == cfg.ConnsPerMember && old.cfg.Timeout == cfg.Timeout &&
-		old.cfg.ConnectTimeout == cfg.ConnectTimeout {
-		for _, mb := range old.members {
-			kept[mb.addr] = mb
-		}
-	}
-	for _, addr := range cfg.Members {
-		if mb := kept[addr]; mb != nil {
-			p.members = append(p.members, mb)
-			delete(kept, addr) // a member listed twice gets two clients
-			continue
-		}
-		p.members = append(p.members, &member{addr: addr, hc: newHostClient(addr, cfg)})
-	}
-	return p
-}
-
-func newHostClient(addr string, cfg PoolConfig) *fasthttp.HostClient {
-	connectTimeout := cfg.ConnectTimeout
-	return &fasthttp.HostClient{
-		Addr:                          addr,
-		MaxConns:                      cfg.ConnsPerMember,
-		MaxConnWaitTimeout:            cfg.Timeout,
-		ReadTimeout:                   cfg.Timeout,
-		WriteTimeout:                  cfg.Timeout,
-		NoDefaultUserAgentHeader:      true,
-		DisableHeaderNamesNormalizing: true,
-		DisablePathNormalizing:        true,
-		SecureErrorLogMessage:         true,
-		DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {
-			return fasthttp.DialTimeout(addr, min(timeout, connectTimeout))
-		},
-		// A member that cannot be reached is left for the next one (see do), not
-		// retried; a kept-alive connection the backend closed is retried, for
-		// idempotent requests, as fasthttp does by default.
-		RetryIfErr: func(req *fasthttp.Request, _ int, err error) (bool, bool) {
-			if isConnectError(err) {
-				return false, false
+// newUpstreams makes the clients of t's members, taking over old's clients of
+// members whose pool, address, connect timeout and connection bound are unchanged.
+func newUpstreams(t *route.Table, m *metrics, old *upstreams) *upstreams {
+	bs := &upstreams{byMember: map[*route.Member]*upstream{}, byKey: map[memberKey]*upstream{}}
+	for _, p := range t.Pools() {
+		for _, mb := range p.Members() {
+			key := memberKey{p.Name(), mb.Addr()}
+			b := bs.byKey[key]
+			if b == nil && old != nil {
+				if ob := old.byKey[key]; ob != nil && ob.connectTimeout == p.ConnectTimeout() && ob.maxConns == p.MaxConnsPerMember() {
+					b = ob
+				}
 			}
-			return false, isIdempotent(&req.Header)
+			if b == nil {
+				b = newUpstream(key, p.ConnectTimeout(), p.MaxConnsPerMember(), m)
+			}
+			bs.byKey[key] = b
+			bs.byMember[mb] = b
+		}
+	}
+	return bs
+}
+
+// closeIdle closes the idle connections of the clients that next no longer has
+// (all of them when next is nil).
+func (bs *upstreams) closeIdle(next *upstreams) {
+	if bs == nil {
+		return
+	}
+	for key, b := range bs.byKey {
+		if next == nil || next.byKey[key] != b {
+			b.hc.CloseIdleConnections()
+		}
+	}
+}
+
+// maxConnWait bounds the wait for a free connection to a member whose connections
+// are all busy; the request's deadline bounds it first.
+const maxConnWait = time.Minute
+
+func newUpstream(key memberKey, connectTimeout time.Duration, maxConns int, m *metrics) *upstream {
+	return &upstream{
+		key:            key,
+		connectTimeout: connectTimeout,
+		maxConns:       maxConns,
+		hc: &fasthttp.HostClient{
+			Addr:                          key.addr,
+			MaxConns:                      maxConns,
+			MaxConnWaitTimeout:            maxConnWait,
+			NoDefaultUserAgentHeader:      true,
+			DisableHeaderNamesNormalizing: true,
+			DisablePathNormalizing:        true,
+			SecureErrorLogMessage:         true,
+			DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {
+				return fasthttp.DialTimeout(addr, min(timeout, connectTimeout))
+			},
+			// A member that cannot be reached is left to the route's retries, on
+			// another member; a kept-alive connection the backend closed is retried on
+			// the same member, for idempotent requests, as fasthttp does by default.
+			RetryIfErr: func(req *fasthttp.Request, _ int, err error) (bool, bool) {
+				if isConnectError(err) {
+					return false, false
+				}
+				return false, isIdempotent(&req.Header)
+			},
 		},
+		errConnect: m.backendErrors.WithLabelValues(key.pool, "connect"),
+		errTimeout: m.backendErrors.WithLabelValues(key.pool, "timeout"),
+		errBusy:    m.backendErrors.WithLabelValues(key.pool, "busy"),
+		errOther:   m.backendErrors.WithLabelValues(key.pool, "other"),
 	}
 }
 
@@ -88,52 +112,33 @@ func isIdempotent(h *fasthttp.RequestHeader) bool {
 	return h.IsGet() || h.IsHead() || h.IsPut() || h.IsOptions() || h.IsDelete() || h.IsTrace()
 }
 
-// closeIdle closes the idle connections of members that next no longer has.
-func (p *pool) closeIdle(next *pool) {
-	keep := map[*member]bool{}
-	if next != nil {
-		for _, mb := range next.members {
-			keep[mb] = true
+// do sends req to the member until deadline and fills resp. It counts a failure and
+// returns how the attempt went for the member's health.
+func (b *upstream) do(req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) (route.Outcome, error) {
+	resp.Reset()
+	resp.Header.SetNoDefaultContentType(true)
+	err := b.hc.DoDeadline(req, resp, deadline)
+	if err == nil {
+		if resp.StatusCode() >= 500 {
+			return route.Failure, nil
 		}
+		return route.Success, nil
 	}
-	for _, mb := range p.members {
-		if !keep[mb] {
-			mb.hc.CloseIdleConnections()
-		}
-	}
-}
-
-// do sends req to the pool's members in turn, starting with the next one, and
-// fills resp. A member that cannot be connected to is skipped for the next; any other
-// failure ends the request. It returns the status to answer with when it failed.
-func (p *pool) do(req *fasthttp.Request, resp *fasthttp.Response) (int, error) {
-	deadline := time.Now().Add(p.cfg.Timeout)
-	n := uint32(len(p.members))
-	first := p.next.Add(1)
-	var err error
-	for i := uint32(0); i < n; i++ {
-		mb := p.members[(first+i)%n]
-		err = mb.hc.DoDeadline(req, resp, deadline)
-		if err == nil {
-			return 0, nil
-		}
-		if !isConnectError(err) || !time.Now().Before(deadline) {
-			break
-		}
-		p.errConnect.Inc()
-	}
-	status, reason := backendStatus(err)
+	_, reason := backendStatus(err)
 	switch reason {
 	case "connect":
-		p.errConnect.Inc()
+		b.errConnect.Inc()
+		return route.ConnectFailure, err
 	case "timeout":
-		p.errTimeout.Inc()
+		b.errTimeout.Inc()
 	case "busy":
-		p.errBusy.Inc()
+		b.errBusy.Inc()
+		// Every connection to it is in use: that says nothing against the member.
+		return route.Canceled, err
 	default:
-		p.errOther.Inc()
+		b.errOther.Inc()
 	}
-	return status, err
+	return route.Failure, err
 }
 
 // backendStatus maps a backend failure to the status answered and the reason counted.

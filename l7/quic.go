@@ -13,15 +13,21 @@ import (
 var (
 	errTooManyConns = errors.New("l7: too many connections")
 	errShuttingDown = errors.New("l7: shutting down")
+	errFiltered     = errors.New("l7: refused by the accept filter")
 )
 
 // quicConnContext is called by quic-go for each new QUIC connection, at its first
-// packet. It enforces MaxConns and starts following the handshake: the context it
-// returns reaches the TLS callbacks, and is cancelled when the connection ends or its
-// handshake fails, which is when a failure is counted.
+// packet, before any TLS work. It applies the AcceptFilter, enforces MaxConns and
+// starts following the handshake: the context it returns reaches the TLS callbacks,
+// and is cancelled when the connection ends or its handshake fails, which is when a
+// failure is counted. A refused connection gets CONNECTION_REFUSED.
 func (l *listener) quicConnContext(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
 	if l.s.draining.Load() {
 		return nil, errShuttingDown
+	}
+	if f := l.s.state.Load().filter; f != nil && !f(l.cfg.Name, addrPort(ci.RemoteAddr)) {
+		l.rejectedFilter.Inc()
+		return nil, errFiltered
 	}
 	if !l.acquire() {
 		return nil, errTooManyConns

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/tiergate/tiergate/policy/clientip"
 )
 
 // Protocol names, the values of ConnInfo.Proto.
@@ -29,31 +31,51 @@ type ConnInfo struct {
 	Listener string
 	// Proto is ProtoHTTP1, ProtoHTTP2 or ProtoHTTP3.
 	Proto string
-	// Remote is the source of the client's packets (after the tunnel, the real
-	// client or the CDN edge in front of it). IPv4 addresses are unmapped.
+	// Remote is the connection's peer: the source of the client's packets (after
+	// the tunnel, the real client or the CDN edge in front of it), or, on a listener
+	// whose WrapListener reads PROXY headers, the source the header names. IPv4
+	// addresses are unmapped.
 	Remote netip.AddrPort
+	// Source is how Remote was found: clientip.SourcePacket, or
+	// clientip.SourceProxy when a PROXY header named it.
+	Source clientip.Source
 	// TLS is the connection's TLS state. Shared by every request on the connection:
 	// read only.
 	TLS *tls.ConnectionState
 }
 
-// Decision is what to do with a request. The zero Decision proxies the request to its
-// listener's pool on behalf of the packet source.
+// Decision is what to do with a request. The zero Decision routes the request on
+// behalf of the connection's peer (ConnInfo.Remote).
 type Decision struct {
-	// Pool is the backend pool to proxy to. Empty means the listener's Pool.
+	// Pool, when set, proxies the request to this pool of the routing policy instead
+	// of doing what its route says: in the simple form with the pool's Timeout and
+	// retries; otherwise with the matched route's timeout and retries when it
+	// proxies, else route.DefaultTimeout and no retry. It is counted under the
+	// pool's name. Default: the route decides.
 	Pool string
 
 	// Status, when not zero, answers the request at once with this status (403 for a
-	// blacklisted client, 429 when rate-limited, …) instead of proxying it.
+	// blacklisted client, …) instead of routing it.
 	Status int
 
 	// Close closes the connection after the answer (HTTP/1.1: Connection: close;
 	// HTTP/2: GOAWAY). HTTP/3 connections are not closed.
 	Close bool
 
-	// ClientIP is the client the request is made for, sent to the backend in
-	// X-Real-IP and X-Forwarded-For. The zero value means the packet source.
+	// Drop answers nothing: an HTTP/1.1 connection is closed at once; on HTTP/2 and
+	// HTTP/3 the request's stream is reset and the connection's other requests,
+	// which may be other clients' behind the same proxy, go on. It is counted with
+	// code "closed" in tiergate_http_requests_total.
+	Drop bool
+
+	// ClientIP is the client the request is made for: it is what routes hash and
+	// rate-limit on, and is sent to the backend in X-Real-IP and X-Forwarded-For.
+	// The zero value means the connection's peer, ConnInfo.Remote.
 	ClientIP netip.Addr
+
+	// ClientSource says how ClientIP was found (clientip.SourceHeader when a trusted
+	// proxy's header named it), for logs. With a zero ClientIP it is ConnInfo.Source.
+	ClientSource clientip.Source
 
 	// TrustedPeer says the packet source is a proxy we trust (a CDN edge, a load
 	// balancer) whose X-Forwarded-For is kept: the source is appended to it, as each

@@ -1,14 +1,25 @@
 // Package l7 is the L7 tier of Tiergate as a library: it terminates TLS over TCP
 // (HTTP/1.1 with fasthttp, HTTP/2 with net/http) and QUIC (HTTP/3 with quic-go) on the
-// same port, and proxies every request, through one protocol-agnostic handler and one
-// decision hook, to a backend pool over kept-alive HTTP/1.1.
+// same port, and routes every request, through one protocol-agnostic handler, by a
+// routing policy (package route) to backend pools over kept-alive HTTP/1.1.
 //
-// Every request, whatever its protocol, becomes a Request (fasthttp's request type
-// plus the connection it came on) and goes through Config.Decider, the one place
-// where routing policies, client-IP rules and blacklists plug in. TLS handshakes over
-// TCP and QUIC are counted alike, with the reason of each failure: a missing
-// certificate, a keyserver error or timeout (told apart by wrapping the certificate's
-// private key for the handshake), a client alert, a timeout.
+// Policy plugs in at three points. Config.AcceptFilter sees each connection's peer
+// before any TLS work (blacklists drop connections there), and
+// ListenerConfig.WrapListener puts a PROXY protocol reader in front of TLS. Every
+// request, whatever its protocol, becomes a Request (fasthttp's request type plus the
+// connection it came on) and goes through Config.Decider (the client IP, from
+// headers sent by trusted proxies; a direct answer for blacklisted clients), then the
+// routing table: its route picks a member of a pool (balancing, health, retries, rate
+// limits) or answers. TLS handshakes over TCP and QUIC are counted alike, with the
+// reason of each failure: a missing certificate, a keyserver error or timeout (told
+// apart by wrapping the certificate's private key for the handshake), a client alert,
+// a timeout.
+//
+// Routes match fasthttp's normalised, percent-decoded path (URI().Path(): "." and
+// ".." segments resolved, "//" collapsed), so a route cannot be bypassed by spelling
+// its path another way; the backend receives the request target as the client sent
+// it (DisablePathNormalizing), since rewriting it could change its meaning for the
+// backend ("%2F" within a segment).
 //
 // HTTP/2 is served by net/http's own server, fed with connections whose handshake
 // chose h2: golang.org/x/net/http2.Server is deprecated in favour of it, and from Go
@@ -18,11 +29,15 @@ package l7
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tiergate/tiergate/policy/route"
 )
 
 // Server is an L7 server. Create it with NewServer, then Start or Run it.
@@ -30,6 +45,7 @@ type Server struct {
 	cfg       Config
 	log       *slog.Logger
 	m         *metrics
+	router    *route.Router
 	listeners []*listener
 
 	state    atomic.Pointer[snapshot] // what requests and handshakes read
@@ -44,13 +60,15 @@ type Server struct {
 // snapshot is the configuration requests and handshakes read, swapped whole by Reload.
 type snapshot struct {
 	cfg       Config
-	pools     map[string]*pool
+	routing   *route.Config // cfg.Routing, or the simple form made from cfg
+	table     *route.Table  // routing compiled; nil before Start
+	upstreams *upstreams    // the clients of table's members
 	decider   Decider
+	filter    func(listener string, remote netip.AddrPort) bool
 	listeners []listenerState // by listener index
 }
 
 type listenerState struct {
-	pool    string
 	tcpTLS  *tlsSource
 	quicTLS *tlsSource
 }
@@ -66,7 +84,8 @@ func NewServer(cfg Config) (*Server, error) {
 		log: cfg.Logger.With("component", "l7"),
 		m:   newMetrics(cfg.Registerer),
 	}
-	s.state.Store(s.compile(cfg, nil))
+	s.router = route.NewRouter(route.Options{Registerer: cfg.Registerer, Logger: cfg.Logger})
+	s.state.Store(s.compile(cfg, routingOf(&cfg), nil, nil))
 	for i, lc := range cfg.Listeners {
 		s.listeners = append(s.listeners, newListener(s, i, lc))
 	}
@@ -83,20 +102,28 @@ func prepare(cfg Config) (Config, error) {
 	return cfg, nil
 }
 
-// compile builds the snapshot of cfg, keeping the backend connections of old's pools
+// routingOf returns the routing policy of a prepared cfg.
+func routingOf(cfg *Config) *route.Config {
+	if cfg.Routing != nil {
+		return cfg.Routing
+	}
+	return simpleRouting(cfg)
+}
+
+// compile builds the snapshot of cfg, whose routing policy is routing, over table
+// (routing compiled; nil before Start), keeping the backend clients of old's members
 // where they did not change.
-func (s *Server) compile(cfg Config, old *snapshot) *snapshot {
-	snap := &snapshot{cfg: cfg, pools: map[string]*pool{}, decider: cfg.Decider}
-	for name, pc := range cfg.Backends {
-		var prev *pool
+func (s *Server) compile(cfg Config, routing *route.Config, table *route.Table, old *snapshot) *snapshot {
+	snap := &snapshot{cfg: cfg, routing: routing, table: table, decider: cfg.Decider, filter: cfg.AcceptFilter}
+	if table != nil {
+		var prev *upstreams
 		if old != nil {
-			prev = old.pools[name]
+			prev = old.upstreams
 		}
-		snap.pools[name] = newPool(name, pc, s.m, prev)
+		snap.upstreams = newUpstreams(table, s.m, prev)
 	}
 	for _, lc := range cfg.Listeners {
 		snap.listeners = append(snap.listeners, listenerState{
-			pool:    lc.Pool,
 			tcpTLS:  newTLSSource(lc.TLS, tcpProtos, tlsVersion12, cfg.IsNoCertificate),
 			quicTLS: newTLSSource(lc.TLS, quicProtos, tlsVersion13, cfg.IsNoCertificate),
 		})
@@ -104,24 +131,50 @@ func (s *Server) compile(cfg Config, old *snapshot) *snapshot {
 	return snap
 }
 
+// applyRouting applies cfg's routing to the Router, then stores the snapshot of cfg
+// over the Router's new table and closes the idle connections of members old had and
+// it has not. On error nothing changes. s.reloadMu is held.
+func (s *Server) applyRouting(cfg Config, old *snapshot) (*snapshot, error) {
+	routing := routingOf(&cfg)
+	if err := s.router.Apply(routing); err != nil {
+		return nil, fmt.Errorf("l7: routing: %w", err)
+	}
+	snap := s.compile(cfg, routing, s.router.Table(), old)
+	s.state.Store(snap)
+	old.upstreams.closeIdle(snap.upstreams)
+	return snap, nil
+}
+
 const (
 	tlsVersion12 = 0x0303
 	tlsVersion13 = 0x0304
 )
 
-// Start binds every listener, TCP and UDP, failing if any address cannot be bound,
-// and serves in the background until Shutdown.
+// Start applies the routing policy (starting its health checks), binds every
+// listener, TCP and UDP, failing if any address cannot be bound, and serves in the
+// background until Shutdown. A Start that fails leaves the server shut down.
 func (s *Server) Start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.started || s.stopped {
 		return errors.New("l7: already started or shut down")
 	}
+	s.reloadMu.Lock()
+	cur := s.state.Load()
+	_, err := s.applyRouting(cur.cfg, cur)
+	s.reloadMu.Unlock()
+	if err != nil {
+		s.stopped = true
+		s.router.Close()
+		return err
+	}
 	for i, l := range s.listeners {
 		if err := l.bind(); err != nil {
 			for _, b := range s.listeners[:i] {
 				b.closeSockets()
 			}
+			s.stopped = true
+			s.closeRouting()
 			return err
 		}
 	}
@@ -167,9 +220,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	started := s.started
 	s.mu.Unlock()
 	if !started {
+		s.closeRouting()
 		return nil
 	}
 	return s.shutdownStarted(ctx, s.listeners)
+}
+
+// closeRouting stops the health checks and closes the idle backend connections.
+func (s *Server) closeRouting() {
+	s.router.Close()
+	s.state.Load().upstreams.closeIdle(nil)
 }
 
 func (s *Server) shutdownStarted(ctx context.Context, ls []*listener) error {
@@ -180,9 +240,7 @@ func (s *Server) shutdownStarted(ctx context.Context, ls []*listener) error {
 		wg.Go(func() { errs[i] = l.shutdown(ctx) })
 	}
 	wg.Wait()
-	for _, p := range s.state.Load().pools {
-		p.closeIdle(nil)
-	}
+	s.closeRouting()
 	err := errors.Join(errs...)
 	if err == nil {
 		s.log.Info("shut down")
@@ -218,13 +276,15 @@ func (s *Server) Healthy() error {
 	return nil
 }
 
-// Reload swaps in cfg's backend pools, Decider, IsNoCertificate and, per listener,
-// Pool and TLS, atomically: requests read either the old configuration or the new
-// one, and new handshakes use the new certificates. Backend connections of unchanged
-// pool members are kept. Listeners must be the same, in the same order, with the same
-// addresses, timeouts and limits: changing those takes a restart, and Reload returns
-// an error naming the first difference, changing nothing. Registerer and Logger are
-// not reloaded.
+// Reload swaps in cfg's routing (Routing, or Backends and listeners' Pool),
+// Decider, AcceptFilter, IsNoCertificate and listeners' TLS, atomically: the routing
+// policy is applied to the Router first (its health and rate-limit state carried
+// over), then one snapshot holding all of it is stored, so requests read either the
+// old configuration or the new one, never a mix, and new handshakes use the new
+// certificates. Backend connections of unchanged pool members are kept. Listeners
+// must be the same, in the same order, with the same addresses, timeouts and limits:
+// changing those takes a restart, and Reload returns an error naming the first
+// difference, changing nothing. Registerer and Logger are not reloaded.
 func (s *Server) Reload(cfg Config) error {
 	cfg, err := prepare(cfg)
 	if err != nil {
@@ -237,11 +297,15 @@ func (s *Server) Reload(cfg Config) error {
 		return err
 	}
 	cfg.Registerer, cfg.Logger = old.cfg.Registerer, old.cfg.Logger
-	snap := s.compile(cfg, old)
-	s.state.Store(snap)
-	for name, p := range old.pools {
-		p.closeIdle(snap.pools[name])
+	if old.table == nil {
+		// Not started: Start applies the routing.
+		s.state.Store(s.compile(cfg, routingOf(&cfg), nil, old))
+		return nil
 	}
-	s.log.Info("configuration reloaded", "pools", len(snap.pools))
+	snap, err := s.applyRouting(cfg, old)
+	if err != nil {
+		return err
+	}
+	s.log.Info("configuration reloaded", "pools", len(snap.routing.Pools), "listeners", len(snap.routing.Listeners))
 	return nil
 }

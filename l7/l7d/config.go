@@ -9,10 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/tiergate/tiergate/certs"
 	"github.com/tiergate/tiergate/internal/daemon"
+	"github.com/tiergate/tiergate/policy/blacklist"
+	"github.com/tiergate/tiergate/policy/clientip"
+	"github.com/tiergate/tiergate/policy/route"
 )
 
 // FileConfig is l7d's configuration file. Every field may be left out unless marked
@@ -21,8 +25,22 @@ type FileConfig struct {
 	// Listeners terminate TLS (TCP) and QUIC (UDP) on the same address. Required.
 	Listeners []ListenerFile `yaml:"listeners"`
 
-	// Backends are named pools of HTTP/1.1 servers that listeners proxy to. Required.
+	// Routing is the routing policy (package policy/route): per listener, virtual
+	// hosts and ordered routes that proxy to pools, redirect or answer; the pools
+	// with their members, weights, balancing, health checks and passive ejection.
+	// Default: the simple form, Backends and each listener's pool. Excludes both.
+	Routing *route.Config `yaml:"routing"`
+
+	// Backends are named pools of HTTP/1.1 servers that listeners proxy to, the
+	// simple form of Routing: each listener sends every request to its pool.
+	// Required without routing, refused with it.
 	Backends map[string]PoolFile `yaml:"backends"`
+
+	// Blacklists are the IP blacklists loaded from files, by list name: "global"
+	// (every listener) or a listener's name (that listener only). Lists may also be
+	// pushed at runtime through the admin endpoint, whether they are named here or
+	// not. Default none.
+	Blacklists map[string]BlacklistFile `yaml:"blacklists"`
 
 	// Certificates: files or a directory, the default name, and the ticket keys shared
 	// by the cluster. Required (at least one certificate).
@@ -50,8 +68,13 @@ type ListenerFile struct {
 	Name string `yaml:"name"`
 	// Addr is the "ip:port" for TCP and UDP. Required.
 	Addr string `yaml:"addr"`
-	// Pool is the backend pool requests go to. Required.
+	// Pool is the backend pool requests go to, in the simple form. Required without
+	// routing, refused with it.
 	Pool string `yaml:"pool"`
+	// ClientIP says where the client address may come from: PROXY protocol headers
+	// from trusted load balancers, and X-Forwarded-For (or a single-value header)
+	// from trusted proxies. Default: the packet's source, headers ignored.
+	ClientIP clientip.Config `yaml:"client_ip"`
 	// DisableHTTP3 turns the QUIC listener off. Default false (HTTP/3 on).
 	DisableHTTP3 bool `yaml:"disable_http3"`
 	// Limits; zero means the default named.
@@ -77,6 +100,26 @@ type PoolFile struct {
 	// ConnectTimeout bounds a new connection to a member. Default 3s.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 }
+
+// BlacklistFile is a blacklist loaded from files.
+type BlacklistFile struct {
+	// Files are read at start and again on reload when one of them changed, and
+	// their entries merged (text, binary or gzip; see policy/blacklist). A reload
+	// that finds them unchanged keeps what was pushed since. Default none: the list
+	// starts empty and takes pushes.
+	Files []string `yaml:"files"`
+	// Action is what a request from a listed client address gets: "forbid" (403) or
+	// "close" (HTTP/1.1: the connection closed unanswered; HTTP/2 and HTTP/3: the
+	// request's stream reset). A connection from a listed address is closed before
+	// its TLS handshake whatever the action. Default forbid.
+	Action string `yaml:"action"`
+}
+
+// Blacklist actions.
+const (
+	ActionForbid = "forbid"
+	ActionClose  = "close"
+)
 
 // KeyServersFile configures the keyserver client.
 type KeyServersFile struct {
@@ -134,8 +177,11 @@ func (c *FileConfig) validate() error {
 	if len(c.Listeners) == 0 {
 		return errors.New("listeners: at least one is required")
 	}
-	if len(c.Backends) == 0 {
-		return errors.New("backends: at least one pool is required")
+	switch {
+	case c.Routing != nil && len(c.Backends) > 0:
+		return errors.New("backends: the simple form of routing; give routing or backends, not both")
+	case c.Routing == nil && len(c.Backends) == 0:
+		return errors.New("backends: at least one pool is required (or routing)")
 	}
 	for name, p := range c.Backends {
 		if len(p.Members) == 0 {
@@ -155,8 +201,46 @@ func (c *FileConfig) validate() error {
 		if l.Addr == "" {
 			return fmt.Errorf("listeners[%d].addr: required", i)
 		}
-		if _, ok := c.Backends[l.Pool]; !ok {
+		if c.Routing != nil {
+			if l.Pool != "" {
+				return fmt.Errorf("listeners[%d].pool: routing says where requests go; remove pool", i)
+			}
+		} else if _, ok := c.Backends[l.Pool]; !ok {
 			return fmt.Errorf("listeners[%d].pool: no backend pool %q", i, l.Pool)
+		}
+		if _, err := clientip.New(l.ClientIP); err != nil {
+			return fmt.Errorf("listeners[%d].client_ip.%w", i, err)
+		}
+	}
+	if c.Routing != nil {
+		if err := c.Routing.Validate(); err != nil {
+			return fmt.Errorf("routing: %w", err)
+		}
+		for i, rl := range c.Routing.Listeners {
+			if !seen[rl.Name] {
+				return fmt.Errorf("routing.listeners[%d].name: no listener %q", i, rl.Name)
+			}
+		}
+	}
+	names := make([]string, 0, len(c.Blacklists))
+	for name := range c.Blacklists {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		b := c.Blacklists[name]
+		if name != blacklist.GlobalName && !seen[name] {
+			return fmt.Errorf("blacklists.%s: a list is %q or a listener's name", name, blacklist.GlobalName)
+		}
+		switch b.Action {
+		case "", ActionForbid, ActionClose:
+		default:
+			return fmt.Errorf("blacklists.%s.action: %q: want %s or %s", name, b.Action, ActionForbid, ActionClose)
+		}
+		for j, f := range b.Files {
+			if f == "" {
+				return fmt.Errorf("blacklists.%s.files[%d]: empty", name, j)
+			}
 		}
 	}
 	if len(c.Certificates.Certificates) == 0 && c.Certificates.Dir == "" {

@@ -1,10 +1,35 @@
 package l7d
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
 )
+
+// simpleForm turns the sample configuration into its simple form: the routing
+// section out, and the lines marked "#simple: " in.
+func simpleForm(sample string) string {
+	var out []string
+	inRouting := false
+	for _, line := range strings.Split(sample, "\n") {
+		if i := strings.Index(line, "#simple: "); i >= 0 {
+			line = line[:i] + line[i+len("#simple: "):]
+		}
+		switch {
+		case strings.HasPrefix(line, "routing:"):
+			inRouting = true
+			continue
+		case inRouting && line != "" && !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "#"):
+			inRouting = false
+		}
+		if inRouting {
+			continue
+		}
+		out = append(out, line)
+	}
+	return strings.Join(out, "\n")
+}
 
 const minimal = `
 listeners: [{addr: "127.0.0.1:8443", pool: web}]
@@ -12,11 +37,42 @@ backends: {web: {members: ["127.0.0.1:8080"]}}
 certificates: {certificates: [{cert_file: a.pem, key_file: a.key}]}
 `
 
+const routed = `
+listeners: [{name: a, addr: x:1}]
+certificates: {dir: d}
+routing:
+  pools: [{name: p, members: [{addr: "127.0.0.1:8080", weight: 2}], balance: least_request}]
+  listeners: [{name: a, vhosts: [{names: ["*"], routes: [{action: {pool: p}}]}]}]
+`
+
+// withListener returns minimal with fields added to its listener.
+func withListener(fields string) string {
+	return strings.Replace(minimal, `pool: web}`, `pool: web, `+fields+`}`, 1)
+}
+
 func TestParseConfig(t *testing.T) {
 	cases := []struct{ name, in, err string }{
 		{"minimal", minimal, ""},
 		{"no listeners", "backends: {web: {members: [x:1]}}\ncertificates: {dir: d}\n", "listeners: at least one is required"},
 		{"no backends", "listeners: [{addr: x:1, pool: web}]\ncertificates: {dir: d}\n", "backends: at least one pool is required"},
+		{"routing", routed, ""},
+		{"routing and backends", routed + "backends: {web: {members: [x:1]}}\n", "give routing or backends, not both"},
+		{"routing and pool", strings.Replace(routed, "addr: x:1", "addr: x:1, pool: web", 1), "listeners[0].pool: routing says where requests go"},
+		{"bad routing", strings.Replace(routed, "pool: p}", "pool: q}", 1), `routing: listeners[0].vhosts[0].routes[0].action.pool: no pool is named "q"`},
+		{"routing duration", strings.Replace(routed, "pool: p}", "pool: p}, timeout: 2x", 1), `time: unknown unit "x"`},
+		{"routing unknown listener", strings.Replace(routed, "name: a, vhosts", "name: b, vhosts", 1), `routing.listeners[0].name: no listener "b"`},
+		{"routing unknown field", strings.Replace(routed, "balance: least_request", "balanse: x", 1), "field balanse not found"},
+		{"client_ip", minimal + "", ""},
+		{"client_ip header", withListener(`client_ip: {trusted_proxies: [192.0.2.0/24], header: X-Real-IP}`), ""},
+		{"client_ip proxy", withListener(`client_ip: {proxy_protocol: true, proxy_trusted: [10.0.0.1], proxy_timeout: 2s}`), ""},
+		{"client_ip header untrusted", withListener(`client_ip: {header: X-Real-IP}`), "listeners[0].client_ip.header:"},
+		{"client_ip bad cidr", withListener(`client_ip: {trusted_proxies: [10.0.0.0/33]}`), "listeners[0].client_ip.trusted_proxies[0]"},
+		{"client_ip proxy untrusted", withListener(`client_ip: {proxy_protocol: true}`), "listeners[0].client_ip.proxy_trusted: required"},
+		{"client_ip unknown field", withListener(`client_ip: {trusted: [x]}`), "field trusted not found"},
+		{"blacklists", minimal + "blacklists: {global: {files: [a.txt], action: close}, listener0: {}}\n", ""},
+		{"blacklist unknown list", minimal + "blacklists: {api: {files: [a.txt]}}\n", `blacklists.api: a list is "global" or a listener's name`},
+		{"blacklist bad action", minimal + "blacklists: {global: {action: deny}}\n", `blacklists.global.action: "deny": want forbid or close`},
+		{"blacklist empty file", minimal + "blacklists: {global: {files: [\"\"]}}\n", "blacklists.global.files[0]: empty"},
 		{"empty pool", "listeners: [{addr: x:1, pool: web}]\nbackends: {web: {}}\ncertificates: {dir: d}\n", "backends.web.members"},
 		{"unknown pool", "listeners: [{addr: x:1, pool: api}]\nbackends: {web: {members: [x:1]}}\ncertificates: {dir: d}\n", `listeners[0].pool: no backend pool "api"`},
 		{"no addr", "listeners: [{pool: web}]\nbackends: {web: {members: [x:1]}}\ncertificates: {dir: d}\n", "listeners[0].addr: required"},
@@ -49,5 +105,24 @@ func TestDefaultsAndSample(t *testing.T) {
 	if len(s.Listeners) != 1 || s.Listeners[0].MaxConns != 10000 || s.KeyServers == nil || len(s.KeyServers.Servers) != 2 ||
 		s.Certificates.Default != "www" || len(s.Certificates.TicketKeyFiles) != 2 {
 		t.Errorf("sample parsed as %+v", s)
+	}
+	if s.Routing == nil || len(s.Routing.Pools) == 0 || s.Routing.Pools[0].HealthCheck == nil ||
+		s.Routing.Pools[0].HealthCheck.Interval.D() != 5*time.Second || len(s.Blacklists) == 0 ||
+		len(s.Listeners[0].ClientIP.TrustedProxies) == 0 {
+		t.Errorf("sample's policy parsed as %+v %+v %+v", s.Routing, s.Blacklists, s.Listeners[0].ClientIP)
+	}
+
+	// The sample's commented-out simple form parses too, in place of routing.
+	data, err := os.ReadFile("../../deploy/l7d.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	simple := simpleForm(string(data))
+	c, err = ParseConfig([]byte(simple), "simple")
+	if err != nil {
+		t.Fatalf("the sample's simple form: %v\n%s", err, simple)
+	}
+	if c.Routing != nil || len(c.Backends["web"].Members) != 2 || c.Listeners[0].Pool != "web" {
+		t.Errorf("the sample's simple form parsed as %+v", c)
 	}
 }

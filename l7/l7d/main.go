@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -22,6 +24,8 @@ import (
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver/client"
 	"github.com/tiergate/tiergate/l7"
+	"github.com/tiergate/tiergate/policy/blacklist"
+	"github.com/tiergate/tiergate/policy/clientip"
 )
 
 const usage = `usage: l7d <command> [flags]
@@ -68,23 +72,29 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// Daemon is a running l7d: the L7 server, its certificate store, its keyserver client
-// and its admin endpoint, built from a configuration file that can be reloaded.
+// Daemon is a running l7d: the L7 server, its certificate store, its keyserver client,
+// its blacklists and its admin endpoint, built from a configuration file that can be
+// reloaded.
 type Daemon struct {
 	// Path is the configuration file. Required.
 	Path string
 	// Stderr receives logs. Default os.Stderr.
 	Stderr io.Writer
 
-	mu     sync.Mutex // serialises reloads
-	cfg    *FileConfig
-	log    *slog.Logger
-	reg    *prometheus.Registry
-	ks     *client.Client
-	store  *certs.Store
-	srv    *l7.Server
-	admin  net.Listener
-	reload chan chan error
+	mu  sync.Mutex  // serialises reloads
+	cfg *FileConfig // the configuration in force; written under mu
+	cur atomic.Pointer[FileConfig]
+	log *slog.Logger
+
+	lists         *blacklist.Lists
+	loaded        map[string]listSource // what lists were loaded from; under mu
+	listenerNames []string              // fixed at start
+	reg           *prometheus.Registry
+	ks            *client.Client
+	store         *certs.Store
+	srv           *l7.Server
+	admin         net.Listener
+	reload        chan chan error
 
 	reloads *prometheus.CounterVec
 }
@@ -126,9 +136,29 @@ func (d *Daemon) setup() error {
 	if err := d.loadCerts(cfg); err != nil {
 		return err
 	}
-	d.cfg = cfg
+	d.lists = blacklist.NewLists(blacklist.Options{Registerer: d.reg})
+	if err := d.lists.Global().MetricsError(); err != nil {
+		return err
+	}
+	for _, l := range cfg.Listeners {
+		d.listenerNames = append(d.listenerNames, l.Name)
+	}
+	sets, sources, err := readBlacklists(cfg, nil)
+	if err != nil {
+		return err
+	}
+	d.swapBlacklists(sets, sources)
+	d.setConfig(cfg)
 	return nil
 }
+
+func (d *Daemon) setConfig(cfg *FileConfig) {
+	d.cfg = cfg
+	d.cur.Store(cfg)
+}
+
+// current returns the configuration in force, for readers outside reloads.
+func (d *Daemon) current() *FileConfig { return d.cur.Load() }
 
 func (d *Daemon) loadCerts(cfg *FileConfig) error {
 	rep, err := d.store.Load(cfg.Certificates)
@@ -142,18 +172,34 @@ func (d *Daemon) loadCerts(cfg *FileConfig) error {
 	return nil
 }
 
-func (d *Daemon) l7Config(cfg *FileConfig) l7.Config {
+// l7Config is the L7 server's configuration for cfg, with pol as its Decider and
+// AcceptFilter.
+func (d *Daemon) l7Config(cfg *FileConfig, pol *policy) l7.Config {
 	c := l7.Config{
-		Backends:        map[string]l7.PoolConfig{},
+		Routing:         cfg.Routing,
+		Decider:         pol,
+		AcceptFilter:    pol.accept,
 		IsNoCertificate: func(err error) bool { return errors.Is(err, certs.ErrNoCertificate) },
 		Registerer:      d.reg,
 		Logger:          d.log,
 	}
-	for name, p := range cfg.Backends {
-		c.Backends[name] = l7.PoolConfig{Members: p.Members, ConnsPerMember: p.ConnsPerMember, Timeout: p.Timeout, ConnectTimeout: p.ConnectTimeout}
+	if cfg.Routing == nil {
+		c.Backends = map[string]l7.PoolConfig{}
+		for name, p := range cfg.Backends {
+			c.Backends[name] = l7.PoolConfig{Members: p.Members, ConnsPerMember: p.ConnsPerMember, Timeout: p.Timeout, ConnectTimeout: p.ConnectTimeout}
+		}
 	}
 	for _, l := range cfg.Listeners {
+		var wrap func(net.Listener) (net.Listener, error)
+		if l.ClientIP.ProxyProtocol {
+			res := pol.resolvers[l.Name]
+			name := l.Name
+			wrap = func(ln net.Listener) (net.Listener, error) {
+				return clientip.NewListenerWithOptions(ln, res, clientip.Options{Name: name, Registerer: d.reg, Logger: d.log})
+			}
+		}
 		c.Listeners = append(c.Listeners, l7.ListenerConfig{
+			WrapListener:         wrap,
 			Name:                 l.Name,
 			Addr:                 l.Addr,
 			TLS:                  d.store.TLSConfig(),
@@ -203,7 +249,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	defer d.close()
-	srv, err := l7.NewServer(d.l7Config(d.cfg))
+	pol, err := newPolicy(d.cfg, d.lists, d.log)
+	if err != nil {
+		return err
+	}
+	srv, err := l7.NewServer(d.l7Config(d.cfg, pol))
 	if err != nil {
 		return err
 	}
@@ -261,9 +311,13 @@ func (d *Daemon) AdminAddr() net.Addr {
 	return d.admin.Addr()
 }
 
-// Reload re-reads the configuration file and applies it: certificates first (a set
-// that fails validation changes nothing), then listeners' pools and limits. A failure
-// leaves the running configuration in force.
+// Reload re-reads the configuration file and applies it. Everything that can fail is
+// done first: parsing and validating the file (routing and client-IP rules
+// included), reading the blacklist files that changed, loading the certificates.
+// Then the L7 server takes the routing, client-IP rules and blacklist actions in one
+// atomic swap (a routing policy the router refuses aborts the reload, and the
+// certificates in force are put back), and the changed blacklists are swapped in.
+// A failure leaves the running configuration in force.
 func (d *Daemon) Reload() (err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -281,18 +335,47 @@ func (d *Daemon) Reload() (err error) {
 	if !sameKeyServers(cfg.KeyServers, d.cfg.KeyServers) {
 		return errors.New("keyservers changed: restart l7d to apply")
 	}
+	if err := checkProxyProtocol(d.cfg, cfg); err != nil {
+		return err
+	}
+	pol, err := newPolicy(cfg, d.lists, d.log)
+	if err != nil {
+		return err
+	}
+	sets, sources, err := readBlacklists(cfg, d.loaded)
+	if err != nil {
+		return err
+	}
 	if err := d.loadCerts(cfg); err != nil {
 		return err
 	}
-	if err := d.srv.Reload(d.l7Config(cfg)); err != nil {
+	if err := d.srv.Reload(d.l7Config(cfg, pol)); err != nil {
 		// Put the certificates that went with the running configuration back.
 		if rerr := d.loadCerts(d.cfg); rerr != nil {
 			d.log.Error("restoring certificates after a failed reload", "err", rerr)
 		}
 		return err
 	}
-	d.cfg = cfg
+	d.swapBlacklists(sets, sources)
+	d.setConfig(cfg)
 	d.log.Info("reloaded", "config", d.Path)
+	return nil
+}
+
+// checkProxyProtocol refuses a reload that changes a listener's PROXY protocol
+// settings, which are bound to its socket at start.
+func checkProxyProtocol(cur, next *FileConfig) error {
+	for _, n := range next.Listeners {
+		for _, c := range cur.Listeners {
+			if c.Name != n.Name {
+				continue
+			}
+			a, b := c.ClientIP, n.ClientIP
+			if a.ProxyProtocol != b.ProxyProtocol || a.ProxyTimeout != b.ProxyTimeout || !slices.Equal(a.ProxyTrusted, b.ProxyTrusted) {
+				return fmt.Errorf("listener %q: client_ip.proxy_protocol, proxy_trusted or proxy_timeout changed: restart l7d to apply", n.Name)
+			}
+		}
+	}
 	return nil
 }
 
@@ -301,27 +384,4 @@ func sameKeyServers(a, b *KeyServersFile) bool {
 		return a == b
 	}
 	return fmt.Sprint(*a) == fmt.Sprint(*b)
-}
-
-func (d *Daemon) adminHandler() http.Handler {
-	mux := daemon.AdminMux(d.reg, d.srv.Healthy)
-	mux.HandleFunc("/reload", func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", "POST")
-			http.Error(w, "use POST", http.StatusMethodNotAllowed)
-			return
-		}
-		reply := make(chan error, 1)
-		select {
-		case d.reload <- reply:
-		case <-r.Context().Done():
-			return
-		}
-		if err := <-reply; err != nil {
-			http.Error(w, "reload failed; the running configuration stays: "+err.Error(), http.StatusUnprocessableEntity)
-			return
-		}
-		io.WriteString(w, "reloaded\n")
-	})
-	return mux
 }
