@@ -3,8 +3,10 @@ package benchkit
 import (
 	"context"
 	"errors"
+	"os/exec"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -96,11 +98,78 @@ func TestSelfCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for end := time.Now().Add(30 * time.Millisecond); time.Now().Before(end); {
+	// Spin until 10 ms of CPU are counted; on a busy machine that takes longer than
+	// 10 ms of wall time, so only a clock that never advances fails.
+	start := time.Now()
+	for {
+		b, err := SelfCPU()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b-a >= 10*time.Millisecond {
+			return
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("10 s of spinning counted as %v of CPU", b-a)
+		}
 	}
-	b, _ := SelfCPU()
-	if b-a < 10*time.Millisecond {
-		t.Errorf("30 ms of spinning counted as %v of CPU", b-a)
+}
+
+func TestParseStatTimes(t *testing.T) {
+	stat := "1234 (nginx) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 37 12 3 20 0 9 0 100 0 0"
+	own, kids, err := parseStatTimes(stat, true)
+	if err != nil || own != 2870*time.Millisecond || kids != 150*time.Millisecond {
+		t.Errorf("got %v, %v, %v; want 2.87s, 150ms", own, kids, err)
+	}
+	if _, _, err := parseStatTimes("1 (x) S 1 1 1 0 -1 0 0 0 0 0 1 2", true); err == nil {
+		t.Error("no error for a line without cutime and cstime")
+	}
+	if ppid, err := parseStatPPID(stat); err != nil || ppid != 1 {
+		t.Errorf("ppid %d, %v; want 1", ppid, err)
+	}
+}
+
+func TestProcessTreeCPU(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh")
+	}
+	// A parent that waits for a child that spins for a moment, then sleeps.
+	cmd := exec.Command(sh, "-c", `sh -c 'i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; exec sleep 5' & wait`)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	parent := cmd.Process.Pid
+	var kids []int
+	for end := time.Now().Add(5 * time.Second); len(kids) == 0 && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if kids, err = ChildPIDs(parent); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(kids) != 1 {
+		t.Fatalf("children of the shell: %v, want one", kids)
+	}
+	defer syscall.Kill(kids[0], syscall.SIGKILL)
+	if viaScan, err := childPIDsByScan(parent); err != nil || len(viaScan) != 1 || viaScan[0] != kids[0] {
+		t.Errorf("scan found %v, %v; want %v", viaScan, err, kids)
+	}
+	time.Sleep(300 * time.Millisecond)
+	// Read the tree last: CPU clocks only go forward.
+	own, err := ProcessCPU(parent)()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := ProcessCPU(kids[0])()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree, err := ProcessTreeCPU(parent)()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tree < own+child || child == 0 {
+		t.Errorf("tree %v, want at least the parent's %v plus the child's %v (> 0)", tree, own, child)
 	}
 }
 
@@ -125,6 +194,7 @@ func TestPercentile(t *testing.T) {
 
 func TestRunCountsOnlyTheWindow(t *testing.T) {
 	var calls atomic.Int64
+	before := time.Now()
 	res, err := Run(context.Background(), Load{
 		Workers:  4,
 		Warmup:   50 * time.Millisecond,
@@ -144,6 +214,9 @@ func TestRunCountsOnlyTheWindow(t *testing.T) {
 	}
 	if res.Elapsed != 100*time.Millisecond {
 		t.Errorf("window %v, want 100ms", res.Elapsed)
+	}
+	if d := res.Start.Sub(before); d < 50*time.Millisecond || d > time.Second {
+		t.Errorf("window started %v after Run was called, want the 50ms warm-up", d)
 	}
 	if len(res.CPU) != 1 || res.CPUErr != nil {
 		t.Errorf("CPU %v, %v", res.CPU, res.CPUErr)

@@ -2,7 +2,9 @@ package benchkit
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -39,28 +41,156 @@ func ProcessCPU(pid int) CPUClock {
 	}
 }
 
-// parseStatCPU returns utime + stime from the contents of /proc/PID/stat. The
-// command name, field 2, is in parentheses and may hold spaces and parentheses: the
-// fields that follow are counted from the last ')'.
+// parseStatCPU returns utime + stime from the contents of /proc/PID/stat.
 func parseStatCPU(stat string) (time.Duration, error) {
+	own, _, err := parseStatTimes(stat, false)
+	return own, err
+}
+
+// parseStatTimes returns utime + stime and, with waited, cutime + cstime (the time
+// of the children the process has waited for) from the contents of /proc/PID/stat.
+// The command name, field 2, is in parentheses and may hold spaces and parentheses:
+// the fields that follow are counted from the last ')'.
+func parseStatTimes(stat string, waited bool) (own, children time.Duration, err error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("/proc stat %q: no command field", stat)
+	}
+	f := strings.Fields(stat[i+1:])
+	// f[0] is field 3 (state); utime, stime, cutime and cstime are fields 14 to 17.
+	want := 13
+	if waited {
+		want = 15
+	}
+	if len(f) < want {
+		return 0, 0, fmt.Errorf("/proc stat: %d fields after the command, want at least %d", len(f), want)
+	}
+	sum := func(fields []string) (time.Duration, error) {
+		var ticks uint64
+		for _, s := range fields {
+			n, err := strconv.ParseUint(s, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc stat: CPU time %q: %w", s, err)
+			}
+			ticks += n
+		}
+		return time.Duration(ticks) * time.Second / userHZ, nil
+	}
+	if own, err = sum(f[11:13]); err != nil || !waited {
+		return own, 0, err
+	}
+	children, err = sum(f[13:15])
+	return own, children, err
+}
+
+// maxTreeDepth bounds how far down ProcessTreeCPU follows children.
+const maxTreeDepth = 8
+
+// ProcessTreeCPU returns a clock of the CPU time of process pid, of its descendants
+// alive at each reading (a master process and its workers), and of the descendants
+// it has waited for (cutime and cstime in /proc/PID/stat), so that a worker that is
+// replaced between two readings still counts. Children are found through
+// /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN) or, without it, by scanning
+// /proc for their parent ID.
+func ProcessTreeCPU(pid int) CPUClock {
+	return func() (time.Duration, error) {
+		return treeCPU(pid, 0)
+	}
+}
+
+func treeCPU(pid, depth int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	own, waited, err := parseStatTimes(string(b), true)
+	if err != nil {
+		return 0, err
+	}
+	total := own + waited
+	if depth >= maxTreeDepth {
+		return total, nil
+	}
+	kids, err := ChildPIDs(pid)
+	if err != nil {
+		return 0, err
+	}
+	for _, k := range kids {
+		d, err := treeCPU(k, depth+1)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // exited since it was listed; its parent will count it once it waits
+		}
+		if err != nil {
+			return 0, err
+		}
+		total += d
+	}
+	return total, nil
+}
+
+// ChildPIDs returns the IDs of the live children of process pid.
+func ChildPIDs(pid int) ([]int, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
+		if errors.Is(err, fs.ErrNotExist) {
+			if _, serr := os.Stat(fmt.Sprintf("/proc/%d/task/%s", pid, t.Name())); serr == nil {
+				return childPIDsByScan(pid) // a kernel without CONFIG_PROC_CHILDREN
+			}
+			continue // the thread exited
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range strings.Fields(string(b)) {
+			n, err := strconv.Atoi(s)
+			if err != nil {
+				return nil, fmt.Errorf("/proc/%d/task/%s/children: %q: %w", pid, t.Name(), s, err)
+			}
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// childPIDsByScan finds the children of pid by reading every /proc/N/stat.
+func childPIDsByScan(pid int) ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		if ppid, err := parseStatPPID(string(b)); err == nil && ppid == pid {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// parseStatPPID returns field 4 of /proc/PID/stat, the parent's process ID.
+func parseStatPPID(stat string) (int, error) {
 	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {
 		return 0, fmt.Errorf("/proc stat %q: no command field", stat)
 	}
 	f := strings.Fields(stat[i+1:])
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc stat: %d fields after the command, want at least 13", len(f))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("/proc stat: %d fields after the command, want at least 2", len(f))
 	}
-	var ticks uint64
-	for _, s := range f[11:13] {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("/proc stat: CPU time %q: %w", s, err)
-		}
-		ticks += n
-	}
-	return time.Duration(ticks) * time.Second / userHZ, nil
+	return strconv.Atoi(f[1])
 }
 
 // MachineBusyCPU is the CPU time all processors spent outside their idle and I/O wait

@@ -46,6 +46,7 @@ type Result struct {
 	Ops       int           // operations completed in the window
 	Errors    int           // operations that failed, warm-up included
 	FirstErr  error         // the first failure
+	Start     time.Time     // when the window started, after the warm-up
 	Elapsed   time.Duration // length of the window
 	Latencies Latencies     // of the counted operations
 	CPU       []time.Duration
@@ -201,6 +202,7 @@ func Run(ctx context.Context, l Load) (*Result, error) {
 	parentErr := ctx.Err()
 	wg.Wait()
 
+	res.Start = t0
 	res.Elapsed = max(windowEnd.Sub(t0), 0)
 	res.Errors = int(nerr.Load())
 	res.FirstErr = firstErr

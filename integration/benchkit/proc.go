@@ -15,7 +15,8 @@ import (
 )
 
 // Process is a child process the benchmark started. It is killed if the benchmark
-// process dies first (PR_SET_PDEATHSIG), and stopped by Stop otherwise.
+// process dies first (PR_SET_PDEATHSIG; see DeathSignal), and stopped by Stop
+// otherwise.
 type Process struct {
 	Name    string
 	LogPath string
@@ -25,9 +26,20 @@ type Process struct {
 	err     error // valid once done is closed
 }
 
+// ProcessOption changes how StartProcess starts a process.
+type ProcessOption func(*exec.Cmd)
+
+// DeathSignal sets the signal the process gets when the benchmark process dies first
+// (PR_SET_PDEATHSIG) instead of SIGKILL. A process whose own children would outlive
+// it, such as nginx's master process and its workers, wants one it handles by stopping
+// them (SIGTERM for nginx).
+func DeathSignal(sig syscall.Signal) ProcessOption {
+	return func(c *exec.Cmd) { c.SysProcAttr.Pdeathsig = sig }
+}
+
 // StartProcess starts path with args and env (appended to this process's
 // environment), its standard output and error going to logPath.
-func StartProcess(name, path string, args, env []string, logPath string) (*Process, error) {
+func StartProcess(name, path string, args, env []string, logPath string, opts ...ProcessOption) (*Process, error) {
 	log, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -36,6 +48,9 @@ func StartProcess(name, path string, args, env []string, logPath string) (*Proce
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	for _, o := range opts {
+		o(cmd)
+	}
 	if err := cmd.Start(); err != nil {
 		log.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)

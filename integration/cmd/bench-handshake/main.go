@@ -1,0 +1,165 @@
+// Command bench-handshake measures the server CPU time of TLS handshakes with an
+// RSA-2048 certificate and ECDHE (X25519), TLS 1.3 and TLS 1.2, full (no resumption)
+// and resumed (session tickets), from one bounded client load against, in the same
+// run: l7d with the private key local, l7d with the key on keyserverd (SoftHSM2), and
+// nginx from Debian with the same certificate and key.
+//
+// Each server's CPU time (user + sys, from /proc; nginx's master and workers together)
+// over a measured window is divided by the handshakes completed in it. keyserverd's CPU
+// and the load generator's are shown beside it. The headline is L7 CPU per full TLS 1.3
+// handshake with the key local ÷ with it offloaded (offload_gain), and nginx's ÷ l7d's
+// with it offloaded (vs_nginx).
+//
+// It runs bin/keyserverd, bin/l7d and nginx as child processes on 127.0.0.1, with keys,
+// certificates, a SoftHSM2 token and configurations in a temporary directory, all
+// removed at the end. The last line of its output is one JSON object with the headline
+// figures.
+//
+// With -profile DIR, l7d runs as a variant with net/http/pprof (l7d's own code built
+// into this program) and a CPU and an allocation profile of every l7d row's window
+// land in DIR; -servers may then add go-tls, a plain crypto/tls server, to tell what
+// l7d adds to crypto/tls.
+//
+//	make build && go run ./integration/cmd/bench-handshake [-duration 5s] [-workers 32]
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// defaultWorkers is the load's concurrency: enough handshakes in flight to keep two
+// cores busy through keyserverd's round trips, few enough that the Go runtimes on
+// either side do not spend their time switching between them.
+const defaultWorkers = 32
+
+// Main runs the benchmark and returns the exit status: 0 when every row ran and every
+// handshake checked out (whether the targets were met or not), 1 when something
+// broke, 2 for bad flags.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case serveL7dCommand:
+			return serveL7d(args[1:], stdout, stderr)
+		case serveGoTLSCommand:
+			return serveGoTLS(args[1:], stderr)
+		}
+	}
+	o := options{out: stdout, log: stderr}
+	fs := flag.NewFlagSet("bench-handshake", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.bin, "bin", "bin", "`directory` holding keyserverd and l7d (make build)")
+	fs.StringVar(&o.nginx, "nginx", "nginx", "nginx `binary` (Debian package nginx)")
+	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per row")
+	fs.DurationVar(&o.warmup, "warmup", time.Second, "warm-up before each row")
+	fs.IntVar(&o.workers, "workers", defaultWorkers, "handshakes in flight (closed loop)")
+	fs.IntVar(&o.maxOps, "max-ops", 1_000_000, "end a row early after this many handshakes")
+	fs.DurationVar(&o.opTimeout, "op-timeout", 5*time.Second, "bound on one connection: connect, handshake and close")
+	fs.IntVar(&o.verifyEvery, "verify-every", 64, "verify the certificate chain against the CA on one handshake in `n` of each worker (and its first)")
+	fs.IntVar(&o.nginxWorkers, "nginx-workers", runtime.NumCPU(), "nginx worker_processes")
+	fs.Float64Var(&o.quietCores, "quiet-cores", 0.2, "before each row, wait for other processes to use fewer `cores` than this (the machines are shared)")
+	fs.DurationVar(&o.quietWait, "quiet-wait", 30*time.Second, "how long to wait for that before measuring anyway (0: do not wait)")
+	servers := fs.String("servers", strings.Join(serverNames, ","), "comma-separated servers to measure (for iterating; the summary needs the first three); "+srvGoTLS+", crypto/tls alone, needs -profile")
+	versions := fs.String("tls", "1.3,1.2", "comma-separated TLS versions")
+	modes := fs.String("modes", strings.Join(modeNames, ","), "comma-separated handshake modes")
+	fs.StringVar(&o.profileDir, "profile", "", "run l7d as a profiling variant (l7d's code in this program, with pprof) and write a CPU profile of each l7d row's window to `dir`")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bench-handshake: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	var err error
+	if o.servers, err = parseList(*servers, append(serverNames, srvGoTLS)); err != nil {
+		fmt.Fprintf(stderr, "bench-handshake: -servers: %v\n", err)
+		return 2
+	}
+	if slices.Contains(o.servers, srvGoTLS) && o.profileDir == "" {
+		fmt.Fprintf(stderr, "bench-handshake: -servers %s is a profiling baseline: it needs -profile\n", srvGoTLS)
+		return 2
+	}
+	if o.modes, err = parseList(*modes, modeNames); err != nil {
+		fmt.Fprintf(stderr, "bench-handshake: -modes: %v\n", err)
+		return 2
+	}
+	if o.versions, err = parseVersions(*versions); err != nil {
+		fmt.Fprintf(stderr, "bench-handshake: -tls: %v\n", err)
+		return 2
+	}
+	if o.duration <= 0 || o.warmup < 0 || o.workers <= 0 || o.maxOps <= 0 || o.opTimeout <= 0 ||
+		o.verifyEvery <= 0 || o.nginxWorkers <= 0 || o.quietWait < 0 {
+		fmt.Fprintln(stderr, "bench-handshake: -duration, -workers, -max-ops, -op-timeout, -verify-every and -nginx-workers must be positive, -warmup and -quiet-wait not negative")
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, &o); err != nil {
+		switch {
+		case errors.Is(err, errFailed):
+			// The report ends with the failures and the JSON line; nothing follows.
+		case ctx.Err() != nil:
+			fmt.Fprintln(stderr, "bench-handshake: interrupted")
+		default:
+			fmt.Fprintf(stderr, "bench-handshake: %v\n", err)
+		}
+		return 1
+	}
+	return 0
+}
+
+// parseList parses a comma-separated subset of known, keeping known's order.
+func parseList(s string, known []string) ([]string, error) {
+	seen := map[string]bool{}
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if !slices.Contains(known, f) {
+			return nil, fmt.Errorf("unknown %q (known: %s)", f, strings.Join(known, ", "))
+		}
+		seen[f] = true
+	}
+	var out []string
+	for _, k := range known {
+		if seen[k] {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}
+
+// parseVersions parses "1.3,1.2", keeping the order given.
+func parseVersions(s string) ([]uint16, error) {
+	var out []uint16
+	for _, f := range strings.Split(s, ",") {
+		var v uint16
+		switch strings.TrimSpace(f) {
+		case "1.3":
+			v = tls.VersionTLS13
+		case "1.2":
+			v = tls.VersionTLS12
+		default:
+			return nil, fmt.Errorf("%q: want 1.3 or 1.2", f)
+		}
+		if slices.Contains(out, v) {
+			return nil, fmt.Errorf("%q given twice", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}

@@ -1,0 +1,399 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/tiergate/tiergate/integration/benchkit"
+)
+
+// Servers, in the order each group of rows measures them.
+const (
+	srvL7Local   = "l7d-local"
+	srvL7Offload = "l7d-offload"
+	srvNginx     = "nginx"
+	srvGoTLS     = "go-tls" // profiling baseline: crypto/tls alone
+)
+
+// serverNames are the servers the report compares; srvGoTLS comes after them when
+// asked for.
+var serverNames = []string{srvL7Local, srvL7Offload, srvNginx}
+
+// server is one TLS server under test.
+type server struct {
+	id    string // one of the srv constants
+	label string // as in the table
+	addr  string
+	proc  *benchkit.Process
+	clock benchkit.CPUClock // the server's CPU: l7d's process, or nginx's master and workers
+
+	metricsURL string // l7d's /metrics
+	pprofURL   string // the profiling variant's /debug/pprof/ (-profile)
+	workers    []int  // nginx's worker processes at start-up
+}
+
+// fleet is every process the rows measure, started once and stopped at the end.
+type fleet struct {
+	servers []*server
+	ks      *benchkit.Process // keyserverd, for l7d-offload
+	backend *http.Server
+	hits    atomic.Int64 // requests the backend answered: the load makes none
+}
+
+// startFleet starts the backend, keyserverd, both l7d and nginx, and checks each
+// serves the site certificate, verified against its CA. On error, what was started
+// is stopped.
+func (b *bench) startFleet(ctx context.Context) (err error) {
+	fl := &fleet{}
+	b.fl = fl
+	defer func() {
+		if err != nil {
+			b.stopFleet()
+		}
+	}()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	fl.backend = &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			fl.hits.Add(1)
+			io.WriteString(w, "backend\n")
+		}),
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+	go fl.backend.Serve(ln)
+	backendAddr := ln.Addr().String()
+
+	want := b.wanted()
+	if want[srvL7Offload] {
+		if err := b.startKeyserver(ctx); err != nil {
+			return err
+		}
+	}
+	for _, id := range append(serverNames, srvGoTLS) {
+		if !want[id] {
+			continue
+		}
+		var s *server
+		switch id {
+		case srvL7Local, srvL7Offload:
+			s, err = b.startL7d(ctx, id, backendAddr)
+		case srvNginx:
+			s, err = b.startNginx(ctx)
+		case srvGoTLS:
+			s, err = b.startGoTLS(ctx)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", id, err)
+		}
+		fl.servers = append(fl.servers, s)
+	}
+	return nil
+}
+
+// wanted is the set of servers the selected rows need.
+func (b *bench) wanted() map[string]bool {
+	out := map[string]bool{}
+	for _, s := range b.o.servers {
+		out[s] = true
+	}
+	return out
+}
+
+func (b *bench) startKeyserver(ctx context.Context) error {
+	listen, err := benchkit.FreeAddr()
+	if err != nil {
+		return err
+	}
+	metrics, err := benchkit.FreeAddr()
+	if err != nil {
+		return err
+	}
+	cfg, err := b.f.keyserverConfig("run", listen, metrics)
+	if err != nil {
+		return err
+	}
+	p, err := benchkit.StartProcess("keyserverd", b.bin("keyserverd"), []string{"run", "-config", cfg},
+		b.f.tok.Env(), filepath.Join(b.f.dir, "keyserverd.log"))
+	if err != nil {
+		return err
+	}
+	b.fl.ks = p
+	if err := benchkit.WaitHTTP(ctx, "http://"+metrics+"/healthz", p, 20*time.Second); err != nil {
+		return fmt.Errorf("keyserverd did not become healthy: %w; log:\n%s", err, p.LogTail(20))
+	}
+	b.ksAddr = listen
+	return nil
+}
+
+func (b *bench) startL7d(ctx context.Context, id, backendAddr string) (*server, error) {
+	addr, err := benchkit.FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	admin, err := benchkit.FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	local := id == srvL7Local
+	cfg, err := b.f.l7dConfig(id, addr, admin, backendAddr, local, b.ksAddr)
+	if err != nil {
+		return nil, err
+	}
+	s := &server{id: id, addr: addr, metricsURL: "http://" + admin + "/metrics"}
+	s.label = "l7d, key local"
+	if !local {
+		s.label = "l7d, key on keyserverd"
+	}
+	path, args := b.bin("l7d"), []string{"run", "-config", cfg}
+	if b.o.profileDir != "" {
+		// The profiling variant: l7d's own code in a copy of this program, with pprof.
+		pp, err := benchkit.FreeAddr()
+		if err != nil {
+			return nil, err
+		}
+		if path, err = os.Executable(); err != nil {
+			return nil, err
+		}
+		args = []string{serveL7dCommand, "-config", cfg, "-pprof", pp}
+		s.pprofURL = "http://" + pp + "/debug/pprof/"
+		s.label += " (pprof variant)"
+	}
+	if s.proc, err = benchkit.StartProcess(id, path, args, nil, filepath.Join(b.f.dir, id+".log")); err != nil {
+		return nil, err
+	}
+	s.clock = s.proc.CPU()
+	if err := benchkit.WaitHTTP(ctx, "http://"+admin+"/healthz", s.proc, 20*time.Second); err != nil {
+		s.proc.Stop(5 * time.Second)
+		return nil, fmt.Errorf("l7d did not become healthy: %w; log:\n%s", err, s.proc.LogTail(20))
+	}
+	if err := b.waitTLS(ctx, s, 10*time.Second); err != nil {
+		s.proc.Stop(5 * time.Second)
+		return nil, err
+	}
+	return s, nil
+}
+
+// startGoTLS starts the crypto/tls baseline (-profile): this program as a plain
+// crypto/tls server with the site certificate and key file and l7d's ticket key.
+func (b *bench) startGoTLS(ctx context.Context) (*server, error) {
+	addr, err := benchkit.FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	pp, err := benchkit.FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	s := &server{id: srvGoTLS, label: "crypto/tls alone, key local", addr: addr, pprofURL: "http://" + pp + "/debug/pprof/"}
+	args := []string{serveGoTLSCommand, "-addr", addr, "-cert", b.f.siteCert, "-key", b.f.siteKey, "-ticket-key", b.f.ticketKey, "-pprof", pp}
+	if s.proc, err = benchkit.StartProcess(srvGoTLS, self, args, nil, filepath.Join(b.f.dir, srvGoTLS+".log")); err != nil {
+		return nil, err
+	}
+	s.clock = s.proc.CPU()
+	if err := benchkit.WaitHTTP(ctx, "http://"+pp+"/healthz", s.proc, 20*time.Second); err != nil {
+		s.proc.Stop(5 * time.Second)
+		return nil, err
+	}
+	if err := b.waitTLS(ctx, s, 10*time.Second); err != nil {
+		s.proc.Stop(5 * time.Second)
+		return nil, err
+	}
+	return s, nil
+}
+
+func (b *bench) startNginx(ctx context.Context) (*server, error) {
+	path, err := exec.LookPath(b.o.nginx)
+	if err != nil {
+		return nil, fmt.Errorf("nginx not found (Debian package nginx; `make deps` installs it): %w", err)
+	}
+	if out, err := exec.CommandContext(ctx, path, "-V").CombinedOutput(); err == nil {
+		b.nginxVersion, b.nginxOpenSSL = parseNginxV(string(out))
+	}
+	dir := filepath.Join(b.f.dir, "nginx")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, err
+	}
+	addr, err := benchkit.FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	conf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(conf, []byte(nginxConfig(dir, addr, b.f.siteCert, b.f.siteKey, b.o.nginxWorkers)), 0o600); err != nil {
+		return nil, err
+	}
+	errLog := filepath.Join(dir, "nginx-error.log")
+	s := &server{id: srvNginx, label: "nginx, key local", addr: addr}
+	// Should this program die, SIGTERM makes the master stop its workers too (they
+	// would outlive a killed master).
+	s.proc, err = benchkit.StartProcess("nginx", path, []string{"-c", conf, "-p", dir + "/", "-e", errLog}, nil,
+		filepath.Join(dir, "nginx-stderr.log"), benchkit.DeathSignal(syscall.SIGTERM))
+	if err != nil {
+		return nil, err
+	}
+	s.clock = benchkit.ProcessTreeCPU(s.proc.PID())
+	if err := b.waitTLS(ctx, s, 20*time.Second); err != nil {
+		stopNginx(s)
+		return nil, fmt.Errorf("%w; error log:\n%s", err, tail(errLog, 20))
+	}
+	// The workers are up once one has answered; wait for all of them to be forked.
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		kids, err := benchkit.ChildPIDs(s.proc.PID())
+		if err != nil {
+			stopNginx(s)
+			return nil, err
+		}
+		s.workers = kids
+		if len(kids) >= b.o.nginxWorkers || time.Now().After(end) {
+			break
+		}
+	}
+	if len(s.workers) != b.o.nginxWorkers {
+		stopNginx(s)
+		return nil, fmt.Errorf("nginx has %d worker processes, want %d; error log:\n%s", len(s.workers), b.o.nginxWorkers, tail(errLog, 20))
+	}
+	return s, nil
+}
+
+var (
+	nginxVersionRE = regexp.MustCompile(`nginx version: (\S+)`)
+	runningWithRE  = regexp.MustCompile(`running with (OpenSSL [^)\s]+)`)
+	builtWithRE    = regexp.MustCompile(`built with (OpenSSL \S+)`)
+)
+
+// parseNginxV returns the version and the OpenSSL nginx runs with from `nginx -V`.
+func parseNginxV(out string) (version, openssl string) {
+	if m := nginxVersionRE.FindStringSubmatch(out); m != nil {
+		version = m[1]
+	}
+	if m := runningWithRE.FindStringSubmatch(out); m != nil {
+		openssl = m[1]
+	} else if m := builtWithRE.FindStringSubmatch(out); m != nil {
+		openssl = m[1]
+	}
+	return version, openssl
+}
+
+// waitTLS polls s until a handshake that verifies the certificate chain against the
+// site CA succeeds, s's process exits, timeout passes or ctx ends.
+func (b *bench) waitTLS(ctx context.Context, s *server, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := b.verifyOnce(ctx, s.addr, tls.VersionTLS13)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no verified TLS handshake with %s within %v: %w", s.addr, timeout, err)
+		}
+		select {
+		case <-s.proc.Done():
+			return fmt.Errorf("%s exited: %v; log:\n%s", s.proc.Name, s.proc.ExitErr(), s.proc.LogTail(20))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// verifyOnce makes one handshake at version that verifies the chain against the site
+// CA and the name, and checks the server presented the site key.
+func (b *bench) verifyOnce(ctx context.Context, addr string, version uint16) error {
+	cfg := clientConfig(version)
+	cfg.InsecureSkipVerify = false
+	cfg.RootCAs = b.f.siteCA.Pool()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	d := tls.Dialer{NetDialer: &net.Dialer{}, Config: cfg}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	st := c.(*tls.Conn).ConnectionState()
+	if err := checkState(&st, version, false); err != nil {
+		return err
+	}
+	if !b.f.key.PublicKey.Equal(st.PeerCertificates[0].PublicKey) {
+		return errors.New("the server presented another key than the site key")
+	}
+	return nil
+}
+
+// stopFleet stops every process in the reverse order of their start.
+func (b *bench) stopFleet() {
+	fl := b.fl
+	if fl == nil {
+		return
+	}
+	for i := len(fl.servers) - 1; i >= 0; i-- {
+		s := fl.servers[i]
+		if s.id == srvNginx {
+			if err := stopNginx(s); err != nil {
+				b.fail("stopping nginx: %v", err)
+			}
+			continue
+		}
+		if err := s.proc.Stop(10 * time.Second); err != nil {
+			b.fail("stopping %s: %v; log:\n%s", s.id, err, s.proc.LogTail(10))
+		}
+	}
+	if fl.ks != nil {
+		if err := fl.ks.Stop(10 * time.Second); err != nil {
+			b.fail("stopping keyserverd: %v; log:\n%s", err, fl.ks.LogTail(10))
+		}
+	}
+	if fl.backend != nil {
+		fl.backend.Close()
+	}
+	b.fl = nil
+}
+
+// stopNginx stops nginx's master (SIGTERM: fast shutdown, it stops its workers) and
+// then kills any worker it left behind.
+func stopNginx(s *server) error {
+	workers := s.workers
+	if kids, err := benchkit.ChildPIDs(s.proc.PID()); err == nil {
+		workers = append(workers, kids...)
+	}
+	err := s.proc.Stop(10 * time.Second)
+	for _, pid := range workers {
+		cmdline, rerr := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if rerr == nil && strings.HasPrefix(string(cmdline), "nginx: worker") {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	return err
+}
+
+// tail returns the last n lines of a file.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

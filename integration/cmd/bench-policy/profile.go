@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tiergate/tiergate/l7/l7d"
+)
+
+// serveL7dCommand is the hidden first argument that makes this program the profiling
+// variant of l7d (-profile): l7d's own Main in a process of its own, which the rows
+// measure like bin/l7d, with net/http/pprof on a separate address. l7d itself has no
+// pprof endpoint.
+const serveL7dCommand = "serve-l7d"
+
+func serveL7d(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bench-policy "+serveL7dCommand, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg := fs.String("config", "", "l7d configuration `file`")
+	addr := fs.String("pprof", "", "`address` of /debug/pprof/")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *cfg == "" || *addr == "" {
+		fmt.Fprintln(stderr, "bench-policy serve-l7d: -config and -pprof are required")
+		return 2
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "bench-policy serve-l7d: %v\n", err)
+		return 1
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	go (&http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}).Serve(ln)
+	return l7d.Main([]string{"run", "-config", *cfg}, stdout, stderr)
+}
+
+// serveBackendCommand is the hidden first argument that makes this program the Go
+// backend of -backend go: fasthttp answering requestPath with body, and its request
+// count at /stats.
+const serveBackendCommand = "serve-backend"
+
+func serveBackend(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bench-policy "+serveBackendCommand, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "", "`address` to serve HTTP/1.1 on")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "bench-policy %s: %v\n", serveBackendCommand, err)
+		return 1
+	}
+	var served atomic.Int64
+	srv := &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			switch string(ctx.Path()) {
+			case requestPath:
+				served.Add(1)
+				ctx.SetContentType("application/octet-stream")
+				ctx.SetBody(body)
+			case "/stats":
+				ctx.SetBodyString(strconv.FormatInt(served.Load(), 10))
+			default:
+				ctx.SetStatusCode(fasthttp.StatusNotFound)
+			}
+		},
+		NoDefaultServerHeader: true,
+		NoDefaultDate:         true,
+		IdleTimeout:           75 * time.Second,
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		srv.Shutdown()
+	}()
+	if err := srv.Serve(ln); err != nil {
+		fmt.Fprintf(stderr, "bench-policy %s: %v\n", serveBackendCommand, err)
+		return 1
+	}
+	return 0
+}
+
+func fetchProfile(ctx context.Context, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Timeout: 2 * time.Minute}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
