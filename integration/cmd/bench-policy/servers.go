@@ -236,7 +236,7 @@ func (b *bench) startBackend(ctx context.Context) (*endpoint, error) {
 		return nil, err
 	}
 	e.addr = addr
-	e.label = fmt.Sprintf("nginx, %d worker, fixed answer", b.o.backendWorkers)
+	e.label = fmt.Sprintf("nginx, %s, fixed answer", plural(b.o.backendWorkers, "worker"))
 	e.statsURL = "http://" + addr + "/nginx_status"
 	return e, nil
 }
@@ -292,7 +292,7 @@ func (b *bench) startNginxProxy(ctx context.Context, fx *fixture, backend string
 	if err != nil {
 		return nil, err
 	}
-	e.label = fmt.Sprintf("nginx, %d workers", b.o.workers)
+	e.label = fmt.Sprintf("nginx, %s", plural(b.o.workers, "worker"))
 	return e, nil
 }
 
@@ -356,7 +356,7 @@ func (b *bench) startHAProxy(ctx context.Context, fx *fixture, backend string) (
 	if err := os.WriteFile(cfg, []byte(haproxyConfig(addr, backend, fx.combined, b.o.workers)), 0o600); err != nil {
 		return nil, err
 	}
-	s := &endpoint{id: srvHAProxy, label: fmt.Sprintf("haproxy, %d threads", b.o.workers), addr: addr}
+	s := &endpoint{id: srvHAProxy, label: fmt.Sprintf("haproxy, %s", plural(b.o.workers, "thread")), addr: addr}
 	if out, err := exec.CommandContext(ctx, path, "-v").CombinedOutput(); err == nil {
 		s.version = parseHAProxyVersion(string(out))
 	}
@@ -559,6 +559,14 @@ func parseHAProxyVersion(out string) string {
 		return m[1]
 	}
 	return ""
+}
+
+// plural writes a count of things: "1 worker", "2 workers".
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }
 
 // tail returns the last n lines of a file.
