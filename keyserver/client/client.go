@@ -35,6 +35,7 @@ import (
 	"crypto/rsa"
 	"crypto/tls"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -313,6 +314,11 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 
 	var tried uint64
 	transient := false // a failure in this round may not recur on a retry
+	// The last answer a server gave (overloaded, internal, key not found): when the
+	// overall deadline cuts the final attempt short, that answer says more about why
+	// the request failed than the timeout does.
+	var answer error
+	var answerOut outcome
 	for {
 		now := time.Now()
 		remaining := deadline.Sub(now)
@@ -342,6 +348,12 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 				aerr = &serverError{addr: s.addr, err: aerr}
 			}
 			err, out = aerr, o
+			var pe *protocol.Error
+			if errors.As(aerr, &pe) {
+				answer, answerOut = err, out
+			} else if o == outTimeout && remaining < c.cfg.RequestTimeout && answer != nil {
+				err, out = answer, answerOut
+			}
 			if !o.retryable() {
 				return nil, out, attempts, err
 			}
