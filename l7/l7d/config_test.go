@@ -81,6 +81,7 @@ func TestParseConfig(t *testing.T) {
 		{"partial keyservers", minimal + "keyservers: {servers: [x:1]}\n", "keyservers: servers, cert_file, key_file and ca_file are required"},
 		{"unknown field", minimal + "listen: x\n", "field listen not found"},
 		{"bad log level", minimal + "log_level: chatty\n", `log_level "chatty"`},
+		{"bad gc percent", minimal + "gc_percent: -5\n", "gc_percent -5"},
 	}
 	for _, tc := range cases {
 		_, err := ParseConfig([]byte(tc.in), "t.yaml")

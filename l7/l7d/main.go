@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -108,6 +109,9 @@ func (d *Daemon) setup() error {
 		return err
 	}
 	d.log = daemon.NewLogger(cfg.LogLevel, d.Stderr)
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(cfg.GCPercent)
+	}
 	d.reg = prometheus.NewRegistry()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
