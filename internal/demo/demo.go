@@ -308,6 +308,9 @@ Tiergate demo
 		start := time.Now()
 		res, err := m.fetch(ctx, o.L7At, roots)
 		took := time.Since(start)
+		if err != nil && ctx.Err() != nil {
+			continue // stopping: the request was cut short by the stop, not refused
+		}
 		if err != nil {
 			failed++
 			fmt.Fprintf(out, "#%-4d %-21s FAILED after %v: %v\n", i, m.name, took.Round(time.Microsecond), err)
