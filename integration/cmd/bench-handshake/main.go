@@ -37,6 +37,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/tiergate/tiergate/integration/benchkit"
 )
 
 func main() {
@@ -54,8 +56,8 @@ const defaultWorkers = 32
 func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
-		case serveL7dCommand:
-			return serveL7d(args[1:], stdout, stderr)
+		case benchkit.ServeL7dCommand:
+			return benchkit.ServeL7d("bench-handshake", args[1:], stdout, stderr)
 		case serveGoTLSCommand:
 			return serveGoTLS(args[1:], stderr)
 		}
@@ -86,7 +88,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	var err error
-	if o.servers, err = parseList(*servers, append(serverNames, srvGoTLS)); err != nil {
+	if o.servers, err = benchkit.ParseList(*servers, append(serverNames, srvGoTLS)); err != nil {
 		fmt.Fprintf(stderr, "bench-handshake: -servers: %v\n", err)
 		return 2
 	}
@@ -94,7 +96,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench-handshake: -servers %s is a profiling baseline: it needs -profile\n", srvGoTLS)
 		return 2
 	}
-	if o.modes, err = parseList(*modes, modeNames); err != nil {
+	if o.modes, err = benchkit.ParseList(*modes, modeNames); err != nil {
 		fmt.Fprintf(stderr, "bench-handshake: -modes: %v\n", err)
 		return 2
 	}
@@ -122,25 +124,6 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// parseList parses a comma-separated subset of known, keeping known's order.
-func parseList(s string, known []string) ([]string, error) {
-	seen := map[string]bool{}
-	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		if !slices.Contains(known, f) {
-			return nil, fmt.Errorf("unknown %q (known: %s)", f, strings.Join(known, ", "))
-		}
-		seen[f] = true
-	}
-	var out []string
-	for _, k := range known {
-		if seen[k] {
-			out = append(out, k)
-		}
-	}
-	return out, nil
 }
 
 // parseVersions parses "1.3,1.2", keeping the order given.

@@ -25,11 +25,11 @@ import (
 )
 
 func TestParseList(t *testing.T) {
-	got, err := parseList("nginx, l7d-local", serverNames)
+	got, err := benchkit.ParseList("nginx, l7d-local", serverNames)
 	if err != nil || !slices.Equal(got, []string{srvL7Local, srvNginx}) {
 		t.Errorf("got %v, %v; want the known order", got, err)
 	}
-	if _, err := parseList("nginx,haproxy", serverNames); err == nil || !strings.Contains(err.Error(), `"haproxy"`) {
+	if _, err := benchkit.ParseList("nginx,haproxy", serverNames); err == nil || !strings.Contains(err.Error(), `"haproxy"`) {
 		t.Errorf("unknown server: %v", err)
 	}
 }

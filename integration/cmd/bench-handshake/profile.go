@@ -17,39 +17,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/tiergate/tiergate/l7/l7d"
 )
-
-// serveL7dCommand is the hidden first argument that makes this program the profiling
-// variant of l7d (-profile): l7d's own Daemon in a process of its own, which the rows
-// measure like bin/l7d, with net/http/pprof on a separate address. l7d itself has no
-// pprof endpoint.
-const serveL7dCommand = "serve-l7d"
-
-func serveL7d(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("bench-handshake "+serveL7dCommand, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfg := fs.String("config", "", "l7d configuration `file`")
-	addr := fs.String("pprof", "", "`address` of /debug/pprof/")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if *cfg == "" || *addr == "" {
-		fmt.Fprintln(stderr, "bench-handshake serve-l7d: -config and -pprof are required")
-		return 2
-	}
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		fmt.Fprintf(stderr, "bench-handshake serve-l7d: %v\n", err)
-		return 1
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	go (&http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}).Serve(ln)
-	return l7d.Main([]string{"run", "-config", *cfg}, stdout, stderr)
-}
 
 // serveGoTLSCommand is the hidden first argument that makes this program the baseline
 // server of -profile -servers go-tls: crypto/tls alone, serving the site certificate

@@ -170,7 +170,7 @@ func (b *bench) startL7d(ctx context.Context, id, backendAddr string) (*server, 
 		if path, err = os.Executable(); err != nil {
 			return nil, err
 		}
-		args = []string{serveL7dCommand, "-config", cfg, "-pprof", pp}
+		args = []string{benchkit.ServeL7dCommand, "-config", cfg, "-pprof", pp}
 		s.pprofURL = "http://" + pp + "/debug/pprof/"
 		s.label += " (pprof variant)"
 	}

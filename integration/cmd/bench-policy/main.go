@@ -31,11 +31,12 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/tiergate/tiergate/integration/benchkit"
 )
 
 func main() {
@@ -48,8 +49,8 @@ func main() {
 func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
-		case serveL7dCommand:
-			return serveL7d(args[1:], stdout, stderr)
+		case benchkit.ServeL7dCommand:
+			return benchkit.ServeL7d("bench-policy", args[1:], stdout, stderr)
 		case serveBackendCommand:
 			return serveBackend(args[1:], stderr)
 		}
@@ -86,11 +87,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	var err error
-	if o.phases, err = parseList(*phaseList, phaseNames); err != nil {
+	if o.phases, err = benchkit.ParseList(*phaseList, phaseNames); err != nil {
 		fmt.Fprintf(stderr, "bench-policy: -phases: %v\n", err)
 		return 2
 	}
-	if o.servers, err = parseList(*servers, serverNames); err != nil {
+	if o.servers, err = benchkit.ParseList(*servers, serverNames); err != nil {
 		fmt.Fprintf(stderr, "bench-policy: -servers: %v\n", err)
 		return 2
 	}
@@ -122,25 +123,6 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// parseList parses a comma-separated subset of known, keeping known's order.
-func parseList(s string, known []string) ([]string, error) {
-	seen := map[string]bool{}
-	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		if !slices.Contains(known, f) {
-			return nil, fmt.Errorf("unknown %q (known: %s)", f, strings.Join(known, ", "))
-		}
-		seen[f] = true
-	}
-	var out []string
-	for _, k := range known {
-		if seen[k] {
-			out = append(out, k)
-		}
-	}
-	return out, nil
 }
 
 // maxBlacklistSize bounds -bl-sizes: the sets, their probes and their builders must

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tiergate/tiergate/integration/benchkit"
 	"github.com/tiergate/tiergate/l7/l7d"
 	"github.com/tiergate/tiergate/policy/blacklist"
 	"github.com/tiergate/tiergate/policy/route"
@@ -60,11 +61,11 @@ func TestSizeName(t *testing.T) {
 }
 
 func TestParseList(t *testing.T) {
-	got, err := parseList("haproxy, l7d", serverNames)
+	got, err := benchkit.ParseList("haproxy, l7d", serverNames)
 	if err != nil || !slices.Equal(got, []string{srvL7d, srvHAProxy}) {
 		t.Errorf("got %v, %v; want the known order", got, err)
 	}
-	if _, err := parseList("l7d,envoy", serverNames); err == nil || !strings.Contains(err.Error(), `"envoy"`) {
+	if _, err := benchkit.ParseList("l7d,envoy", serverNames); err == nil || !strings.Contains(err.Error(), `"envoy"`) {
 		t.Errorf("unknown server: %v", err)
 	}
 }

@@ -264,7 +264,7 @@ func (b *bench) startL7d(ctx context.Context, fx *fixture, backend string) (*end
 		if path, err = os.Executable(); err != nil {
 			return nil, err
 		}
-		args = []string{serveL7dCommand, "-config", cfg, "-pprof", pp}
+		args = []string{benchkit.ServeL7dCommand, "-config", cfg, "-pprof", pp}
 		s.pprofURL = "http://" + pp + "/debug/pprof/"
 		s.label = "l7d (pprof variant)"
 	}
