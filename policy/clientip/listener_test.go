@@ -341,8 +341,8 @@ func counterValues(t *testing.T, g prometheus.Gatherer, name string) map[string]
 func TestListenerTimeout(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	l := listen(t, proxyConfig(timeout), Options{})
+	start := time.Now() // before the dial: the listener's clock starts at its accept
 	silent := l.dial(t, lbAddr)
-	start := time.Now()
 
 	c := l.dial(t, lbAddr)
 	_, _ = c.Write([]byte("PROXY TCP4 203.0.113.7 192.0.2.1 51234 443\r\n"))
