@@ -1,10 +1,10 @@
 package certs
 
 import (
-	"errors"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tiergate/tiergate/internal/promreg"
 )
 
 type metrics struct {
@@ -41,10 +41,10 @@ func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
 		return m
 	}
 	var err error
-	if m.expiry, err = register(reg, m.expiry); err == nil {
-		if m.count, err = register(reg, m.count); err == nil {
-			if m.rejected, err = register(reg, m.rejected); err == nil {
-				m.loads, err = register(reg, m.loads)
+	if m.expiry, err = promreg.Register(reg, m.expiry); err == nil {
+		if m.count, err = promreg.Register(reg, m.count); err == nil {
+			if m.rejected, err = promreg.Register(reg, m.rejected); err == nil {
+				m.loads, err = promreg.Register(reg, m.loads)
 			}
 		}
 	}
@@ -52,21 +52,6 @@ func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
 		log.Error("certificate metrics are not registered", "err", err)
 	}
 	return m
-}
-
-// register registers c, or returns the identical collector registered before.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing, nil
-		}
-	}
-	return c, err
 }
 
 // loaded records a successful load: set is served and rejected certificates were

@@ -139,7 +139,7 @@ func New(cfg Config) (*Client, error) {
 	cfg.Fallback = maps.Clone(cfg.Fallback)
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("keyserver client: registering metrics: %w", err)
 	}
 	tc := cfg.TLS.Clone()
 	tc.MinVersion = tls.VersionTLS13

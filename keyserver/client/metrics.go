@@ -1,13 +1,12 @@
 package client
 
 import (
-	"errors"
-	"fmt"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tiergate/tiergate/internal/promreg"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 )
 
@@ -71,44 +70,28 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"server", "result"}),
 	}
 	var err error
-	if m.ops, err = register(reg, m.ops); err != nil {
+	if m.ops, err = promreg.Register(reg, m.ops); err != nil {
 		return nil, err
 	}
-	if m.seconds, err = register(reg, m.seconds); err != nil {
+	if m.seconds, err = promreg.Register(reg, m.seconds); err != nil {
 		return nil, err
 	}
-	if m.inflight, err = register(reg, m.inflight); err != nil {
+	if m.inflight, err = promreg.Register(reg, m.inflight); err != nil {
 		return nil, err
 	}
-	if m.conns, err = register(reg, m.conns); err != nil {
+	if m.conns, err = promreg.Register(reg, m.conns); err != nil {
 		return nil, err
 	}
-	if m.failovers, err = register(reg, m.failovers); err != nil {
+	if m.failovers, err = promreg.Register(reg, m.failovers); err != nil {
 		return nil, err
 	}
-	if m.fallbacks, err = register(reg, m.fallbacks); err != nil {
+	if m.fallbacks, err = promreg.Register(reg, m.fallbacks); err != nil {
 		return nil, err
 	}
-	if m.attempts, err = register(reg, m.attempts); err != nil {
+	if m.attempts, err = promreg.Register(reg, m.attempts); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the identical collector registered before (two
-// clients sharing a registry then share the metrics).
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing, nil
-		}
-	}
-	return c, fmt.Errorf("keyserver client: registering metrics: %w", err)
 }
 
 // op records the final result and duration of an operation.

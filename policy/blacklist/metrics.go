@@ -1,9 +1,8 @@
 package blacklist
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tiergate/tiergate/internal/promreg"
 )
 
 // Hit sources, the values of tiergate_blacklist_hits_total{source}.
@@ -54,35 +53,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"listener"}),
 	}
 	var err error
-	if m.hits, err = register(reg, m.hits); err != nil {
+	if m.hits, err = promreg.Register(reg, m.hits); err != nil {
 		return nil, err
 	}
-	if m.entries, err = register(reg, m.entries); err != nil {
+	if m.entries, err = promreg.Register(reg, m.entries); err != nil {
 		return nil, err
 	}
-	if m.bytes, err = register(reg, m.bytes); err != nil {
+	if m.bytes, err = promreg.Register(reg, m.bytes); err != nil {
 		return nil, err
 	}
-	if m.updates, err = register(reg, m.updates); err != nil {
+	if m.updates, err = promreg.Register(reg, m.updates); err != nil {
 		return nil, err
 	}
-	if m.updated, err = register(reg, m.updated); err != nil {
+	if m.updated, err = promreg.Register(reg, m.updated); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the identical collector registered before.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing, nil
-		}
-	}
-	return c, err
 }

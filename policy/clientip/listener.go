@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tiergate/tiergate/internal/promreg"
 )
 
 // Why a PROXY listener refused a connection: the values of
@@ -178,13 +179,8 @@ func registerRejected(reg prometheus.Registerer) (*prometheus.CounterVec, error)
 		Name: "tiergate_clientip_proxy_rejected_total",
 		Help: "Connections refused by PROXY protocol listeners, by listener and reason (untrusted, not_proxy, malformed, timeout, truncated, closed).",
 	}, []string{"listener", "reason"})
-	if err := reg.Register(cv); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
-				return existing, nil
-			}
-		}
+	cv, err := promreg.Register(reg, cv)
+	if err != nil {
 		return nil, err
 	}
 	return cv, nil
