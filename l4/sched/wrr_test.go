@@ -85,8 +85,8 @@ func TestWLCPick(t *testing.T) {
 		{"all idle: first", []uint32{1, 1, 1}, []uint32{0, 0, 0, 0}, 1},
 		{"least conns", []uint32{1, 1, 1}, []uint32{0, 5, 2, 7}, 2},
 		{"tie goes to first listed", []uint32{1, 1, 1}, []uint32{0, 4, 3, 3}, 2},
-		{"weight scales", []uint32{1, 3, 1}, []uint32{0, 2, 5, 3}, 2},   // 2/1, 5/3, 3/1
-		{"weight tie", []uint32{1, 2, 1}, []uint32{0, 3, 6, 4}, 1},      // 3/1 = 6/2
+		{"weight scales", []uint32{1, 3, 1}, []uint32{0, 2, 5, 3}, 2}, // 2/1, 5/3, 3/1
+		{"weight tie", []uint32{1, 2, 1}, []uint32{0, 3, 6, 4}, 1},    // 3/1 = 6/2
 		{"zero weight skipped", []uint32{0, 1, 1}, []uint32{0, 0, 9, 8}, 3},
 		{"short counts are zero", []uint32{1, 1, 1}, []uint32{0, 1, 1}, 3},
 		{"nil counts", []uint32{1, 1, 1}, nil, 1},
