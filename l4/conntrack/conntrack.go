@@ -1,0 +1,174 @@
+// Package conntrack is the load distributor's per-core connection table: it maps a
+// client's (address, port, rule) to the L7 member its flow was scheduled to, so every
+// packet of a connection reaches the same member even while the pool changes. Memory is
+// fixed when the table is made (44–48 bytes per connection all-in), every operation is
+// O(1) and allocation-free, and when the table is full the oldest half-open connection
+// is evicted, so a SYN flood cannot lock out new clients.
+//
+// # Layout
+//
+// Entries are 40-byte records in one array, found through a power-of-two array of uint32
+// bucket heads (chained hashing with uint32 indices). The last entry of each chain holds
+// its bucket's number with the top bit set instead of a next index (Linux's hlist_nulls
+// marker), so an entry reclaimed by the reaper is unlinked without its hash. The caller
+// passes the hash of the key to every call; any well-mixed, seeded function of the key
+// works (the datapath uses its flow hash), as long as it is the same for a key every
+// time. The low bits select the bucket.
+//
+// # Timeouts
+//
+// Time is a uint32 count of seconds chosen by the caller (Clock gives a monotonic one),
+// read once per burst and passed in as now; comparisons are modulo 2^32, so it may wrap.
+// An entry refreshed at now expires at now+timeout of its state: it is alive while
+// now ≤ expiry, so it lives at least its timeout and less than a second more.
+//
+// Half-open entries (StateSynRecv) sit in one FIFO in order of their last packet, so the
+// FIFO is sorted by expiry: the reaper pops expired heads and eviction takes the head, the
+// least recently seen half-open connection, in O(1). All other entries sit in a timing
+// wheel of one-second slots, placed by expiry. A packet only rewrites its entry's expiry
+// and never moves it (the established path touches one cache line); when the reaper
+// reaches a slot it frees the entries that have expired and moves the rest to the slot of
+// their current expiry, so an active connection is moved about once per timeout. A state
+// change (FIN, RST, SYN reuse) re-files the entry at once, so short timeouts free memory
+// on time.
+//
+// # Concurrency
+//
+// A Table belongs to one goroutine (one lcore); it has no locks. Counters and views it
+// returns are for that goroutine, which publishes them.
+package conntrack
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Key identifies a connection on one load distributor: the client's address and port and
+// the rule (VIP, protocol, port) the client reached.
+type Key struct {
+	// Client is the client's address as 16 bytes: netip.Addr.As16, which gives an IPv4
+	// address in its IPv4-mapped form ::ffff:a.b.c.d.
+	Client [16]byte
+	// ClientPort is the client's TCP or UDP port.
+	ClientPort uint16
+	// Rule is the ID of the rule the packet matched.
+	Rule uint16
+}
+
+// State is a connection's state, which chooses its timeout.
+type State uint8
+
+// Connection states. The zero State is not a valid state.
+const (
+	// StateSynRecv is a half-open TCP connection: a SYN was seen, no ACK yet.
+	StateSynRecv State = iota + 1
+	// StateEstablished is a TCP connection that has seen an ACK.
+	StateEstablished
+	// StateFin is a TCP connection whose client sent a FIN.
+	StateFin
+	// StateClose is a TCP connection whose client sent a RST.
+	StateClose
+	// StateUDP is a UDP flow.
+	StateUDP
+
+	numStates = int(StateUDP) + 1
+)
+
+// String returns the state's name.
+func (s State) String() string {
+	switch s {
+	case StateSynRecv:
+		return "syn_recv"
+	case StateEstablished:
+		return "established"
+	case StateFin:
+		return "fin"
+	case StateClose:
+		return "close"
+	case StateUDP:
+		return "udp"
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// Default timeouts, as LVS and TGW use them.
+const (
+	DefaultSynRecvTimeout     = 30 * time.Second
+	DefaultEstablishedTimeout = 900 * time.Second
+	DefaultFinTimeout         = 60 * time.Second
+	DefaultCloseTimeout       = 10 * time.Second
+	DefaultUDPTimeout         = 300 * time.Second
+)
+
+// MaxTimeout bounds every timeout, keeping expiry times well inside the wrap-safe half
+// of the uint32 clock.
+const MaxTimeout = 365 * 24 * time.Hour
+
+// MaxCapacity bounds Config.Capacity (2^28 entries, 10 GiB of entries).
+const MaxCapacity = 1 << 28
+
+// Timeouts are the idle timeouts by state. Each is rounded up to whole seconds; zero
+// means the default.
+type Timeouts struct {
+	// SynRecv is for half-open TCP connections. Default 30 s.
+	SynRecv time.Duration
+	// Established is for established TCP connections. Default 900 s.
+	Established time.Duration
+	// Fin is for TCP connections after the client's FIN. Default 60 s.
+	Fin time.Duration
+	// Close is for TCP connections after the client's RST. Default 10 s.
+	Close time.Duration
+	// UDP is for UDP flows. Default 300 s.
+	UDP time.Duration
+}
+
+// Config configures a Table.
+type Config struct {
+	// Capacity is the number of entries, all allocated by New. Required, 1..MaxCapacity.
+	Capacity int
+	// Timeouts are the idle timeouts by state; zero fields mean the defaults.
+	Timeouts Timeouts
+}
+
+// Errors returned (wrapped) by New.
+var (
+	ErrCapacity = errors.New("capacity out of range")
+	ErrTimeout  = errors.New("timeout out of range")
+)
+
+// Stats are a table's event counters since New.
+type Stats struct {
+	// Inserts counts entries added.
+	Inserts uint64
+	// Expired counts entries reclaimed after their timeout (by Expire, by Insert on a
+	// full table, or found expired by a lookup or Delete).
+	Expired uint64
+	// Evictions counts live half-open entries evicted to make room for a new one.
+	Evictions uint64
+	// InsertFailures counts Insert calls refused because the table was full and held no
+	// half-open entry to evict (or the state was invalid).
+	InsertFailures uint64
+}
+
+// clockBase is the origin of Clock.
+var clockBase = time.Now()
+
+// Clock converts t into the table's time: whole seconds since this package was loaded,
+// from t's monotonic clock reading when it has one (time.Now does). A packet loop calls it
+// once per burst and passes the result as now.
+func Clock(t time.Time) uint32 {
+	return uint32(t.Sub(clockBase) / time.Second)
+}
+
+// seconds converts a timeout to whole seconds, rounding up; zero gives def.
+func seconds(name string, d, def time.Duration) (uint32, error) {
+	if d == 0 {
+		d = def
+	}
+	if d < 0 || d > MaxTimeout {
+		return 0, fmt.Errorf("making connection table: %s timeout %v: %w (want 0..%v)",
+			name, d, ErrTimeout, MaxTimeout)
+	}
+	return uint32((d + time.Second - 1) / time.Second), nil
+}

@@ -1,0 +1,485 @@
+package conntrack
+
+import (
+	"fmt"
+	"time"
+	"unsafe"
+)
+
+// TCP header flag bits that drive the state machine (the flags byte, offset 13).
+const (
+	flagFIN = 0x01
+	flagSYN = 0x02
+	flagRST = 0x04
+	flagACK = 0x10
+)
+
+const (
+	// endMark set in a chain link means "end of chain"; the low bits hold the bucket.
+	endMark = 1 << 31
+
+	wheelBits  = 10
+	wheelSlots = 1 << wheelBits // one-second slots; longer timeouts take extra laps
+	wheelMask  = wheelSlots - 1
+
+	// reclaimBudget bounds the reaper work Insert does on a full table before it evicts.
+	reclaimBudget = 16
+)
+
+// entry is one connection, or a list head (sentinel). 40 bytes.
+type entry struct {
+	key    Key    // 20 bytes
+	member uint16 // member ID the flow is scheduled to
+	state  State  // 0 when free
+	_      uint8
+	expire uint32 // alive while now ≤ expire (modulo 2^32)
+	prev   uint32 // timeout list links (circular, through a sentinel)
+	next   uint32 // also the free-list link
+	chain  uint32 // next entry in the bucket, or endMark|bucket
+}
+
+// EntrySize returns the size of one table entry in bytes.
+func EntrySize() uintptr { return unsafe.Sizeof(entry{}) }
+
+// Table is a per-core connection table with fixed memory. It is not safe for
+// concurrent use: one goroutine (one lcore) owns it. Make one with New.
+type Table struct {
+	// entries holds, in order: index 0 (unused, so 0 means "none"), the capacity
+	// entries 1..capacity, then the list sentinels: the half-open FIFO, the wheel slot
+	// being reaped, and the wheel slots.
+	entries  []entry
+	buckets  []uint32         // head entry of each chain; 0 or endMark|bucket when empty
+	mask     uint64           // len(buckets)-1
+	counts   *[1 << 16]uint32 // entries per member ID
+	timeouts [numStates]uint32
+
+	capacity uint32
+	used     uint32 // entries[1..used] have been handed out at least once
+	free     uint32 // head of the free list (through next), 0 when empty
+	n        int
+	halfOpen int
+
+	synList uint32 // sentinel of the half-open FIFO
+	pending uint32 // sentinel of the slot being reaped
+	wheel   uint32 // sentinel of wheel slot 0
+
+	cursor  uint32 // the next wheel second to reap
+	started bool   // cursor has been set from the first Insert's now
+
+	stats Stats
+}
+
+// New makes a table holding up to cfg.Capacity entries, allocating all its memory.
+func New(cfg Config) (*Table, error) {
+	if cfg.Capacity < 1 || cfg.Capacity > MaxCapacity {
+		return nil, fmt.Errorf("making connection table of %d entries: %w (want 1..%d)",
+			cfg.Capacity, ErrCapacity, MaxCapacity)
+	}
+	t := &Table{capacity: uint32(cfg.Capacity)}
+	var err error
+	to := cfg.Timeouts
+	for _, s := range []struct {
+		state State
+		name  string
+		d     time.Duration
+		def   time.Duration
+	}{
+		{StateSynRecv, "syn_recv", to.SynRecv, DefaultSynRecvTimeout},
+		{StateEstablished, "established", to.Established, DefaultEstablishedTimeout},
+		{StateFin, "fin", to.Fin, DefaultFinTimeout},
+		{StateClose, "close", to.Close, DefaultCloseTimeout},
+		{StateUDP, "udp", to.UDP, DefaultUDPTimeout},
+	} {
+		if t.timeouts[s.state], err = seconds(s.name, s.d, s.def); err != nil {
+			return nil, err
+		}
+	}
+
+	nb := uint64(1)
+	for nb < uint64(cfg.Capacity) {
+		nb <<= 1
+	}
+	t.buckets = make([]uint32, nb)
+	t.mask = nb - 1
+	t.counts = new([1 << 16]uint32)
+
+	t.synList = t.capacity + 1
+	t.pending = t.synList + 1
+	t.wheel = t.pending + 1
+	t.entries = make([]entry, t.wheel+wheelSlots)
+	for s := t.synList; s < uint32(len(t.entries)); s++ {
+		t.entries[s].prev, t.entries[s].next = s, s
+	}
+	return t, nil
+}
+
+// expired reports whether an entry expiring at exp is dead at now.
+func expired(now, exp uint32) bool { return int32(now-exp) > 0 }
+
+// find returns the index of k's entry and the link that points to it, or 0.
+func (t *Table) find(k *Key, hash uint64) (uint32, *uint32) {
+	link := &t.buckets[hash&t.mask]
+	for i := *link; int32(i) > 0; i = *link {
+		e := &t.entries[i]
+		if e.key == *k {
+			return i, link
+		}
+		link = &e.chain
+	}
+	return 0, nil
+}
+
+// Lookup returns k's member and state without refreshing the entry. An expired entry
+// counts as absent, and is reclaimed.
+func (t *Table) Lookup(k *Key, hash uint64, now uint32) (member uint16, state State, ok bool) {
+	i, link := t.find(k, hash)
+	if i == 0 {
+		return 0, 0, false
+	}
+	e := &t.entries[i]
+	if expired(now, e.expire) {
+		t.expireFound(i, link)
+		return 0, 0, false
+	}
+	return e.member, e.state, true
+}
+
+// LookupTCP looks k up and, on a hit, applies the TCP flags of the client's packet to the
+// entry's state and refreshes its expiry for the new state, in one probe. flags is the
+// TCP header's flags byte. The transitions, checked in this order, follow IPVS's:
+//
+//   - RST: Close.
+//   - SYN: a SynRecv or Established entry keeps its state; a Fin or Close entry goes back
+//     to SynRecv (the client reuses the port), keeping its member.
+//   - FIN: Fin, unless the entry is in Close.
+//   - ACK: SynRecv becomes Established; other states stay.
+//
+// A UDP entry keeps its state. An expired entry counts as absent, and is reclaimed.
+func (t *Table) LookupTCP(k *Key, hash uint64, flags uint8, now uint32) (member uint16, ok bool) {
+	i, link := t.find(k, hash)
+	if i == 0 {
+		return 0, false
+	}
+	e := &t.entries[i]
+	if expired(now, e.expire) {
+		t.expireFound(i, link)
+		return 0, false
+	}
+	if ns := nextState(e.state, flags); ns != e.state {
+		t.refile(i, ns, now)
+	} else {
+		t.touch(i, now)
+	}
+	return e.member, true
+}
+
+// LookupUDP looks k up and, on a hit, refreshes the entry's expiry. An expired entry
+// counts as absent, and is reclaimed.
+func (t *Table) LookupUDP(k *Key, hash uint64, now uint32) (member uint16, ok bool) {
+	i, link := t.find(k, hash)
+	if i == 0 {
+		return 0, false
+	}
+	e := &t.entries[i]
+	if expired(now, e.expire) {
+		t.expireFound(i, link)
+		return 0, false
+	}
+	t.touch(i, now)
+	return e.member, true
+}
+
+// nextState applies a client packet's TCP flags to state s.
+func nextState(s State, flags uint8) State {
+	switch {
+	case s == StateUDP:
+		return s
+	case flags&flagRST != 0:
+		return StateClose
+	case flags&flagSYN != 0:
+		if s == StateFin || s == StateClose {
+			return StateSynRecv
+		}
+	case flags&flagFIN != 0:
+		if s != StateClose {
+			return StateFin
+		}
+	case flags&flagACK != 0:
+		if s == StateSynRecv {
+			return StateEstablished
+		}
+	}
+	return s
+}
+
+// touch refreshes entry i's expiry in its current state. A half-open entry moves to the
+// tail of its FIFO (least recently used order); others stay where they are filed.
+func (t *Table) touch(i, now uint32) {
+	e := &t.entries[i]
+	e.expire = now + t.timeouts[e.state]
+	if e.state == StateSynRecv {
+		t.unlist(i)
+		t.append(t.synList, i)
+	}
+}
+
+// refile moves entry i to state s with a fresh expiry, and files it accordingly.
+func (t *Table) refile(i uint32, s State, now uint32) {
+	t.unfile(i)
+	e := &t.entries[i]
+	e.state = s
+	e.expire = now + t.timeouts[s]
+	t.file(i)
+}
+
+// Insert adds k → member in state st, expiring after st's timeout from now. The caller
+// has checked that k is absent (a lookup missed); inserting a present key leaves two
+// entries, of which lookups find the newer. If the table is full, Insert first reclaims
+// expired entries, then evicts the least recently seen half-open entry and reports
+// evicted; if the table holds no half-open entry it adds nothing and returns ok false
+// (the caller drops the packet as table_full).
+func (t *Table) Insert(k *Key, hash uint64, member uint16, st State, now uint32) (evicted, ok bool) {
+	if st < StateSynRecv || st > StateUDP {
+		t.stats.InsertFailures++
+		return false, false
+	}
+	if !t.started {
+		t.cursor, t.started = now, true
+	}
+	i := t.alloc()
+	if i == 0 {
+		if i = t.reclaim(now); i == 0 {
+			if t.halfOpen == 0 {
+				t.stats.InsertFailures++
+				return false, false
+			}
+			t.remove(t.entries[t.synList].next)
+			t.stats.Evictions++
+			evicted = true
+			i = t.alloc()
+		}
+	}
+	e := &t.entries[i]
+	e.key = *k
+	e.member = member
+	e.state = st
+	e.expire = now + t.timeouts[st]
+	b := hash & t.mask
+	head := t.buckets[b]
+	if int32(head) <= 0 {
+		head = endMark | uint32(b)
+	}
+	e.chain = head
+	t.buckets[b] = i
+	t.file(i)
+	t.counts[member]++
+	t.n++
+	t.stats.Inserts++
+	return evicted, true
+}
+
+// alloc takes a free entry, or returns 0 when there is none.
+func (t *Table) alloc() uint32 {
+	if i := t.free; i != 0 {
+		t.free = t.entries[i].next
+		return i
+	}
+	if t.used < t.capacity {
+		t.used++
+		return t.used
+	}
+	return 0
+}
+
+// reclaim frees expired entries with bounded work and returns one free entry, or 0.
+func (t *Table) reclaim(now uint32) uint32 {
+	if t.expire(now, reclaimBudget) == 0 {
+		return 0
+	}
+	return t.alloc()
+}
+
+// Delete removes k's entry and reports whether there was one. Delete has no clock, so
+// an entry that has expired but was not yet reclaimed is removed and reported too.
+func (t *Table) Delete(k *Key, hash uint64) bool {
+	i, link := t.find(k, hash)
+	if i == 0 {
+		return false
+	}
+	*link = t.entries[i].chain
+	t.release(i)
+	return true
+}
+
+// Expire reclaims up to max expired entries and returns how many it reclaimed. A packet
+// loop calls it once per iteration with a small max (say 64), spreading the work; each
+// call costs O(max) and never scans the table. It does not reclaim an entry before its
+// expiry, and reclaims one within about a second of it while calls keep up with the
+// rate at which entries expire.
+func (t *Table) Expire(now uint32, max int) int {
+	if !t.started || max <= 0 {
+		return 0
+	}
+	return t.expire(now, max)
+}
+
+// expire does up to budget units of reaping work (an entry freed or re-filed, or a wheel
+// slot taken) and returns the number of entries freed.
+func (t *Table) expire(now uint32, budget int) int {
+	freed := 0
+	for budget > 0 {
+		h := t.entries[t.synList].next
+		if h == t.synList || !expired(now, t.entries[h].expire) {
+			break
+		}
+		t.remove(h)
+		freed++
+		budget--
+	}
+	empty := 0
+	for budget > 0 {
+		h := t.entries[t.pending].next
+		if h == t.pending {
+			// Take the next wheel slot once its second has passed: its
+			// entries that have not been refreshed are expired by then.
+			if !expired(now, t.cursor) {
+				break
+			}
+			s := t.wheel + (t.cursor & wheelMask)
+			if t.entries[s].next == s {
+				// Passing an empty slot is cheap and costs no budget, so a
+				// reaper that fell behind catches up. After a whole lap of
+				// empty slots the wheel is empty: jump to now.
+				if empty++; empty == wheelSlots {
+					t.cursor = now
+					break
+				}
+				t.cursor++
+				continue
+			}
+			empty = 0
+			t.splice(s, t.pending)
+			t.cursor++
+			budget--
+			continue
+		}
+		if expired(now, t.entries[h].expire) {
+			t.remove(h)
+			freed++
+		} else {
+			t.unlist(h)
+			t.append(t.wheel+(t.entries[h].expire&wheelMask), h)
+		}
+		budget--
+	}
+	t.stats.Expired += uint64(freed)
+	return freed
+}
+
+// expireFound reclaims expired entry i, which link points to.
+func (t *Table) expireFound(i uint32, link *uint32) {
+	*link = t.entries[i].chain
+	t.release(i)
+	t.stats.Expired++
+}
+
+// remove reclaims entry i, finding its bucket from the end-of-chain mark.
+func (t *Table) remove(i uint32) {
+	j := t.entries[i].chain
+	for int32(j) > 0 {
+		j = t.entries[j].chain
+	}
+	link := &t.buckets[j&^endMark]
+	for *link != i {
+		link = &t.entries[*link].chain
+	}
+	*link = t.entries[i].chain
+	t.release(i)
+}
+
+// release frees entry i, already unlinked from its chain.
+func (t *Table) release(i uint32) {
+	t.unfile(i)
+	e := &t.entries[i]
+	t.counts[e.member]--
+	t.n--
+	e.state = 0
+	e.next = t.free
+	t.free = i
+}
+
+// file puts entry i on the timeout list for its state and expiry.
+func (t *Table) file(i uint32) {
+	e := &t.entries[i]
+	if e.state == StateSynRecv {
+		t.append(t.synList, i)
+		t.halfOpen++
+		return
+	}
+	t.append(t.wheel+(e.expire&wheelMask), i)
+}
+
+// unfile takes entry i off its timeout list.
+func (t *Table) unfile(i uint32) {
+	if t.entries[i].state == StateSynRecv {
+		t.halfOpen--
+	}
+	t.unlist(i)
+}
+
+// append links entry i at the tail of the list with sentinel s.
+func (t *Table) append(s, i uint32) {
+	tail := t.entries[s].prev
+	t.entries[i].prev = tail
+	t.entries[i].next = s
+	t.entries[tail].next = i
+	t.entries[s].prev = i
+}
+
+// unlist unlinks entry i from its list.
+func (t *Table) unlist(i uint32) {
+	p, n := t.entries[i].prev, t.entries[i].next
+	t.entries[p].next = n
+	t.entries[n].prev = p
+}
+
+// splice moves every entry of list from onto the empty list to.
+func (t *Table) splice(from, to uint32) {
+	first := t.entries[from].next
+	if first == from {
+		return
+	}
+	last := t.entries[from].prev
+	t.entries[to].next, t.entries[first].prev = first, to
+	t.entries[to].prev, t.entries[last].next = last, to
+	t.entries[from].next, t.entries[from].prev = from, from
+}
+
+// Len returns the number of entries in use, including expired ones not yet reclaimed.
+func (t *Table) Len() int { return t.n }
+
+// Cap returns the capacity in entries.
+func (t *Table) Cap() int { return int(t.capacity) }
+
+// HalfOpen returns the number of half-open (StateSynRecv) entries, including expired
+// ones not yet reclaimed.
+func (t *Table) HalfOpen() int { return t.halfOpen }
+
+// MemberConns returns how many entries refer to member id, including expired ones not
+// yet reclaimed.
+func (t *Table) MemberConns(id uint16) uint32 { return t.counts[id] }
+
+// MemberCounts returns the entries per member, indexed by member ID (length 65536), as
+// MemberConns counts them. It is the table's own array, kept current by every insert,
+// delete, expiry and eviction: read it, do not modify it, and do not hand it to another
+// goroutine (copy it).
+func (t *Table) MemberCounts() []uint32 { return t.counts[:] }
+
+// MemoryBytes returns the bytes the table allocated: entries, buckets, list heads and
+// the per-member counts.
+func (t *Table) MemoryBytes() int {
+	return cap(t.entries)*int(EntrySize()) + cap(t.buckets)*4 + len(t.counts)*4
+}
+
+// Stats returns the event counters.
+func (t *Table) Stats() Stats { return t.stats }
