@@ -1,0 +1,399 @@
+//go:build linux
+
+package tunnel
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/tiergate/tiergate/internal/netns"
+)
+
+// testbed is an "ld" namespace (198.18.1.1, plus 198.18.1.2 that is not an LD) and an
+// "l7" namespace (198.18.1.11) running an Endpoint for VIP 203.0.113.10, joined by a
+// veth. The test plays the LD with raw sockets.
+type testbed struct {
+	ld, l7 *netns.NS
+	ep     *Endpoint
+	reg    *prometheus.Registry
+	runErr chan error
+	cancel context.CancelFunc
+}
+
+func newTestbed(t *testing.T, mod func(*Config)) *testbed {
+	tb := &testbed{ld: netns.New(t, "ld"), l7: netns.New(t, "l7"), reg: prometheus.NewRegistry()}
+	netns.Veth(t, tb.ld, "eth0", tb.l7, "eth0")
+	tb.ld.Addr("eth0", "198.18.1.1/24")
+	tb.ld.Addr("eth0", "198.18.1.2/24")
+	tb.l7.Addr("eth0", "198.18.1.11/24")
+	cfg := Config{
+		VIPs:       []netip.Addr{vip.Addr()},
+		LDs:        []netip.Prefix{netip.MustParsePrefix("198.18.1.1/32")},
+		Local:      local,
+		Registerer: tb.reg,
+		Logger:     slog.New(slog.DiscardHandler),
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	tb.l7.MustDo(func() error {
+		var err error
+		tb.ep, err = New(cfg)
+		return err
+	})
+	t.Cleanup(func() { tb.ep.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	tb.cancel = cancel
+	tb.runErr = make(chan error, 1)
+	go func() { tb.runErr <- tb.ep.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-tb.runErr:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("Run did not return after cancel")
+		}
+	})
+	return tb
+}
+
+// stats waits up to a second for the endpoint's counters to satisfy cond (a reply can
+// reach the test before the packet that caused it is counted), and returns them.
+func (tb *testbed) stats(cond func(Stats) bool) Stats {
+	s := tb.ep.Stats()
+	for deadline := time.Now().Add(time.Second); !cond(s) && time.Now().Before(deadline); s = tb.ep.Stats() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return s
+}
+
+// ldSocket opens a raw socket for proto in the ld namespace, bound to src, with a
+// receive timeout.
+func (tb *testbed) ldSocket(t *testing.T, proto int, src string) int {
+	t.Helper()
+	var fd int
+	tb.ld.MustDo(func() error {
+		var err error
+		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto); err != nil {
+			return err
+		}
+		tv := unix.NsecToTimeval(int64(200 * time.Millisecond))
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrInet4{Addr: netip.MustParseAddr(src).As4()})
+	})
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+func sendTo(t *testing.T, fd int, payload []byte) {
+	t.Helper()
+	if err := unix.Sendto(fd, payload, 0, &unix.SockaddrInet4{Addr: local.As4()}); err != nil {
+		t.Fatalf("sending to the endpoint: %v", err)
+	}
+}
+
+// recvInner waits up to wait for a tunnel packet on fd whose inner packet satisfies
+// match, checking its outer header on the way, and returns the inner packet.
+func recvInner(t *testing.T, fd int, wait time.Duration, match func(pi packetInfo) bool) []byte {
+	t.Helper()
+	buf := make([]byte, 65536)
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		n, err := unix.Read(fd, buf)
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("reading the LD's raw socket: %v", err)
+		}
+		src, dst, proto, pl, err := outer4(buf[:n])
+		if err != nil || netip.AddrFrom4(dst) != ld {
+			continue
+		}
+		inner, _, err := decapsulate(proto, pl)
+		if err != nil {
+			t.Fatalf("reply does not decapsulate: %v: % x", err, pl)
+		}
+		pi, err := parseFlow(inner)
+		if err != nil {
+			t.Fatalf("inner reply does not parse: %v", err)
+		}
+		if !match(pi) {
+			continue
+		}
+		if netip.AddrFrom4(src) != local {
+			t.Fatalf("reply from outer source %v, want %v", netip.AddrFrom4(src), local)
+		}
+		return bytes.Clone(inner)
+	}
+	return nil
+}
+
+// to matches packets from the VIP to client c.
+func to(c netip.AddrPort, proto uint8) func(packetInfo) bool {
+	return func(pi packetInfo) bool {
+		k := pi.key
+		return k.proto == proto && !k.v6 && [4]byte(k.src[:4]) == vip.Addr().As4() &&
+			[4]byte(k.dst[:4]) == c.Addr().As4() && (proto == protoICMP || k.sport == vip.Port() && k.dport == c.Port())
+	}
+}
+
+func tcpFields(inner []byte) (seq, ack uint32, flags uint8, data []byte) {
+	hl := int(inner[0]&0x0f) * 4
+	tcp := inner[hl:]
+	return binary.BigEndian.Uint32(tcp[4:]), binary.BigEndian.Uint32(tcp[8:]), tcp[13], tcp[int(tcp[12]>>4)*4:]
+}
+
+// TestEndpointTCP plays a client behind an LD through a whole TCP exchange with a Go
+// server on the VIP, over GRE, then opens a connection over IPIP.
+func TestEndpointTCP(t *testing.T) {
+	tb := newTestbed(t, nil)
+	var ln net.Listener
+	tb.l7.MustDo(func() error {
+		var err error
+		ln, err = net.Listen("tcp", vip.String())
+		return err
+	})
+	defer ln.Close()
+	type accepted struct {
+		remote string
+		got    string
+		err    error
+	}
+	acc := make(chan accepted, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			acc <- accepted{err: err}
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		b := make([]byte, 5)
+		_, err = io.ReadFull(c, b)
+		if err == nil {
+			_, err = c.Write([]byte("world"))
+		}
+		acc <- accepted{remote: c.RemoteAddr().String(), got: string(b), err: err}
+	}()
+
+	gre := tb.ldSocket(t, unix.IPPROTO_GRE, "198.18.1.1")
+	sendTo(t, gre, greWrap(tcpPacket(client, vip, 1000, 0, tcpSYN, nil), false, false))
+	synack := recvInner(t, gre, 3*time.Second, to(client, protoTCP))
+	if synack == nil {
+		t.Fatalf("no SYN-ACK came back over GRE; stats %+v", tb.ep.Stats())
+	}
+	sseq, sack, flags, _ := tcpFields(synack)
+	if flags&(tcpSYN|tcpACK) != tcpSYN|tcpACK || sack != 1001 {
+		t.Fatalf("reply flags %#x ack %d, want SYN-ACK acking 1001", flags, sack)
+	}
+	// The reply's MSS follows the TUN MTU: 1476 - 40.
+	if mss := binary.BigEndian.Uint16(synack[20+22:]); synack[20+20] != 2 || mss != DefaultMTU-40 {
+		t.Errorf("SYN-ACK MSS option % x, want MSS %d", synack[40:44], DefaultMTU-40)
+	}
+	sendTo(t, gre, greWrap(tcpPacket(client, vip, 1001, sseq+1, tcpACK, nil), false, false))
+	sendTo(t, gre, greWrap(tcpPacket(client, vip, 1001, sseq+1, tcpACK|0x08, []byte("hello")), false, false))
+	reply := recvInner(t, gre, 3*time.Second, func(pi packetInfo) bool {
+		if !to(client, protoTCP)(pi) {
+			return false
+		}
+		return len(pi.l4) > int(pi.l4[12]>>4)*4 // carries data
+	})
+	if reply == nil {
+		t.Fatalf("no data came back; stats %+v", tb.ep.Stats())
+	}
+	if _, _, _, data := tcpFields(reply); string(data) != "world" {
+		t.Fatalf("reply data %q, want world", data)
+	}
+	select {
+	case a := <-acc:
+		if a.err != nil || a.got != "hello" || a.remote != client.String() {
+			t.Fatalf("server: read %q from %s, err %v; want hello from %s", a.got, a.remote, a.err, client)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the server never got the data")
+	}
+
+	// Over IPIP, a second connection: the SYN-ACK comes back over IPIP.
+	ipip := tb.ldSocket(t, unix.IPPROTO_IPIP, "198.18.1.1")
+	c2 := netip.AddrPortFrom(client.Addr(), 40001)
+	sendTo(t, ipip, tcpPacket(c2, vip, 5000, 0, tcpSYN, nil))
+	if recvInner(t, ipip, 3*time.Second, to(c2, protoTCP)) == nil {
+		t.Fatalf("no SYN-ACK came back over IPIP; stats %+v", tb.ep.Stats())
+	}
+	s := tb.stats(func(s Stats) bool { return s.In["ok"] >= 4 && s.Out["ok"] >= 3 })
+	if s.In["ok"] < 4 || s.Out["ok"] < 3 || s.Flows != 2 {
+		t.Errorf("stats %+v: want at least 4 in, 3 out, 2 flows", s)
+	}
+	sendTo(t, gre, greWrap(tcpPacket(client, vip, 1006, 0, 0x04, nil), false, false)) // RST
+}
+
+// TestEndpointDrops checks that packets from a source that is not an LD and garbage are
+// dropped and counted, and that the endpoint still works after them.
+func TestEndpointDrops(t *testing.T) {
+	tb := newTestbed(t, nil)
+	tb.l7.MustDo(func() error {
+		ln, err := net.Listen("tcp", vip.String())
+		if err == nil {
+			t.Cleanup(func() { ln.Close() })
+		}
+		return err
+	})
+	intruder := tb.ldSocket(t, unix.IPPROTO_GRE, "198.18.1.2")
+	gre := tb.ldSocket(t, unix.IPPROTO_GRE, "198.18.1.1")
+	ipip := tb.ldSocket(t, unix.IPPROTO_IPIP, "198.18.1.1")
+	c := netip.AddrPortFrom(client.Addr(), 40002)
+	sendTo(t, intruder, greWrap(tcpPacket(c, vip, 1, 0, tcpSYN, nil), false, false))
+	if recvInner(t, gre, 500*time.Millisecond, to(c, protoTCP)) != nil {
+		t.Fatal("a packet from a non-LD source was answered")
+	}
+	for i := range 200 {
+		b := make([]byte, i%80)
+		rand.Read(b)
+		if len(b) > 0 && i%2 == 0 {
+			b[0] = 0x45 // looks like IPv4 to IPIP
+		}
+		sendTo(t, gre, b)
+		sendTo(t, ipip, b)
+	}
+	sendTo(t, gre, append([]byte{0, 0, 0x65, 0x58}, make([]byte, 60)...)) // Ethernet over GRE
+	sendTo(t, gre, greWrap(tcpPacket(c, netip.MustParseAddrPort("203.0.113.99:80"), 1, 0, tcpSYN, nil), false, false))
+	// Still working.
+	c2 := netip.AddrPortFrom(client.Addr(), 40003)
+	sendTo(t, gre, greWrap(tcpPacket(c2, vip, 1, 0, tcpSYN, nil), false, false))
+	if recvInner(t, gre, 3*time.Second, to(c2, protoTCP)) == nil {
+		t.Fatalf("no SYN-ACK after the garbage; stats %+v", tb.ep.Stats())
+	}
+	s := tb.stats(func(s Stats) bool { return s.In["ok"] == 1 })
+	bad := s.In["malformed"] + s.In["truncated"] + s.In["unsupported"] + s.In["bad_checksum"]
+	if s.In["unknown_ld"] != 1 || bad < 300 || s.In["unsupported"] == 0 || s.In["not_vip"] != 1 || s.In["ok"] != 1 {
+		t.Errorf("stats %+v: want 1 unknown_ld, 1 not_vip, ≥300 bad, 1 ok", s)
+	}
+	if got := metricValue(t, tb.reg, "tiergate_l7_tunnel_packets_total", "unknown_ld"); got != 1 {
+		t.Errorf("metric unknown_ld = %v, want 1", got)
+	}
+	if got := metricValue(t, tb.reg, "tiergate_l7_tunnel_flows", ""); got != 1 {
+		t.Errorf("metric flows = %v, want 1", got)
+	}
+}
+
+// TestEndpointUDPAndICMP checks UDP replies (as QUIC's) and an ICMP error the kernel
+// makes, which must find its flow through the packet it quotes.
+func TestEndpointUDPAndICMP(t *testing.T) {
+	tb := newTestbed(t, nil)
+	var uc *net.UDPConn
+	tb.l7.MustDo(func() error {
+		var err error
+		uc, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(vip))
+		return err
+	})
+	defer uc.Close()
+	go func() {
+		b := make([]byte, 1500)
+		for {
+			n, from, err := uc.ReadFromUDPAddrPort(b)
+			if err != nil {
+				return
+			}
+			uc.WriteToUDPAddrPort(b[:n], from)
+		}
+	}()
+	gre := tb.ldSocket(t, unix.IPPROTO_GRE, "198.18.1.1")
+	c := netip.AddrPortFrom(client.Addr(), 40010)
+	sendTo(t, gre, greWrap(udpPacket(c, vip, []byte("ping")), false, false))
+	reply := recvInner(t, gre, 3*time.Second, to(c, protoUDP))
+	if reply == nil || !bytes.HasSuffix(reply, []byte("ping")) {
+		t.Fatalf("UDP echo: % x; stats %+v", reply, tb.ep.Stats())
+	}
+	closed := netip.AddrPortFrom(vip.Addr(), 9)
+	c2 := netip.AddrPortFrom(client.Addr(), 40011)
+	sendTo(t, gre, greWrap(udpPacket(c2, closed, []byte("anyone?")), false, false))
+	icmp := recvInner(t, gre, 3*time.Second, to(c2, protoICMP))
+	if icmp == nil || icmp[20] != 3 || icmp[21] != 3 {
+		t.Fatalf("no port unreachable came back: % x; stats %+v", icmp, tb.ep.Stats())
+	}
+	if s := tb.stats(func(s Stats) bool { return s.Out["ok"] >= 2 }); s.Out["fallback"] != 0 || s.Out["ok"] != 2 {
+		t.Fatalf("stats %+v: the ICMP error should match its flow, not fall back", s)
+	}
+}
+
+// TestEndpointCleanup checks that Close removes the device and the rules.
+func TestEndpointCleanup(t *testing.T) {
+	tb := newTestbed(t, func(c *Config) { c.Device = "tgtest0"; c.Table = 4343 })
+	if out := tb.l7.MustRun("ip", "rule", "show"); !strings.Contains(out, "from 203.0.113.10 lookup 4343") {
+		t.Fatalf("rule missing:\n%s", out)
+	}
+	if out := tb.l7.MustRun("ip", "route", "show", "table", "4343"); !strings.Contains(out, "default dev tgtest0") {
+		t.Fatalf("route missing:\n%s", out)
+	}
+	if out := tb.l7.MustRun("ip", "addr", "show", "dev", "tgtest0"); !strings.Contains(out, "203.0.113.10/32") || !strings.Contains(out, "mtu 1476") {
+		t.Fatalf("device:\n%s", out)
+	}
+	if err := tb.ep.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-tb.runErr:
+		tb.runErr <- err // for the cleanup's check
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after Close")
+	}
+	if out := tb.l7.MustRun("ip", "rule", "show"); strings.Contains(out, "4343") {
+		t.Fatalf("rule left after Close:\n%s", out)
+	}
+	if out, err := tb.l7.Run("ip", "link", "show", "tgtest0"); err == nil {
+		t.Fatalf("device left after Close:\n%s", out)
+	}
+	// A new endpoint can take the same names at once.
+	tb.l7.MustDo(func() error {
+		ep, err := New(Config{Device: "tgtest0", Table: 4343, VIPs: []netip.Addr{vip.Addr()},
+			LDs: []netip.Prefix{netip.MustParsePrefix("198.18.1.1/32")}, Registerer: tb.reg})
+		if err != nil {
+			return err
+		}
+		return ep.Close()
+	})
+}
+
+func metricValue(t *testing.T, reg *prometheus.Registry, name, result string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetGauge() != nil && result == "" {
+				return m.GetGauge().GetValue()
+			}
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("metric %s{result=%q} not found", name, result)
+	return 0
+}
