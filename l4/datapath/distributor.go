@@ -1,0 +1,279 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tiergate/tiergate/l4/conntrack"
+	"github.com/tiergate/tiergate/l4/packet"
+	"github.com/tiergate/tiergate/l4/port"
+)
+
+// Options are how a Distributor runs, as opposed to what it forwards (Config).
+type Options struct {
+	// External is the port towards clients and routers. Required.
+	External port.Port
+	// Internal is the port towards members. Default: External (one port for both).
+	Internal port.Port
+	// Workers is the number of run-to-completion loops; worker i polls RX queue i
+	// of each port and transmits on TX queue i. Every port needs at least Workers
+	// RX queues and Workers+1 TX queues: the last TX queue is the control
+	// goroutine's (ARP, ND). Default 1.
+	Workers int
+	// Burst is the most packets received at once. Default 32, at most 256.
+	Burst int
+	// IdleSleep is how long a worker sleeps after 64 empty polls in a row, so an
+	// idle LD does not spin. Default 50µs; negative means never sleep (busy poll,
+	// what a dedicated core wants).
+	IdleSleep time.Duration
+	// WorkerInit, when set, is called on each worker's locked OS thread before it
+	// polls (for DPDK: register the thread as an lcore); the function it returns
+	// is called when the worker stops.
+	WorkerInit func(worker int) (cleanup func(), err error)
+	// HashSeed seeds the flow hash. LDs of one cluster must share it so that a flow
+	// that moves between LDs (ECMP change) keeps its member. Default a fixed value.
+	HashSeed uint64
+	// Registerer receives the metrics. Default: none registered.
+	Registerer prometheus.Registerer
+	// Logger receives the logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// ErrClosed is returned by operations on a Distributor that has been shut down.
+var ErrClosed = errors.New("datapath: distributor closed")
+
+// Distributor is the L4 load distributor: workers that forward packets between
+// the ports, and one control goroutine that owns the configuration, neighbour
+// resolution and health checks and publishes immutable snapshots the workers
+// read without locks.
+type Distributor struct {
+	opts    Options
+	log     *slog.Logger
+	snap    atomic.Pointer[snapshot]
+	workers []*worker
+
+	ctlFrames  chan ctlFrame
+	ctlResolve chan netip.Addr
+	ops        chan func(*control)
+	ctl        *control
+
+	stop      atomic.Bool
+	started   atomic.Bool
+	done      chan struct{}
+	runErr    error
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+// NewDistributor validates cfg and opts and prepares the workers' tables; Run
+// starts forwarding.
+func NewDistributor(cfg Config, opts Options) (*Distributor, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("datapath: invalid config: %w", err)
+	}
+	if opts.External == nil {
+		return nil, errors.New("datapath: Options.External is required")
+	}
+	if opts.Internal == nil {
+		opts.Internal = opts.External
+	}
+	if opts.Workers == 0 {
+		opts.Workers = 1
+	}
+	if opts.Burst == 0 {
+		opts.Burst = defaultBurst
+	}
+	if opts.Burst < 1 || opts.Burst > maxBurst {
+		return nil, fmt.Errorf("datapath: burst %d is outside 1..%d", opts.Burst, maxBurst)
+	}
+	if opts.IdleSleep == 0 {
+		opts.IdleSleep = 50 * time.Microsecond
+	}
+	if opts.HashSeed == 0 {
+		opts.HashSeed = 0x9e3779b97f4a7c15
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	for _, p := range []port.Port{opts.External, opts.Internal} {
+		if p.RxQueues() < opts.Workers || p.TxQueues() < opts.Workers+1 {
+			return nil, fmt.Errorf("datapath: port %s has %d RX and %d TX queues; %d workers need %d and %d",
+				p.Name(), p.RxQueues(), p.TxQueues(), opts.Workers, opts.Workers, opts.Workers+1)
+		}
+	}
+	cfg = cfg.withDefaults()
+	d := &Distributor{
+		opts:       opts,
+		log:        opts.Logger,
+		ctlFrames:  make(chan ctlFrame, 1024),
+		ctlResolve: make(chan netip.Addr, 256),
+		ops:        make(chan func(*control)),
+		done:       make(chan struct{}),
+		closed:     make(chan struct{}),
+	}
+	ct := cfg.Conntrack
+	ct.Capacity = max(1, cfg.Conntrack.Capacity/opts.Workers)
+	for i := range opts.Workers {
+		t, err := conntrack.New(ct)
+		if err != nil {
+			return nil, fmt.Errorf("datapath: connection table: %w", err)
+		}
+		w := &worker{
+			d: d, id: i, ext: opts.External, int: opts.Internal,
+			onePort: opts.Internal == opts.External, table: t, seed: opts.HashSeed,
+			burst: opts.Burst, extMAC: packet.MAC(opts.External.MAC()),
+			rx:    make([]port.Buf, opts.Burst),
+			txExt: make([]port.Buf, 0, opts.Burst),
+			txInt: make([]port.Buf, 0, opts.Burst),
+			drop:  make([]port.Buf, 0, opts.Burst),
+			pub:   new(published),
+			ipid:  uint16(i) << 12,
+		}
+		d.workers = append(d.workers, w)
+	}
+	c, err := newControl(d, cfg)
+	if err != nil {
+		return nil, err
+	}
+	d.ctl = c
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(&collector{d: d}); err != nil {
+			return nil, fmt.Errorf("datapath: registering metrics: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// Run forwards packets until ctx is done or Shutdown is called. It returns the
+// first worker start-up error, or nil after a clean stop.
+func (d *Distributor) Run(ctx context.Context) error {
+	if !d.started.CompareAndSwap(false, true) {
+		return errors.New("datapath: Run called twice")
+	}
+	defer close(d.done)
+	var wg sync.WaitGroup
+	errc := make(chan error, len(d.workers))
+	for _, w := range d.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			if d.opts.WorkerInit != nil {
+				cleanup, err := d.opts.WorkerInit(w.id)
+				if err != nil {
+					errc <- fmt.Errorf("datapath: starting worker %d: %w", w.id, err)
+					d.stop.Store(true)
+					return
+				}
+				if cleanup != nil {
+					defer cleanup()
+				}
+			}
+			w.run(&d.stop, d.opts.IdleSleep)
+		}()
+	}
+	ctlDone := make(chan struct{})
+	go func() {
+		defer close(ctlDone)
+		d.ctl.run(ctx, d.closed)
+	}()
+	select {
+	case <-ctx.Done():
+	case <-d.closed:
+	case err := <-errc:
+		d.runErr = err
+	}
+	d.stop.Store(true)
+	d.closeOnce.Do(func() { close(d.closed) })
+	wg.Wait()
+	<-ctlDone
+	select {
+	case err := <-errc:
+		if d.runErr == nil {
+			d.runErr = err
+		}
+	default:
+	}
+	return d.runErr
+}
+
+// Shutdown stops the workers and the control goroutine and waits for them, or for
+// ctx.
+func (d *Distributor) Shutdown(ctx context.Context) error {
+	d.closeOnce.Do(func() { close(d.closed) })
+	if !d.started.Load() {
+		return nil
+	}
+	select {
+	case <-d.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// do runs op on the control goroutine (the owner of all control state) and waits
+// for it.
+func (d *Distributor) do(op func(*control)) error {
+	if !d.started.Load() {
+		// Not running: no goroutine owns the state yet; the caller is the owner.
+		op(d.ctl)
+		return nil
+	}
+	done := make(chan struct{})
+	select {
+	case d.ops <- func(c *control) { op(c); close(done) }:
+	case <-d.closed:
+		return ErrClosed
+	}
+	select {
+	case <-done:
+		return nil
+	case <-d.closed:
+		return ErrClosed
+	}
+}
+
+// Apply validates cfg and swaps it in atomically: new flows follow it at once;
+// existing flows keep their members while those are configured, and while they
+// last when their member was removed.
+func (d *Distributor) Apply(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("datapath: invalid config: %w", err)
+	}
+	var err error
+	if e := d.do(func(c *control) { err = c.apply(cfg.withDefaults()) }); e != nil {
+		return e
+	}
+	return err
+}
+
+// ErrNoMember is returned by SetDrained for a member that is not configured.
+var ErrNoMember = errors.New("datapath: no such member")
+
+// SetDrained drains (true) or undrains a member: a drained member gets no new
+// flows; its existing flows stay until they end.
+func (d *Distributor) SetDrained(pool, member string, drained bool) error {
+	var err error
+	if e := d.do(func(c *control) { err = c.setDrained(pool, member, drained) }); e != nil {
+		return e
+	}
+	return err
+}
+
+// Config returns the configuration in force (defaults filled in).
+func (d *Distributor) Config() Config {
+	var cfg Config
+	_ = d.do(func(c *control) { cfg = c.cfg })
+	return cfg
+}

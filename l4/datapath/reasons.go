@@ -1,0 +1,79 @@
+package datapath
+
+import (
+	"errors"
+
+	"github.com/tiergate/tiergate/l4/packet"
+)
+
+// result is what became of a packet: forwarded, handled locally, or dropped for a
+// reason. The names are the values of the result label of
+// tiergate_l4_packets_total and are stable.
+type result uint8
+
+const (
+	resForwarded result = iota
+	resLocal            // handled by the LD itself (ARP, ND, echo)
+	resMalformed
+	resTruncated
+	resBadChecksum
+	resUnsupported
+	resNotLocal
+	resNoRule
+	resNoMember
+	resTableFull
+	resTTL
+	resNoNeighbor
+	resTxFull
+	resControlFull
+	resTooBig
+	resBadTunnel
+	resMultiseg
+	numResults
+)
+
+var resultNames = [numResults]string{
+	resForwarded:   "forwarded",
+	resLocal:       "local",
+	resMalformed:   "malformed",
+	resTruncated:   "truncated",
+	resBadChecksum: "bad_checksum",
+	resUnsupported: "unsupported",
+	resNotLocal:    "not_local",
+	resNoRule:      "no_rule",
+	resNoMember:    "no_member",
+	resTableFull:   "table_full",
+	resTTL:         "ttl",
+	resNoNeighbor:  "no_neighbor",
+	resTxFull:      "tx_full",
+	resControlFull: "control_full",
+	resTooBig:      "too_big",
+	resBadTunnel:   "bad_tunnel",
+	resMultiseg:    "multiseg",
+}
+
+func (r result) String() string { return resultNames[r] }
+
+// direction of a packet, the dir label of tiergate_l4_packets_total.
+type direction uint8
+
+const (
+	dirIn    direction = iota // client → VIP, tunnelled to a member
+	dirOut                    // member → client, decapsulated
+	dirLocal                  // to the LD itself
+	numDirs
+)
+
+var dirNames = [numDirs]string{dirIn: "in", dirOut: "out", dirLocal: "local"}
+
+func parseResult(err error) result {
+	switch {
+	case errors.Is(err, packet.ErrTruncated):
+		return resTruncated
+	case errors.Is(err, packet.ErrChecksum):
+		return resBadChecksum
+	case errors.Is(err, packet.ErrUnsupported):
+		return resUnsupported
+	}
+	return resMalformed
+}

@@ -1,0 +1,555 @@
+package datapath
+
+import (
+	"net/netip"
+	"runtime"
+	"sync/atomic"
+	"time"
+
+	"github.com/tiergate/tiergate/l4/conntrack"
+	"github.com/tiergate/tiergate/l4/packet"
+	"github.com/tiergate/tiergate/l4/port"
+	"github.com/tiergate/tiergate/l4/quiccid"
+	"github.com/tiergate/tiergate/l4/sched"
+)
+
+const (
+	defaultBurst = 32
+	maxBurst     = 256
+	quicCIDLen   = quiccid.Len
+	// publishEvery is how often a worker publishes its counters for metrics.
+	publishEvery = 100 * time.Millisecond
+)
+
+// where a packet goes after handling.
+type verdict uint8
+
+const (
+	vDrop verdict = iota
+	vExt          // transmit on the external port
+	vInt          // transmit on the internal port
+	vBack         // transmit on the port it came from
+	vGone         // consumed (copied to the control goroutine); free the buffer
+)
+
+// worker is one run-to-completion loop: it owns one RX queue on each port, one TX
+// queue, and its shard of the connection table. Nothing in it is shared with other
+// workers, so the packet path takes no lock.
+type worker struct {
+	d       *Distributor
+	id      int
+	ext     port.Port
+	int     port.Port
+	onePort bool
+	table   *conntrack.Table
+	seed    uint64
+	burst   int
+	ipid    uint16
+	extMAC  packet.MAC
+
+	rx    []port.Buf
+	txExt []port.Buf
+	txInt []port.Buf
+	drop  []port.Buf
+
+	// scheduling state of this lcore, rebuilt when the snapshot changes.
+	snapVer uint64
+	wrr     []*sched.WRR
+	wlc     []*sched.WLC
+
+	now uint32 // conntrack clock
+
+	c   counters // written only by this worker
+	pub *published
+}
+
+// counters are plain integers: only the worker writes them; it copies them into
+// published (atomics) every publishEvery, which is what metrics read.
+type counters struct {
+	packets  [numDirs][numResults]uint64
+	rule     [maxRules]uint64
+	newFlows [maxRules]uint64
+	member   [maxMembers]uint64
+}
+
+type published struct {
+	packets   [numDirs][numResults]atomic.Uint64
+	rule      [maxRules]atomic.Uint64
+	newFlows  [maxRules]atomic.Uint64
+	member    [maxMembers]atomic.Uint64
+	conns     [maxMembers]atomic.Uint64
+	tableLen  atomic.Int64
+	halfOpen  atomic.Int64
+	evictions atomic.Uint64
+	expired   atomic.Uint64
+	insertErr atomic.Uint64
+}
+
+func (w *worker) count(d direction, r result) { w.c.packets[d][r]++ }
+
+// run polls until stop is set. It runs on a locked OS thread.
+func (w *worker) run(stop *atomic.Bool, idleSleep time.Duration) {
+	var idle int
+	lastPub := time.Now()
+	for !stop.Load() {
+		now := time.Now()
+		w.now = conntrack.Clock(now)
+		n := w.poll(w.ext, vExt)
+		if !w.onePort {
+			n += w.poll(w.int, vInt)
+		}
+		w.table.Expire(w.now, 64)
+		if now.Sub(lastPub) >= publishEvery {
+			w.publish()
+			lastPub = now
+		}
+		if n > 0 {
+			idle = 0
+			continue
+		}
+		idle++
+		if idle > 64 {
+			if idleSleep > 0 {
+				time.Sleep(idleSleep)
+			} else {
+				runtime.Gosched()
+			}
+		}
+	}
+	w.publish()
+}
+
+// poll receives one burst from p (which is the side self) and handles it.
+func (w *worker) poll(p port.Port, self verdict) int {
+	n := p.RxBurst(w.id, w.rx)
+	if n == 0 {
+		return 0
+	}
+	s := w.d.snap.Load()
+	if s.version != w.snapVer {
+		w.resync(s)
+	}
+	w.txExt, w.txInt, w.drop = w.txExt[:0], w.txInt[:0], w.drop[:0]
+	for i := range n {
+		b := &w.rx[i]
+		v := w.handle(s, b, self == vExt)
+		if v == vBack {
+			v = self
+		}
+		switch v {
+		case vExt:
+			w.txExt = append(w.txExt, *b)
+		case vInt:
+			w.txInt = append(w.txInt, *b)
+		default:
+			w.drop = append(w.drop, *b)
+		}
+	}
+	w.flush(w.ext, w.txExt, dirOut)
+	if w.onePort {
+		w.flush(w.ext, w.txInt, dirIn)
+	} else {
+		w.flush(w.int, w.txInt, dirIn)
+	}
+	if len(w.drop) > 0 {
+		p.Free(w.drop)
+	}
+	return n
+}
+
+// flush transmits bufs on p; what the port does not take is freed and counted as
+// tx_full.
+func (w *worker) flush(p port.Port, bufs []port.Buf, d direction) {
+	if len(bufs) == 0 {
+		return
+	}
+	sent := p.TxBurst(w.id, bufs)
+	if sent < len(bufs) {
+		rest := bufs[sent:]
+		w.c.packets[d][resTxFull] += uint64(len(rest))
+		w.c.packets[d][resForwarded] -= uint64(len(rest))
+		p.Free(rest)
+	}
+}
+
+// resync rebuilds the per-lcore scheduler state for a new snapshot.
+func (w *worker) resync(s *snapshot) {
+	w.snapVer = s.version
+	w.wrr = make([]*sched.WRR, len(s.ruleByID))
+	w.wlc = make([]*sched.WLC, len(s.ruleByID))
+	for id, r := range s.ruleByID {
+		if r == nil {
+			continue
+		}
+		switch r.sched {
+		case schedWRR:
+			w.wrr[id] = sched.NewWRR(r.ids, r.weights)
+		case schedWLC:
+			w.wlc[id] = sched.NewWLC(r.ids, r.weights)
+		}
+	}
+}
+
+// handle decides what to do with one received frame and rewrites it in place.
+func (w *worker) handle(s *snapshot, b *port.Buf, fromExt bool) verdict {
+	frame := b.Data[b.Off : b.Off+b.Len]
+	var p packet.Packet
+	if err := packet.Parse(frame, &p); err != nil {
+		w.count(dirIn, parseResult(err))
+		return vDrop
+	}
+	switch p.EtherType {
+	case packet.EtherTypeARP:
+		return w.toControl(frame, fromExt)
+	case packet.EtherTypeIPv4, packet.EtherTypeIPv6:
+	default:
+		w.count(dirIn, resUnsupported)
+		return vDrop
+	}
+	dst := p.Dst.As16()
+
+	// Neighbour discovery goes to the control goroutine.
+	if p.Proto == packet.ProtoICMPv6 && p.L4 >= 0 && p.ICMPType >= 133 && p.ICMPType <= 137 {
+		return w.toControl(frame, fromExt)
+	}
+
+	if _, vip := s.vips[dst]; vip {
+		return w.toVIP(s, b, frame, &p, dst)
+	}
+	if s.int.owns(dst) || s.ext.owns(dst) {
+		return w.toLD(s, b, frame, &p)
+	}
+	w.count(dirIn, resNotLocal)
+	return vDrop
+}
+
+// toVIP handles a packet addressed to a VIP: it finds the flow's member and
+// tunnels the packet to it.
+func (w *worker) toVIP(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet, dst [16]byte) verdict {
+	if p.Fragment {
+		r := s.fragRules[ruleKey{addr: dst, proto: p.Proto}]
+		if r == nil {
+			w.count(dirIn, resNoRule)
+			return vDrop
+		}
+		id, ok := r.maglev.Lookup(packet.PairHash(w.seed, p.Src, p.Dst))
+		if !ok {
+			w.count(dirIn, resNoMember)
+			return vDrop
+		}
+		return w.forward(s, b, p, r, id)
+	}
+	switch p.Proto {
+	case packet.ProtoTCP, packet.ProtoUDP:
+	case packet.ProtoICMP, packet.ProtoICMPv6:
+		if packet.EchoReply(frame, p) {
+			w.count(dirLocal, resLocal)
+			return vBack
+		}
+		return w.icmpError(s, b, frame, p)
+	default:
+		w.count(dirIn, resNoRule)
+		return vDrop
+	}
+	r := s.rules[ruleKey{addr: dst, proto: p.Proto, port: p.DstPort}]
+	if r == nil {
+		w.count(dirIn, resNoRule)
+		return vDrop
+	}
+	if r.quic {
+		if id, ok := w.quicMember(s, r, frame, p); ok {
+			return w.forward(s, b, p, r, id)
+		}
+	}
+	h := packet.FlowHash(w.seed, p)
+	id, res := w.flowMember(s, r, p, p.Src, p.SrcPort, h)
+	if res != resForwarded {
+		w.count(dirIn, res)
+		return vDrop
+	}
+	return w.forward(s, b, p, r, id)
+}
+
+// flowMember finds the flow (client, clientPort) of rule r in the table, or
+// schedules and inserts it.
+func (w *worker) flowMember(s *snapshot, r *rule, p *packet.Packet, client netip.Addr, clientPort uint16, h uint64) (uint16, result) {
+	k := conntrack.Key{Client: client.As16(), ClientPort: clientPort, Rule: r.id}
+	var id uint16
+	var ok bool
+	tcp := p.Proto == packet.ProtoTCP
+	if tcp {
+		id, ok = w.table.LookupTCP(&k, h, p.TCPFlags, w.now)
+	} else {
+		id, ok = w.table.LookupUDP(&k, h, w.now)
+	}
+	if ok {
+		if int(id) < len(s.members) {
+			if m := s.members[id]; m != nil && (m.up || m.retired || m.drained) {
+				return id, resForwarded
+			}
+		}
+		// The member failed its health check: the flow is rescheduled, so that
+		// the client hears from a live member at once.
+		w.table.Delete(&k, h)
+	}
+	id, ok = w.schedule(r, h)
+	if !ok {
+		return 0, resNoMember
+	}
+	st := conntrack.StateUDP
+	if tcp {
+		if p.TCPFlags&packet.TCPRst != 0 {
+			return id, resForwarded // never create an entry for a reset
+		}
+		st = conntrack.StateEstablished
+		if p.TCPFlags&(packet.TCPSyn|packet.TCPAck) == packet.TCPSyn {
+			st = conntrack.StateSynRecv
+		}
+	}
+	if _, ok := w.table.Insert(&k, h, id, st, w.now); !ok {
+		return 0, resTableFull
+	}
+	w.c.newFlows[r.id]++
+	return id, resForwarded
+}
+
+func (w *worker) schedule(r *rule, h uint64) (uint16, bool) {
+	switch r.sched {
+	case schedWRR:
+		if int(r.id) < len(w.wrr) && w.wrr[r.id] != nil {
+			return w.wrr[r.id].Next()
+		}
+	case schedWLC:
+		if int(r.id) < len(w.wlc) && w.wlc[r.id] != nil {
+			return w.wlc[r.id].Pick(w.table.MemberCounts())
+		}
+	}
+	return r.maglev.Lookup(h)
+}
+
+// quicMember routes a QUIC packet by the connection ID its member issued:
+// Handshake and short-header packets carry it; Initial and 0-RTT packets carry a
+// client-chosen ID and go by the 5-tuple.
+func (w *worker) quicMember(s *snapshot, r *rule, frame []byte, p *packet.Packet) (uint16, bool) {
+	if p.L4+8 > p.End {
+		return 0, false
+	}
+	cid, long, typ, ok := packet.QUICDestConnID(frame[p.L4+8:p.End], s.quicCIDLen)
+	if !ok || long && typ != 2 {
+		return 0, false
+	}
+	sid, ok := quiccid.Decode(cid)
+	if !ok {
+		return 0, false
+	}
+	id, ok := r.quicIDs[sid]
+	return id, ok
+}
+
+// icmpError sends an ICMP error about a flow (fragmentation needed, unreachable,
+// ...) to the flow's member, found from the quoted header.
+func (w *worker) icmpError(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet) verdict {
+	var in packet.Packet
+	if err := packet.ICMPEmbedded(frame, p, &in); err != nil {
+		w.count(dirIn, resNoRule)
+		return vDrop
+	}
+	// The quoted packet went from the VIP to the client.
+	r := s.rules[ruleKey{addr: in.Src.As16(), proto: in.Proto, port: in.SrcPort}]
+	if r == nil {
+		w.count(dirIn, resNoRule)
+		return vDrop
+	}
+	// The flow as the client sends it, for its hash.
+	flow := packet.Packet{Src: in.Dst, Dst: in.Src, SrcPort: in.DstPort, DstPort: in.SrcPort, Proto: in.Proto}
+	h := packet.FlowHash(w.seed, &flow)
+	k := conntrack.Key{Client: in.Dst.As16(), ClientPort: in.DstPort, Rule: r.id}
+	var id uint16
+	var ok bool
+	if in.Proto == packet.ProtoTCP {
+		id, ok = w.table.LookupTCP(&k, h, packet.TCPAck, w.now)
+	} else {
+		id, ok = w.table.LookupUDP(&k, h, w.now)
+	}
+	if !ok {
+		if id, ok = w.schedule(r, h); !ok {
+			w.count(dirIn, resNoMember)
+			return vDrop
+		}
+	}
+	return w.forward(s, b, p, r, id)
+}
+
+// forward tunnels the IP packet of frame p to member id.
+func (w *worker) forward(s *snapshot, b *port.Buf, p *packet.Packet, r *rule, id uint16) verdict {
+	if int(id) >= len(s.members) || s.members[id] == nil {
+		w.count(dirIn, resNoMember)
+		return vDrop
+	}
+	m := s.members[id]
+	if m.encap == nil {
+		w.count(dirIn, resNoNeighbor)
+		return vDrop
+	}
+	v6 := p.EtherType == packet.EtherTypeIPv6
+	if p.Proto == packet.ProtoTCP && p.TCPFlags&packet.TCPSyn != 0 && p.L4 >= 0 {
+		mss := m.mss4
+		if v6 {
+			mss = m.mss6
+		}
+		packet.ClampMSS(b.Data[b.Off:b.Off+b.Len], p, mss)
+	}
+	ovh := m.overhead4
+	if v6 {
+		ovh = m.overhead6
+	}
+	innerLen := p.End - p.L3
+	if innerLen+ovh-14 > s.mtu {
+		w.count(dirIn, resTooBig)
+		return vDrop
+	}
+	w.ipid++
+	start, err := m.encap.Write(b.Data, b.Off+p.L3, innerLen, w.ipid)
+	if err != nil {
+		w.count(dirIn, resTooBig)
+		return vDrop
+	}
+	b.Len = b.Off + p.L3 + innerLen - start
+	b.Off = start
+	w.count(dirIn, resForwarded)
+	w.c.rule[r.id]++
+	w.c.member[id]++
+	return vInt
+}
+
+// toLD handles a packet addressed to one of the LD's own addresses: the tunnel
+// back from members, and echo requests.
+func (w *worker) toLD(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet) verdict {
+	switch p.Proto {
+	case packet.ProtoGRE, packet.ProtoIPIP, packet.ProtoIPv6:
+		return w.fromMember(s, b, frame, p)
+	case packet.ProtoICMP, packet.ProtoICMPv6:
+		if packet.EchoReply(frame, p) {
+			w.count(dirLocal, resLocal)
+			return vBack
+		}
+	}
+	w.count(dirLocal, resUnsupported)
+	return vDrop
+}
+
+// fromMember decapsulates a reply from a member and sends the client's packet
+// out of the external port.
+func (w *worker) fromMember(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet) verdict {
+	if _, ok := s.memberIP[p.Src.As16()]; !ok {
+		w.count(dirOut, resBadTunnel)
+		return vDrop
+	}
+	inner, innerLen, err := packet.Decap(frame, p)
+	if err != nil {
+		w.count(dirOut, resBadTunnel)
+		return vDrop
+	}
+	var ip packet.Packet
+	if err := packet.ParseIP(frame, inner, &ip); err != nil || !s.isVIP(ip.Src) {
+		w.count(dirOut, resBadTunnel)
+		return vDrop
+	}
+	if inner < 14 {
+		w.count(dirOut, resMalformed)
+		return vDrop
+	}
+	mac, ok := w.nextHop(s, ip.Dst)
+	if !ok {
+		w.count(dirOut, resNoNeighbor)
+		return vDrop
+	}
+	if !packet.DecTTL(frame, inner) {
+		w.count(dirOut, resTTL)
+		return vDrop
+	}
+	et := uint16(packet.EtherTypeIPv4)
+	if ip.Dst.Is6() && !ip.Dst.Is4In6() {
+		et = packet.EtherTypeIPv6
+	}
+	start := b.Off + inner - 14
+	packet.WriteEthernet(b.Data, start, mac, w.extMAC, et)
+	b.Off = start
+	b.Len = innerLen + 14
+	w.count(dirOut, resForwarded)
+	return vExt
+}
+
+// nextHop is the MAC to send a packet for dst to on the external side: the
+// neighbour itself when on link, else the gateway.
+func (w *worker) nextHop(s *snapshot, dst netip.Addr) (packet.MAC, bool) {
+	dst = dst.Unmap()
+	if dst.Is4() {
+		if s.ext.pfx4.IsValid() && s.ext.pfx4.Contains(dst) {
+			return w.neighbour(s, dst)
+		}
+		return s.extGW4, s.hasExtGW4
+	}
+	if s.ext.pfx6.IsValid() && s.ext.pfx6.Contains(dst) {
+		return w.neighbour(s, dst)
+	}
+	return s.extGW6, s.hasExtGW6
+}
+
+// neighbour is the MAC of an on-link destination; when unknown, the control
+// goroutine is asked to resolve it (the packet is dropped, as a router does while
+// it resolves).
+func (w *worker) neighbour(s *snapshot, dst netip.Addr) (packet.MAC, bool) {
+	mac, ok := s.extNeigh[dst]
+	if !ok {
+		select {
+		case w.d.ctlResolve <- dst:
+		default:
+		}
+	}
+	return mac, ok
+}
+
+// toControl hands a copy of frame to the control goroutine.
+func (w *worker) toControl(frame []byte, fromExt bool) verdict {
+	msg := ctlFrame{data: append([]byte(nil), frame...), ext: fromExt}
+	select {
+	case w.d.ctlFrames <- msg:
+		w.count(dirLocal, resLocal)
+	default:
+		w.count(dirLocal, resControlFull)
+	}
+	return vGone
+}
+
+// publish copies the counters into their atomic mirror for metrics.
+func (w *worker) publish() {
+	pub := w.pub
+	for d := range numDirs {
+		for r := range numResults {
+			pub.packets[d][r].Store(w.c.packets[d][r])
+		}
+	}
+	s := w.d.snap.Load()
+	for id, r := range s.ruleByID {
+		if r != nil {
+			pub.rule[id].Store(w.c.rule[id])
+			pub.newFlows[id].Store(w.c.newFlows[id])
+		}
+	}
+	counts := w.table.MemberCounts()
+	for id, m := range s.members {
+		if m != nil {
+			pub.member[id].Store(w.c.member[id])
+			if id < len(counts) {
+				pub.conns[id].Store(uint64(counts[id]))
+			}
+		}
+	}
+	pub.tableLen.Store(int64(w.table.Len()))
+	pub.halfOpen.Store(int64(w.table.HalfOpen()))
+	st := w.table.Stats()
+	pub.evictions.Store(st.Evictions)
+	pub.expired.Store(st.Expired)
+	pub.insertErr.Store(st.InsertFailures)
+}
