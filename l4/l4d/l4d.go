@@ -1,0 +1,429 @@
+package l4d
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/tiergate/tiergate/internal/daemon"
+	"github.com/tiergate/tiergate/l4/datapath"
+)
+
+const usage = `usage: l4d <command> [flags]
+
+commands:
+  run    -config FILE   forward until SIGINT/SIGTERM; SIGHUP or POST /reload reloads
+  check  -config FILE   validate the configuration (and the state file), then exit
+`
+
+// shutdownTimeout bounds each step of a graceful stop.
+const shutdownTimeout = 5 * time.Second
+
+// Main runs l4d with args (without the program name) and returns the exit status.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fs := flag.NewFlagSet("l4d "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "/etc/tiergate/l4d.yaml", "configuration `file`")
+	var err error
+	switch args[0] {
+	case "run", "check":
+		if err = fs.Parse(args[1:]); err != nil {
+			return 2
+		}
+		if fs.NArg() > 0 {
+			fmt.Fprintf(stderr, "l4d %s: unexpected arguments %q\n", args[0], fs.Args())
+			return 2
+		}
+		d := &Daemon{Path: *path, Stderr: stderr}
+		if args[0] == "check" {
+			err = d.Check(stdout)
+		} else {
+			err = d.Run(ctx)
+		}
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "l4d: unknown command %q\n%s", args[0], usage)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "l4d: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// Daemon is a running l4d: the DPDK ports, the datapath over them, and the admin
+// endpoint that changes the forwarding configuration, built from a configuration
+// file that can be reloaded.
+type Daemon struct {
+	// Path is the configuration file. Required.
+	Path string
+	// Stderr receives logs. Default os.Stderr.
+	Stderr io.Writer
+
+	// openPorts opens the devices the configuration names. Default openDPDK; tests
+	// put in-memory ports here.
+	openPorts func(cfg *FileConfig, log *slog.Logger) (*portSet, error)
+	// ready, when set, is closed once Run forwards and serves the admin endpoint.
+	ready chan struct{}
+
+	mu   sync.Mutex  // serialises configuration changes (API, reload)
+	file *FileConfig // the file in force; its start-time sections never change
+	fwd  Forwarding  // the forwarding configuration in force; under mu
+
+	log     *slog.Logger
+	level   slog.LevelVar
+	reg     *prometheus.Registry
+	changes *prometheus.CounterVec
+
+	ports   *portSet
+	dist    *datapath.Distributor
+	running atomic.Bool
+	admin   net.Listener
+}
+
+// setup reads the configuration (and the state file) and prepares logging and
+// metrics.
+func (d *Daemon) setup() error {
+	if d.Stderr == nil {
+		d.Stderr = os.Stderr
+	}
+	cfg, err := LoadConfig(d.Path)
+	if err != nil {
+		return err
+	}
+	lvl, _ := daemon.LogLevel(cfg.LogLevel)
+	d.level.Set(lvl)
+	d.log = slog.New(slog.NewTextHandler(d.Stderr, &slog.HandlerOptions{Level: &d.level}))
+	fwd, fromState, err := forwardingInForce(cfg)
+	if err != nil {
+		return err
+	}
+	if fromState {
+		d.log.Info("forwarding configuration from the state file; the configuration file's tunnel, timeouts, rules and pools are not used",
+			"state_file", cfg.StateFile, "rules", len(fwd.Rules), "pools", len(fwd.Pools))
+	}
+	d.file, d.fwd = cfg, fwd
+	d.reg = prometheus.NewRegistry()
+	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d.changes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tiergate_l4_config_changes_total",
+		Help: "Changes of the forwarding configuration, by source (api, reload) and result (ok, error).",
+	}, []string{"source", "result"})
+	d.reg.MustRegister(d.changes, &portCollector{d: d})
+	return nil
+}
+
+// forwardingInForce returns the forwarding configuration to start or reload with:
+// the state file's when one is configured and exists (with the file's connection
+// table capacity, which is fixed at start), else the file's. It is validated.
+func forwardingInForce(cfg *FileConfig) (Forwarding, bool, error) {
+	if cfg.StateFile == "" {
+		return cfg.Forwarding, false, nil
+	}
+	st, err := readState(cfg.StateFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return cfg.Forwarding, false, nil
+	}
+	if err != nil {
+		return Forwarding{}, false, err
+	}
+	st.Conntrack.Capacity = cfg.Conntrack.Capacity
+	if _, err := cfg.with(st).Datapath(); err != nil {
+		return Forwarding{}, false, fmt.Errorf("state file %s (delete it to use the configuration file's rules and pools): %w", cfg.StateFile, err)
+	}
+	return st, true, nil
+}
+
+// with returns a copy of c whose forwarding section is f.
+func (c *FileConfig) with(f Forwarding) *FileConfig {
+	n := *c
+	n.Forwarding = f
+	return &n
+}
+
+// Check validates the configuration file and, when it exists, the state file,
+// without touching DPDK, and reports what would be forwarded.
+func (d *Daemon) Check(out io.Writer) error {
+	cfg, err := LoadConfig(d.Path)
+	if err != nil {
+		return err
+	}
+	fwd, fromState, err := forwardingInForce(cfg)
+	if err != nil {
+		return err
+	}
+	src := d.Path
+	if fromState {
+		src = cfg.StateFile
+	}
+	ports := cfg.Ports.External.Device
+	if !cfg.sameDevice() {
+		ports += ", " + cfg.Ports.Internal.Device
+	}
+	fmt.Fprintf(out, "ports %s; %d workers; %d mbufs per port\n", ports, cfg.DPDK.Workers, cfg.DPDK.MbufsPerPort())
+	fmt.Fprintf(out, "%d rules and %d pools from %s\n", len(fwd.Rules), len(fwd.Pools), src)
+	for _, r := range fwd.Rules {
+		fmt.Fprintf(out, "  %-20s %s %s:%d -> %s\n", r.Name, r.Protocol, r.VIP, r.Port, r.Pool)
+	}
+	fmt.Fprintln(out, "configuration OK")
+	return nil
+}
+
+// Run forwards until ctx is done, reloading on SIGHUP and POST /reload; then it
+// stops the admin endpoint, the datapath, the ports and DPDK, in that order.
+func (d *Daemon) Run(ctx context.Context) error {
+	if err := d.setup(); err != nil {
+		return err
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	runDone, err := d.start(ctx)
+	if err != nil {
+		return err
+	}
+	var admin *http.Server
+	if d.file.AdminListen != "off" {
+		ln, err := net.Listen("tcp", d.file.AdminListen)
+		if err != nil {
+			d.stop(nil, runDone)
+			return fmt.Errorf("admin listener: %w", err)
+		}
+		d.admin = ln
+		admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go admin.Serve(ln)
+		d.log.Info("admin", "addr", ln.Addr().String())
+	}
+	if d.ready != nil {
+		close(d.ready)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			d.log.Info("stopping")
+			return d.stop(admin, runDone)
+		case err := <-runDone:
+			// The datapath stopped by itself: a worker failed to start.
+			d.running.Store(false)
+			runDone = nil
+			d.stop(admin, nil)
+			if err == nil {
+				err = errors.New("datapath stopped")
+			}
+			return err
+		case <-hup:
+			if err := d.Reload(); err != nil {
+				d.log.Error("reload failed; the running configuration stays", "err", err)
+			}
+		}
+	}
+}
+
+// start opens the ports and starts the datapath; runDone receives Run's result.
+func (d *Daemon) start(ctx context.Context) (runDone chan error, err error) {
+	open := d.openPorts
+	if open == nil {
+		open = openDPDK
+	}
+	ports, err := open(d.file, d.log)
+	if err != nil {
+		return nil, err
+	}
+	dcfg, err := d.file.with(d.fwd).Datapath()
+	if err != nil {
+		ports.close()
+		return nil, err
+	}
+	idle := d.file.DPDK.IdleSleep.D()
+	if d.file.DPDK.BusyPoll {
+		idle = -1
+	}
+	dist, err := datapath.NewDistributor(dcfg, datapath.Options{
+		External:   ports.external,
+		Internal:   ports.internal,
+		Workers:    d.file.DPDK.Workers,
+		Burst:      d.file.DPDK.Burst,
+		IdleSleep:  idle,
+		WorkerInit: ports.workerInit,
+		HashSeed:   d.file.HashSeed,
+		Registerer: d.reg,
+		Logger:     d.log,
+	})
+	if err != nil {
+		ports.close()
+		return nil, err
+	}
+	d.ports, d.dist = ports, dist
+	runDone = make(chan error, 1)
+	d.running.Store(true)
+	go func() { runDone <- dist.Run(ctx) }()
+	d.log.Info("forwarding", "external", ports.external.Name(), "internal", ports.internal.Name(),
+		"workers", d.file.DPDK.Workers, "rules", len(d.fwd.Rules), "pools", len(d.fwd.Pools))
+	return runDone, nil
+}
+
+// stop closes the admin endpoint (if any), stops the datapath and waits for it
+// (unless runDone is nil: it has returned), then closes the ports and DPDK.
+func (d *Daemon) stop(admin *http.Server, runDone chan error) error {
+	var errs []error
+	if admin != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		if err := admin.Shutdown(sctx); err != nil {
+			admin.Close()
+		}
+		cancel()
+	}
+	stopped := true
+	if runDone != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		if err := d.dist.Shutdown(sctx); err != nil {
+			errs = append(errs, fmt.Errorf("stopping the datapath: %w", err))
+		}
+		cancel()
+		select {
+		case err := <-runDone:
+			if err != nil {
+				errs = append(errs, err)
+			}
+		case <-time.After(shutdownTimeout):
+			errs = append(errs, errors.New("stopping the datapath: timed out"))
+			stopped = false
+		}
+		d.running.Store(false)
+	}
+	if stopped {
+		// Ports may be closed only once no worker polls them; a stuck worker
+		// leaves them to the exit of the process.
+		d.ports.close()
+	}
+	return errors.Join(errs...)
+}
+
+// AdminAddr returns the admin listener's address, or nil.
+func (d *Daemon) AdminAddr() net.Addr {
+	if d.admin == nil {
+		return nil
+	}
+	return d.admin.Addr()
+}
+
+// healthy reports whether the datapath runs and every port's link is up.
+func (d *Daemon) healthy() error {
+	if !d.running.Load() {
+		return errors.New("datapath not running")
+	}
+	for _, dev := range d.ports.devices {
+		up, _, err := dev.Link()
+		if err != nil {
+			return err
+		}
+		if !up {
+			return fmt.Errorf("port %s: link down", dev.Name())
+		}
+	}
+	return nil
+}
+
+// restartError is a change of a section that is fixed at start.
+type restartError struct{ sections []string }
+
+func (e *restartError) Error() string {
+	return strings.Join(e.sections, ", ") + " cannot change at runtime: restart l4d to apply"
+}
+
+// fixedChanges returns a restartError naming the start-time sections that differ
+// between cur and next, or nil.
+func fixedChanges(cur, next *FileConfig) error {
+	var diff []string
+	if !reflect.DeepEqual(cur.DPDK, next.DPDK) {
+		diff = append(diff, "dpdk")
+	}
+	if !reflect.DeepEqual(cur.Ports, next.Ports) {
+		diff = append(diff, "ports")
+	}
+	if cur.HashSeed != next.HashSeed {
+		diff = append(diff, "hash_seed")
+	}
+	if cur.AdminListen != next.AdminListen {
+		diff = append(diff, "admin_listen")
+	}
+	if cur.StateFile != next.StateFile {
+		diff = append(diff, "state_file")
+	}
+	if cur.Conntrack.Capacity != next.Conntrack.Capacity {
+		diff = append(diff, "conntrack.capacity")
+	}
+	if len(diff) == 0 {
+		return nil
+	}
+	sort.Strings(diff)
+	return &restartError{sections: diff}
+}
+
+// Reload re-reads the configuration file (and the state file, when configured and
+// present) and applies its forwarding section atomically, and its log level. A file
+// that changes a section fixed at start, or that the datapath rejects, changes
+// nothing.
+func (d *Daemon) Reload() (err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	defer func() { d.count("reload", err) }()
+	cfg, err := LoadConfig(d.Path)
+	if err != nil {
+		return err
+	}
+	if err := fixedChanges(d.file, cfg); err != nil {
+		return err
+	}
+	fwd, fromState, err := forwardingInForce(cfg)
+	if err != nil {
+		return err
+	}
+	dcfg, err := cfg.with(fwd).Datapath()
+	if err != nil {
+		return err
+	}
+	if err := d.dist.Apply(dcfg); err != nil {
+		return err
+	}
+	lvl, _ := daemon.LogLevel(cfg.LogLevel)
+	d.level.Set(lvl)
+	d.file, d.fwd = cfg, fwd
+	d.log.Info("reloaded", "config", d.Path, "from_state_file", fromState, "rules", len(fwd.Rules), "pools", len(fwd.Pools))
+	return nil
+}
+
+func (d *Daemon) count(source string, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	d.changes.WithLabelValues(source, result).Inc()
+}
