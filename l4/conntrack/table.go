@@ -67,6 +67,7 @@ type Table struct {
 	started bool   // cursor has been set from the first Insert's now
 
 	stats Stats
+	sink  uint32 // written by Prefetch so that its loads are not optimised away
 }
 
 // New makes a table holding up to cfg.Capacity entries, allocating all its memory.
@@ -127,6 +128,16 @@ func (t *Table) find(k *Key, hash uint64) (uint32, *uint32) {
 		link = &e.chain
 	}
 	return 0, nil
+}
+
+// Prefetch loads the bucket head and the first entry that a lookup of hash reads, and
+// changes nothing. A packet loop that calls Prefetch for every packet of a burst before
+// looking any of them up lets the CPU overlap the burst's cache misses instead of taking
+// them one lookup at a time.
+func (t *Table) Prefetch(hash uint64) {
+	if i := t.buckets[hash&t.mask]; int32(i) > 0 {
+		t.sink += t.entries[i].expire
+	}
 }
 
 // Lookup returns k's member and state without refreshing the entry. An expired entry
