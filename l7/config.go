@@ -91,6 +91,14 @@ type ListenerConfig struct {
 	// Default false (HTTP/3 on).
 	DisableHTTP3 bool
 
+	// QUICServerID, when not 0, makes the QUIC side issue 8-byte connection IDs that
+	// carry this server ID in clear (package l4/quiccid, QUIC-LB's plaintext format),
+	// so L4 distributors send all of a connection's packets to this node by its
+	// connection ID, even after the client's address changes. It must be unique among
+	// the nodes behind the same distributors and equal this node's quic_id in their
+	// pools. Default 0: quic-go's random connection IDs.
+	QUICServerID uint16
+
 	// Pool names the backend pool (a key of Config.Backends) that requests on this
 	// listener go to, in the simple form. Required without Config.Routing, refused
 	// with it.

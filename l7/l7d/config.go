@@ -8,12 +8,14 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"slices"
 	"time"
 
 	"github.com/tiergate/tiergate/certs"
 	"github.com/tiergate/tiergate/internal/daemon"
+	"github.com/tiergate/tiergate/l7/tunnel"
 	"github.com/tiergate/tiergate/policy/blacklist"
 	"github.com/tiergate/tiergate/policy/clientip"
 	"github.com/tiergate/tiergate/policy/route"
@@ -50,6 +52,13 @@ type FileConfig struct {
 	// needs a local key_file).
 	KeyServers *KeyServersFile `yaml:"keyservers"`
 
+	// Tunnel is this node's end of the tunnel from the L4 distributors: GRE or IPIP
+	// from them in, the clients' packets delivered to the listeners on the VIPs, the
+	// replies sent back to the distributor each flow came from. Changing it takes a
+	// restart. Default: none (the node is reached directly, or through a kernel tunnel
+	// device; see deploy/tunnel.md).
+	Tunnel *TunnelFile `yaml:"tunnel"`
+
 	// AdminListen serves /metrics, /healthz and POST /reload. Default
 	// "127.0.0.1:9241"; "off" disables it.
 	AdminListen string `yaml:"admin_listen"`
@@ -84,6 +93,11 @@ type ListenerFile struct {
 	ClientIP clientip.Config `yaml:"client_ip"`
 	// DisableHTTP3 turns the QUIC listener off. Default false (HTTP/3 on).
 	DisableHTTP3 bool `yaml:"disable_http3"`
+	// QUICServerID puts this server ID (1 to 65535) into the QUIC connection IDs the
+	// listener issues (package l4/quiccid), so L4 distributors route a connection by
+	// its ID; it is this node's quic_id in their pools and must be unique among the
+	// nodes behind them. Changing it takes a restart. Default 0: random IDs.
+	QUICServerID uint16 `yaml:"quic_server_id"`
 	// Limits; zero means the default named.
 	HandshakeTimeout     time.Duration `yaml:"handshake_timeout"`      // 10s
 	ReadHeaderTimeout    time.Duration `yaml:"read_header_timeout"`    // 10s
@@ -106,6 +120,67 @@ type PoolFile struct {
 	Timeout time.Duration `yaml:"timeout"`
 	// ConnectTimeout bounds a new connection to a member. Default 3s.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+}
+
+// TunnelFile configures the tunnel endpoint (package l7/tunnel). It needs
+// CAP_NET_ADMIN and CAP_NET_RAW.
+type TunnelFile struct {
+	// Device is the TUN device created for the VIPs. Default tg0.
+	Device string `yaml:"device"`
+	// VIPs are the addresses this node serves, assigned to the device; listeners
+	// bind to them (or to 0.0.0.0 / ::). Required.
+	VIPs []string `yaml:"vips"`
+	// LDs are the distributors' tunnel addresses, as addresses or CIDR prefixes;
+	// packets from anywhere else are dropped. Required.
+	LDs []string `yaml:"lds"`
+	// Local is this node's tunnel address: packets to other addresses are not taken
+	// and replies leave from it. Default: any address, source chosen by route.
+	Local string `yaml:"local"`
+	// FlowIdle is how long a flow's return path is remembered after its last
+	// packet; longer than the distributors' established timeout. Default 10m.
+	FlowIdle time.Duration `yaml:"flow_idle"`
+	// MaxFlows bounds the flows remembered (about 100 bytes each). Default 1048576.
+	MaxFlows int `yaml:"max_flows"`
+	// MTU of the device, which sizes the replies: path MTU to the distributors less
+	// 24 (IPv4) or 44 (IPv6). Default 1476, or 1456 with an IPv6 distributor.
+	MTU int `yaml:"mtu"`
+	// Table is the policy routing table that sends replies from the VIPs into the
+	// device. Default 4242.
+	Table int `yaml:"table"`
+}
+
+// config converts t to the endpoint's configuration, checking every field.
+func (t *TunnelFile) config() (tunnel.Config, error) {
+	c := tunnel.Config{Device: t.Device, FlowIdle: t.FlowIdle, MaxFlows: t.MaxFlows, MTU: t.MTU, Table: t.Table}
+	for i, s := range t.VIPs {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return c, fmt.Errorf("tunnel.vips[%d]: %w", i, err)
+		}
+		c.VIPs = append(c.VIPs, a)
+	}
+	for i, s := range t.LDs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return c, fmt.Errorf("tunnel.lds[%d]: %q is neither an address nor a CIDR prefix", i, s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		c.LDs = append(c.LDs, p)
+	}
+	if t.Local != "" {
+		a, err := netip.ParseAddr(t.Local)
+		if err != nil {
+			return c, fmt.Errorf("tunnel.local: %w", err)
+		}
+		c.Local = a
+	}
+	if err := c.Validate(); err != nil {
+		return c, err // says "tunnel: ..."
+	}
+	return c, nil
 }
 
 // BlacklistFile is a blacklist loaded from files.
@@ -261,6 +336,11 @@ func (c *FileConfig) validate() error {
 	}
 	if len(c.Certificates.Certificates) == 0 && c.Certificates.Dir == "" {
 		return errors.New("certificates: give certificates or dir")
+	}
+	if c.Tunnel != nil {
+		if _, err := c.Tunnel.config(); err != nil {
+			return err
+		}
 	}
 	if ks := c.KeyServers; ks != nil {
 		if len(ks.Servers) == 0 || ks.CertFile == "" || ks.KeyFile == "" || ks.CAFile == "" {

@@ -82,6 +82,17 @@ func TestParseConfig(t *testing.T) {
 		{"unknown field", minimal + "listen: x\n", "field listen not found"},
 		{"bad log level", minimal + "log_level: chatty\n", `log_level "chatty"`},
 		{"bad gc percent", minimal + "gc_percent: -5\n", "gc_percent -5"},
+		{"quic server id", withListener(`quic_server_id: 4242`), ""},
+		{"quic server id too big", withListener(`quic_server_id: 70000`), "cannot unmarshal !!int `70000` into uint16"},
+		{"tunnel", minimal + "tunnel: {vips: [203.0.113.10, \"2001:db8::10\"], lds: [198.18.1.1, 198.18.2.0/24], local: 198.18.1.11, flow_idle: 20m, mtu: 1400, table: 100}\n", ""},
+		{"tunnel no vips", minimal + "tunnel: {lds: [198.18.1.1]}\n", "tunnel: no VIPs"},
+		{"tunnel no lds", minimal + "tunnel: {vips: [203.0.113.10]}\n", "tunnel: no LDs"},
+		{"tunnel bad vip", minimal + "tunnel: {vips: [203.0.113.300], lds: [198.18.1.1]}\n", "tunnel.vips[0]"},
+		{"tunnel bad ld", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1/40]}\n", "tunnel.lds[0]"},
+		{"tunnel bad local", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1], local: here}\n", "tunnel.local"},
+		{"tunnel local family", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1], local: \"2001:db8::1\"}\n", "family no LD uses"},
+		{"tunnel reserved table", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1], table: 254}\n", "routing table 254"},
+		{"tunnel unknown field", minimal + "tunnel: {vip: [203.0.113.10]}\n", "field vip not found"},
 	}
 	for _, tc := range cases {
 		_, err := ParseConfig([]byte(tc.in), "t.yaml")

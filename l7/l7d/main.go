@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"reflect"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver/client"
 	"github.com/tiergate/tiergate/l7"
+	"github.com/tiergate/tiergate/l7/tunnel"
 	"github.com/tiergate/tiergate/policy/blacklist"
 	"github.com/tiergate/tiergate/policy/clientip"
 )
@@ -209,6 +211,7 @@ func (d *Daemon) l7Config(cfg *FileConfig, pol *policy) l7.Config {
 			TLS:                  d.store.TLSConfig(),
 			Pool:                 l.Pool,
 			DisableHTTP3:         l.DisableHTTP3,
+			QUICServerID:         l.QUICServerID,
 			HandshakeTimeout:     l.HandshakeTimeout,
 			ReadHeaderTimeout:    l.ReadHeaderTimeout,
 			ReadTimeout:          l.ReadTimeout,
@@ -257,6 +260,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The tunnel comes first: it puts the VIPs on its device, which listeners may
+	// bind to. It goes last, after the requests in flight have been answered through it.
+	tunErr := make(chan error, 1)
+	if d.cfg.Tunnel != nil {
+		stop, err := d.startTunnel(tunErr)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	srv, err := l7.NewServer(d.l7Config(d.cfg, pol))
 	if err != nil {
 		return err
@@ -297,6 +310,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 				admin.Close()
 			}
 			return err
+		case err := <-tunErr:
+			d.log.Error("tunnel endpoint failed; stopping", "err", err)
+			sctx, cancel := context.WithTimeout(context.Background(), d.cfg.ShutdownGrace)
+			srv.Shutdown(sctx)
+			cancel()
+			if admin != nil {
+				admin.Close()
+			}
+			return fmt.Errorf("tunnel: %w", err)
 		case <-hup:
 			if err := d.Reload(); err != nil {
 				d.log.Error("reload failed; the running configuration stays", "err", err)
@@ -305,6 +327,36 @@ func (d *Daemon) Run(ctx context.Context) error {
 			reply <- d.Reload()
 		}
 	}
+}
+
+// startTunnel creates the tunnel endpoint and runs it in the background; a failure of
+// the running endpoint is sent on failed. stop ends it and removes its device and
+// rules.
+func (d *Daemon) startTunnel(failed chan<- error) (stop func(), err error) {
+	cfg, err := d.cfg.Tunnel.config()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Registerer, cfg.Logger = d.reg, d.log
+	ep, err := tunnel.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := ep.Run(ctx); err != nil {
+			failed <- err
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		if err := ep.Close(); err != nil {
+			d.log.Error("closing the tunnel endpoint", "err", err)
+		}
+	}, nil
 }
 
 // AdminAddr returns the admin listener's address, or nil.
@@ -338,6 +390,9 @@ func (d *Daemon) Reload() (err error) {
 	}
 	if !sameKeyServers(cfg.KeyServers, d.cfg.KeyServers) {
 		return errors.New("keyservers changed: restart l7d to apply")
+	}
+	if !reflect.DeepEqual(cfg.Tunnel, d.cfg.Tunnel) {
+		return errors.New("tunnel changed: restart l7d to apply")
 	}
 	if err := checkProxyProtocol(d.cfg, cfg); err != nil {
 		return err

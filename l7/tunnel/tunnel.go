@@ -108,6 +108,13 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Validate checks c as New does, without creating anything.
+func (c Config) Validate() error {
+	c.VIPs = slices.Clone(c.VIPs)
+	c.LDs = slices.Clone(c.LDs)
+	return c.validate()
+}
+
 // validate checks c and fills its defaults.
 func (c *Config) validate() error {
 	if c.Device == "" {
