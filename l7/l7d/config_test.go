@@ -118,6 +118,9 @@ func TestDefaultsAndSample(t *testing.T) {
 		s.Certificates.Default != "www" || len(s.Certificates.TicketKeyFiles) != 2 {
 		t.Errorf("sample parsed as %+v", s)
 	}
+	if s.Tunnel == nil || len(s.Tunnel.VIPs) != 1 || len(s.Tunnel.LDs) != 2 || s.Tunnel.Table != 4242 {
+		t.Errorf("sample's tunnel parsed as %+v", s.Tunnel)
+	}
 	if s.Routing == nil || len(s.Routing.Pools) == 0 || s.Routing.Pools[0].HealthCheck == nil ||
 		s.Routing.Pools[0].HealthCheck.Interval.D() != 5*time.Second || len(s.Blacklists) == 0 ||
 		len(s.Listeners[0].ClientIP.TrustedProxies) == 0 {
