@@ -84,9 +84,12 @@ func (e *Endpoint) setup() error {
 	}
 	has6 := slices.ContainsFunc(cfg.VIPs, netip.Addr.Is6)
 	has4 := slices.ContainsFunc(cfg.VIPs, netip.Addr.Is4)
-	// Packets from clients arrive on the device whose reverse route is elsewhere.
+	// Packets from clients arrive on the device. Even under strict reverse-path
+	// filtering (net.ipv4.conf.all.rp_filter=1 wins over the device's 0) they pass,
+	// since the rules below route the replies back through it; failing to set it (a
+	// read-only /proc/sys) is therefore no reason to stop.
 	if err := sysctl("net/ipv4/conf/"+e.dev+"/rp_filter", "0"); err != nil {
-		return err
+		e.log.Warn("tunnel: leaving reverse-path filtering of the device as it is", "err", err)
 	}
 	if has6 {
 		// No link-local address: nothing but replies from VIPs comes out of the device.

@@ -39,6 +39,10 @@ func newTestbed(t *testing.T, mod func(*Config)) *testbed {
 	tb.ld.Addr("eth0", "198.18.1.1/24")
 	tb.ld.Addr("eth0", "198.18.1.2/24")
 	tb.l7.Addr("eth0", "198.18.1.11/24")
+	// Strict reverse-path filtering, as many hosts have: the device's own setting of 0
+	// does not lower it (the higher of all and the device's wins); the rule from the
+	// VIPs must make the check pass.
+	tb.l7.Sysctl("net.ipv4.conf.all.rp_filter", "1")
 	cfg := Config{
 		VIPs:       []netip.Addr{vip.Addr()},
 		LDs:        []netip.Prefix{netip.MustParsePrefix("198.18.1.1/32")},
@@ -396,4 +400,78 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name, result string) fl
 	}
 	t.Fatalf("metric %s{result=%q} not found", name, result)
 	return 0
+}
+
+// TestEndpointIPv6 checks IPv6 inside (an IPv6 VIP, over GRE from an IPv4 LD) and IPv6
+// outside (IPIP from an IPv6 LD, carrying IPv4).
+func TestEndpointIPv6(t *testing.T) {
+	tb := newTestbed(t, func(c *Config) {
+		c.VIPs = append(c.VIPs, vip6.Addr())
+		c.LDs = append(c.LDs, netip.MustParsePrefix("2001:db8:1::1/128"))
+		c.Local = netip.Addr{}
+	})
+	tb.ld.Addr("eth0", "2001:db8:1::1/64")
+	tb.l7.Addr("eth0", "2001:db8:1::11/64")
+	for _, a := range []netip.AddrPort{vip, vip6} {
+		tb.l7.MustDo(func() error {
+			ln, err := net.Listen("tcp", a.String())
+			if err == nil {
+				t.Cleanup(func() { ln.Close() })
+			}
+			return err
+		})
+	}
+	if out := tb.l7.MustRun("ip", "-6", "rule", "show"); !strings.Contains(out, "from 2001:db8:ff::10 lookup 4242") {
+		t.Fatalf("IPv6 rule missing:\n%s", out)
+	}
+
+	// IPv6 inside GRE over IPv4.
+	gre := tb.ldSocket(t, unix.IPPROTO_GRE, "198.18.1.1")
+	sendTo(t, gre, greWrap(tcpPacket(cl6, vip6, 1, 0, tcpSYN, nil), false, false))
+	reply := recvInner(t, gre, 3*time.Second, func(pi packetInfo) bool {
+		return pi.key.v6 && pi.key.proto == protoTCP && pi.key.src == vip6.Addr().As16() && pi.key.dst == cl6.Addr().As16() &&
+			pi.key.dport == cl6.Port() && pi.tcpFlags&(tcpSYN|tcpACK) == tcpSYN|tcpACK
+	})
+	if reply == nil {
+		t.Fatalf("no IPv6 SYN-ACK over GRE; stats %+v", tb.ep.Stats())
+	}
+	// The MSS follows the MTU for an IPv6 LD, 1456, less 60.
+	if mss := binary.BigEndian.Uint16(reply[40+22:]); mss != DefaultMTU6-60 {
+		t.Errorf("IPv6 SYN-ACK MSS %d, want %d", mss, DefaultMTU6-60)
+	}
+
+	// IPv4 inside IPIP over IPv6: the LD's IPv6 raw socket gets the payload only.
+	var fd int
+	tb.ld.MustDo(func() error {
+		var err error
+		if fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_IPIP); err != nil {
+			return err
+		}
+		tv := unix.NsecToTimeval(int64(3 * time.Second))
+		return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	})
+	defer unix.Close(fd)
+	c := netip.AddrPortFrom(client.Addr(), 40020)
+	l7addr := netip.MustParseAddr("2001:db8:1::11").As16()
+	if err := unix.Sendto(fd, tcpPacket(c, vip, 1, 0, tcpSYN, nil), 0, &unix.SockaddrInet6{Addr: l7addr}); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2048)
+	for {
+		n, from, err := unix.Recvfrom(fd, buf, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("no SYN-ACK over IPIP/IPv6: %v; stats %+v", err, tb.ep.Stats())
+		}
+		pi, err := parseFlow(buf[:n])
+		if err != nil || pi.key.dport != c.Port() {
+			continue
+		}
+		if sa, ok := from.(*unix.SockaddrInet6); !ok || sa.Addr != l7addr {
+			t.Fatalf("reply from %v, want %v", from, netip.AddrFrom16(l7addr))
+		}
+		break
+	}
 }
