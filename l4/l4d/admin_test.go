@@ -545,7 +545,7 @@ func TestStartFailures(t *testing.T) {
 		t.Errorf("ports closed %d times after a failed start", tp.closed.Load())
 	}
 
-	writeFile(t, path, strings.Replace(testConfig, `"127.0.0.1:0"`, `"256.0.0.1:1"`, 1))
+	writeFile(t, path, strings.Replace(testConfig, `"127.0.0.1:0"`, `"127.0.0.1:99999"`, 1))
 	tp = &testPorts{}
 	d = &Daemon{Path: path, Stderr: io.Discard, openPorts: tp.open}
 	if err := d.Run(ctx); err == nil || !strings.Contains(err.Error(), "admin listener") || tp.closed.Load() != 1 {

@@ -75,8 +75,9 @@ type Forwarding struct {
 type DPDKFile struct {
 	// EALArgs are the DPDK EAL arguments (cores, devices: `--vdev=net_af_packet0,iface=eth1`,
 	// `-a 0000:03:00.0`, memory). l4d adds `--in-memory` (no hugepage files left behind,
-	// several instances side by side) unless `--in-memory` or `--file-prefix` is given,
-	// and `--file-prefix=l4d-<pid>` unless `--file-prefix` is given. Default none.
+	// several instances side by side) unless `--in-memory`, `--file-prefix`, `--no-huge`
+	// or `--legacy-mem` is given, and `--file-prefix=l4d-<pid>` unless `--file-prefix`
+	// is given. Default none.
 	EALArgs []string `yaml:"eal_args" json:"eal_args,omitempty"`
 	// Workers is the number of run-to-completion loops, each polling one RX queue of
 	// every port on its own thread. Default 1, at most 64.

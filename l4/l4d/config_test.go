@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -154,10 +155,16 @@ func TestEALArgs(t *testing.T) {
 		{[]string{"--in-memory"}, []string{"--in-memory", "--file-prefix=l4d-7"}},
 		{[]string{"--file-prefix=lb"}, []string{"--file-prefix=lb"}},
 		{[]string{"--file-prefix", "lb"}, []string{"--file-prefix", "lb"}},
+		{[]string{"--no-huge", "-m", "256"}, []string{"--no-huge", "-m", "256", "--file-prefix=l4d-7"}},
+		{[]string{"--legacy-mem"}, []string{"--legacy-mem", "--file-prefix=l4d-7"}},
 	}
 	for _, tc := range cases {
-		if got := ealArgs(tc.in, 7); !reflect.DeepEqual(got, tc.want) {
+		got, prefix := ealArgs(tc.in, 7)
+		if !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("ealArgs(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+		if ours := slices.Contains(got, "--file-prefix=l4d-7"); ours != (prefix == "l4d-7") || !ours && prefix != "" {
+			t.Errorf("ealArgs(%q): prefix %q", tc.in, prefix)
 		}
 	}
 }

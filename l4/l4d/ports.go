@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -33,22 +34,39 @@ type device interface {
 	Stats() (dpdk.Stats, error)
 }
 
-// ealArgs returns the EAL arguments for given: `--in-memory` is added unless
-// `--in-memory` or `--file-prefix` is there (a prefix means the operator wants the
-// runtime directory, for dpdk-proc-info and the like), and `--file-prefix=l4d-<pid>`
-// unless `--file-prefix` is there, so instances never share runtime files.
-func ealArgs(given []string, pid int) []string {
+// ealArgs returns the EAL arguments for given: `--in-memory` (no hugepage or
+// runtime files) is added unless `--in-memory` or `--file-prefix` is there (a prefix
+// means the operator wants the runtime directory, for dpdk-proc-info and the like)
+// or `--no-huge` or `--legacy-mem` is (EAL refuses those with `--in-memory`), and
+// `--file-prefix=l4d-<pid>` unless `--file-prefix` is there, so instances never share
+// runtime files; it also returns that prefix, or "" when the operator gave one.
+func ealArgs(given []string, pid int) (args []string, prefix string) {
 	has := func(flag string) bool {
 		return slices.ContainsFunc(given, func(a string) bool { return a == flag || strings.HasPrefix(a, flag+"=") })
 	}
-	args := slices.Clone(given)
-	if !has("--in-memory") && !has("--file-prefix") {
+	args = slices.Clone(given)
+	if !has("--in-memory") && !has("--file-prefix") && !has("--no-huge") && !has("--legacy-mem") {
 		args = append(args, "--in-memory")
 	}
 	if !has("--file-prefix") {
-		args = append(args, fmt.Sprintf("--file-prefix=l4d-%d", pid))
+		prefix = fmt.Sprintf("l4d-%d", pid)
+		args = append(args, "--file-prefix="+prefix)
 	}
-	return args
+	return args, prefix
+}
+
+// runtimeDir is where EAL keeps the runtime files of a file prefix (as
+// eal_create_runtime_dir does): /var/run/dpdk/<prefix> for root, else under
+// $XDG_RUNTIME_DIR or /tmp.
+func runtimeDir(prefix string) string {
+	dir := "/var/run"
+	if os.Getuid() != 0 {
+		dir = os.Getenv("XDG_RUNTIME_DIR")
+		if dir == "" {
+			dir = "/tmp"
+		}
+	}
+	return filepath.Join(dir, "dpdk", prefix)
 }
 
 // dataRoom is the mbuf size (headroom included) that holds a frame of the largest
@@ -67,9 +85,17 @@ func dataRoom(cfg *FileConfig) uint {
 // control queue, not promiscuous: the LD answers ARP and ND with the device's MAC
 // (for net_af_packet, the kernel interface's).
 func openDPDK(cfg *FileConfig, log *slog.Logger) (ps *portSet, err error) {
-	args := ealArgs(cfg.DPDK.EALArgs, os.Getpid())
+	args, prefix := ealArgs(cfg.DPDK.EALArgs, os.Getpid())
+	// A prefix of l4d's own names a runtime directory nobody else uses: remove it
+	// when done (with --no-huge, EAL leaves megabytes of files there).
+	removeRuntime := func() {
+		if prefix != "" {
+			os.RemoveAll(runtimeDir(prefix))
+		}
+	}
 	log.Info("initialising DPDK", "eal_args", args)
 	if err := dpdk.Init(args); err != nil {
+		removeRuntime()
 		return nil, err
 	}
 	var opened []*dpdk.Port
@@ -86,6 +112,7 @@ func openDPDK(cfg *FileConfig, log *slog.Logger) (ps *portSet, err error) {
 		if err := dpdk.Cleanup(); err != nil {
 			log.Error("cleaning up DPDK", "err", err)
 		}
+		removeRuntime()
 	}
 	defer func() {
 		if err != nil {
