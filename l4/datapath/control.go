@@ -78,7 +78,6 @@ type control struct {
 	extMAC, intMAC packet.MAC
 	health         chan healthResult
 	ctx            context.Context
-	txBuf          []port.Buf
 }
 
 func newControl(d *Distributor, cfg Config) (*control, error) {
@@ -93,7 +92,6 @@ func newControl(d *Distributor, cfg Config) (*control, error) {
 		extMAC:     packet.MAC(d.opts.External.MAC()),
 		intMAC:     packet.MAC(d.opts.Internal.MAC()),
 		health:     make(chan healthResult, 64),
-		txBuf:      make([]port.Buf, 1),
 	}
 	if err := c.apply(cfg); err != nil {
 		return nil, err
@@ -404,24 +402,17 @@ func (c *control) sidePort(side int, a netip.Addr) (port.Port, packet.MAC, netip
 	return p, mac, in.Addr6.Addr()
 }
 
-// send transmits frame on p's control queue.
+// send transmits frame on p. The control goroutine owns no TX queue: worker 0
+// sends its frames on its own queue between bursts (so a port needs only one TX
+// queue per worker, which is all some drivers offer).
 func (c *control) send(p port.Port, frame []byte) {
 	if len(frame) < 60 {
 		frame = append(frame, make([]byte, 60-len(frame))...)
 	}
-	if p.Alloc(c.txBuf) != 1 {
-		c.log.Warn("l4: no buffer for a control packet", "port", p.Name())
-		return
-	}
-	b := &c.txBuf[0]
-	if b.Off+len(frame) > len(b.Data) {
-		p.Free(c.txBuf)
-		return
-	}
-	copy(b.Data[b.Off:], frame)
-	b.Len = len(frame)
-	if p.TxBurst(p.TxQueues()-1, c.txBuf) != 1 {
-		p.Free(c.txBuf)
+	select {
+	case c.d.ctlTx <- ctlFrame{data: frame, ext: p == c.d.opts.External}:
+	default:
+		c.log.Warn("l4: control transmit queue full; dropping a control packet", "port", p.Name())
 	}
 }
 

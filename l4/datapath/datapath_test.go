@@ -349,3 +349,26 @@ func TestRandomFramesDoNotCrash(t *testing.T) {
 	}
 	t.Fatal("the datapath stopped forwarding after random frames")
 }
+
+func TestEchoToLDAndVIP(t *testing.T) {
+	r := newRig(t, testConfig())
+	r.resolve()
+	for _, dst := range []netip.Addr{ldExt, vip} {
+		req := serialize(t,
+			&layers.Ethernet{SrcMAC: gwMAC, DstMAC: extMAC[:], EthernetType: layers.EthernetTypeIPv4},
+			&layers.IPv4{Version: 4, TTL: 60, Protocol: layers.IPProtocolICMPv4, SrcIP: client.AsSlice(), DstIP: dst.AsSlice()},
+			&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(layers.ICMPv4TypeEchoRequest, 0), Id: 7, Seq: 1},
+			gopacket.Payload("ping"))
+		r.ext.Inject(req)
+		f := waitSent(t, r.ext, 1)[0]
+		pk := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default)
+		icmp, ok := pk.Layer(layers.LayerTypeICMPv4).(*layers.ICMPv4)
+		ip, _ := pk.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+		if !ok || icmp.TypeCode.Type() != layers.ICMPv4TypeEchoReply || !ip.SrcIP.Equal(dst.AsSlice()) || !ip.DstIP.Equal(client.AsSlice()) {
+			t.Fatalf("ping %s: got %v", dst, pk)
+		}
+		if pk.ErrorLayer() != nil {
+			t.Fatalf("ping %s: reply does not decode: %v", dst, pk.ErrorLayer().Error())
+		}
+	}
+}

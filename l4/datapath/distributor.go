@@ -26,8 +26,8 @@ type Options struct {
 	Internal port.Port
 	// Workers is the number of run-to-completion loops; worker i polls RX queue i
 	// of each port and transmits on TX queue i. Every port needs at least Workers
-	// RX queues and Workers+1 TX queues: the last TX queue is the control
-	// goroutine's (ARP, ND). Default 1.
+	// RX and TX queues. Worker 0 also transmits the control goroutine's frames
+	// (ARP, ND) between bursts. Default 1.
 	Workers int
 	// Burst is the most packets received at once. Default 32, at most 256.
 	Burst int
@@ -61,7 +61,8 @@ type Distributor struct {
 	snap    atomic.Pointer[snapshot]
 	workers []*worker
 
-	ctlFrames  chan ctlFrame
+	ctlFrames  chan ctlFrame // from workers to the control goroutine
+	ctlTx      chan ctlFrame // from the control goroutine to worker 0, to transmit
 	ctlResolve chan netip.Addr
 	ops        chan func(*control)
 	ctl        *control
@@ -105,9 +106,9 @@ func NewDistributor(cfg Config, opts Options) (*Distributor, error) {
 		opts.Logger = slog.Default()
 	}
 	for _, p := range []port.Port{opts.External, opts.Internal} {
-		if p.RxQueues() < opts.Workers || p.TxQueues() < opts.Workers+1 {
-			return nil, fmt.Errorf("datapath: port %s has %d RX and %d TX queues; %d workers need %d and %d",
-				p.Name(), p.RxQueues(), p.TxQueues(), opts.Workers, opts.Workers, opts.Workers+1)
+		if p.RxQueues() < opts.Workers || p.TxQueues() < opts.Workers {
+			return nil, fmt.Errorf("datapath: port %s has %d RX and %d TX queues; %d workers need as many of each",
+				p.Name(), p.RxQueues(), p.TxQueues(), opts.Workers)
 		}
 	}
 	cfg = cfg.withDefaults()
@@ -115,6 +116,7 @@ func NewDistributor(cfg Config, opts Options) (*Distributor, error) {
 		opts:       opts,
 		log:        opts.Logger,
 		ctlFrames:  make(chan ctlFrame, 1024),
+		ctlTx:      make(chan ctlFrame, 256),
 		ctlResolve: make(chan netip.Addr, 256),
 		ops:        make(chan func(*control)),
 		done:       make(chan struct{}),
@@ -132,10 +134,14 @@ func NewDistributor(cfg Config, opts Options) (*Distributor, error) {
 			onePort: opts.Internal == opts.External, table: t, seed: opts.HashSeed,
 			burst: opts.Burst, extMAC: packet.MAC(opts.External.MAC()),
 			rx:    make([]port.Buf, opts.Burst),
+			pk:    make([]packet.Packet, opts.Burst),
+			perr:  make([]error, opts.Burst),
+			hash:  make([]uint64, opts.Burst),
 			txExt: make([]port.Buf, 0, opts.Burst),
 			txInt: make([]port.Buf, 0, opts.Burst),
 			drop:  make([]port.Buf, 0, opts.Burst),
 			pub:   new(published),
+			txOne: make([]port.Buf, 1),
 			ipid:  uint16(i) << 12,
 		}
 		d.workers = append(d.workers, w)

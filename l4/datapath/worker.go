@@ -48,9 +48,13 @@ type worker struct {
 	extMAC  packet.MAC
 
 	rx    []port.Buf
+	pk    []packet.Packet // parsed headers of the burst in rx
+	perr  []error
+	hash  []uint64 // flow hash of pk[i], 0 when it has no flow
 	txExt []port.Buf
 	txInt []port.Buf
 	drop  []port.Buf
+	txOne []port.Buf
 
 	// scheduling state of this lcore, rebuilt when the snapshot changes.
 	snapVer uint64
@@ -99,6 +103,9 @@ func (w *worker) run(stop *atomic.Bool, idleSleep time.Duration) {
 			n += w.poll(w.int, vInt)
 		}
 		w.table.Expire(w.now, 64)
+		if w.id == 0 {
+			n += w.sendControl()
+		}
 		if now.Sub(lastPub) >= publishEvery {
 			w.publish()
 			lastPub = now
@@ -130,9 +137,23 @@ func (w *worker) poll(p port.Port, self verdict) int {
 		w.resync(s)
 	}
 	w.txExt, w.txInt, w.drop = w.txExt[:0], w.txInt[:0], w.drop[:0]
+	// First pass: parse the burst and start loading the connection-table lines
+	// of its flows, so that the cache misses of the burst overlap instead of being
+	// taken one packet at a time.
 	for i := range n {
 		b := &w.rx[i]
-		v := w.handle(s, b, self == vExt)
+		pk := &w.pk[i]
+		w.perr[i] = packet.Parse(b.Data[b.Off:b.Off+b.Len], pk)
+		w.hash[i] = 0
+		if w.perr[i] == nil && pk.L4 >= 0 && !pk.Fragment && (pk.Proto == packet.ProtoTCP || pk.Proto == packet.ProtoUDP) {
+			h := packet.FlowHash(w.seed, pk)
+			w.hash[i] = h
+			w.table.Prefetch(h)
+		}
+	}
+	for i := range n {
+		b := &w.rx[i]
+		v := w.handle(s, b, &w.pk[i], w.perr[i], w.hash[i], self == vExt)
 		if v == vBack {
 			v = self
 		}
@@ -190,12 +211,20 @@ func (w *worker) resync(s *snapshot) {
 	}
 }
 
-// handle decides what to do with one received frame and rewrites it in place.
-func (w *worker) handle(s *snapshot, b *port.Buf, fromExt bool) verdict {
-	frame := b.Data[b.Off : b.Off+b.Len]
+// handleFrame parses one frame and handles it.
+func (w *worker) handleFrame(s *snapshot, b *port.Buf, fromExt bool) verdict {
 	var p packet.Packet
-	if err := packet.Parse(frame, &p); err != nil {
-		w.count(dirIn, parseResult(err))
+	err := packet.Parse(b.Data[b.Off:b.Off+b.Len], &p)
+	return w.handle(s, b, &p, err, 0, fromExt)
+}
+
+// handle decides what to do with one received frame, parsed into p (or failed
+// with perr), and rewrites it in place. h is the flow hash of p, or 0 to compute
+// it when needed.
+func (w *worker) handle(s *snapshot, b *port.Buf, p *packet.Packet, perr error, h uint64, fromExt bool) verdict {
+	frame := b.Data[b.Off : b.Off+b.Len]
+	if perr != nil {
+		w.count(dirIn, parseResult(perr))
 		return vDrop
 	}
 	switch p.EtherType {
@@ -214,10 +243,10 @@ func (w *worker) handle(s *snapshot, b *port.Buf, fromExt bool) verdict {
 	}
 
 	if _, vip := s.vips[dst]; vip {
-		return w.toVIP(s, b, frame, &p, dst)
+		return w.toVIP(s, b, frame, p, dst, h)
 	}
 	if s.int.owns(dst) || s.ext.owns(dst) {
-		return w.toLD(s, b, frame, &p)
+		return w.toLD(s, b, frame, p)
 	}
 	w.count(dirIn, resNotLocal)
 	return vDrop
@@ -225,7 +254,7 @@ func (w *worker) handle(s *snapshot, b *port.Buf, fromExt bool) verdict {
 
 // toVIP handles a packet addressed to a VIP: it finds the flow's member and
 // tunnels the packet to it.
-func (w *worker) toVIP(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet, dst [16]byte) verdict {
+func (w *worker) toVIP(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet, dst [16]byte, h uint64) verdict {
 	if p.Fragment {
 		r := s.fragRules[ruleKey{addr: dst, proto: p.Proto}]
 		if r == nil {
@@ -261,7 +290,9 @@ func (w *worker) toVIP(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet,
 			return w.forward(s, b, p, r, id)
 		}
 	}
-	h := packet.FlowHash(w.seed, p)
+	if h == 0 {
+		h = packet.FlowHash(w.seed, p)
+	}
 	id, res := w.flowMember(s, r, p, p.Src, p.SrcPort, h)
 	if res != resForwarded {
 		w.count(dirIn, res)
@@ -508,6 +539,35 @@ func (w *worker) neighbour(s *snapshot, dst netip.Addr) (packet.MAC, bool) {
 		}
 	}
 	return mac, ok
+}
+
+// sendControl transmits up to 16 frames the control goroutine queued.
+func (w *worker) sendControl() int {
+	for i := range 16 {
+		var f ctlFrame
+		select {
+		case f = <-w.d.ctlTx:
+		default:
+			return i
+		}
+		p := w.int
+		if f.ext {
+			p = w.ext
+		}
+		if p.Alloc(w.txOne) != 1 {
+			return i
+		}
+		b := &w.txOne[0]
+		if b.Off+len(f.data) > len(b.Data) {
+			p.Free(w.txOne)
+			continue
+		}
+		b.Len = copy(b.Data[b.Off:], f.data)
+		if p.TxBurst(w.id, w.txOne) != 1 {
+			p.Free(w.txOne)
+		}
+	}
+	return 16
 }
 
 // toControl hands a copy of frame to the control goroutine.
