@@ -37,16 +37,17 @@ func fuzzSeeds(t testing.TB) [][]byte {
 }
 
 // exercise runs every function that takes a parsed packet on b and p. None may
-// panic; results are checked for internal consistency.
-func exercise(t *testing.T, b []byte, p *Packet) {
+// panic, whatever Parse returned; when it succeeded (parsed), results are checked for
+// consistency.
+func exercise(t *testing.T, b []byte, p *Packet, parsed bool) {
 	var in Packet
-	if err := ICMPEmbedded(b, p, &in); err == nil {
+	if err := ICMPEmbedded(b, p, &in); err == nil && parsed {
 		if in.L3 < p.L4 || in.End > p.End || (in.L4 >= 0 && (in.L4 < in.L3 || in.L4 > in.End)) {
 			t.Fatalf("ICMPEmbedded offsets %+v inside %+v", in, *p)
 		}
 		FlowHash(1, &in)
 	}
-	if off, n, err := Decap(b, p); err == nil {
+	if off, n, err := Decap(b, p); err == nil && parsed {
 		if off < p.L4 || off+n != p.End || n < IPv4Len {
 			t.Fatalf("Decap %d+%d for %+v", off, n, *p)
 		}
@@ -56,7 +57,16 @@ func exercise(t *testing.T, b []byte, p *Packet) {
 	var a ARP
 	_ = ParseARP(b, p, &a)
 	var nd ND
-	_ = ParseND(b, p, &nd)
+	if ParseND(b, p, &nd) == ErrChecksum && parsed {
+		// Likewise past the ICMPv6 checksum.
+		c := clone(b)
+		c[p.L4+2], c[p.L4+3] = 0, 0
+		sum := Checksum(c[p.L4:p.End], PseudoHeaderSum(p.Src, p.Dst, ProtoICMPv6, p.End-p.L4))
+		c[p.L4+2], c[p.L4+3] = byte(sum>>8), byte(sum)
+		if err := ParseND(c, p, &nd); err == ErrChecksum {
+			t.Fatal("ErrChecksum after fixing the ICMPv6 checksum")
+		}
+	}
 	VerifyL4Checksum(b, p)
 	if p.Proto == ProtoUDP && p.L4 >= 0 {
 		QUICDestConnID(b[p.L4+UDPLen:p.End], 8)
@@ -66,7 +76,7 @@ func exercise(t *testing.T, b []byte, p *Packet) {
 
 	c := clone(b)
 	q := *p
-	if ClampMSS(c, &q, 536) {
+	if ClampMSS(c, &q, 536) && parsed {
 		if !mssOnly(c, b, p) {
 			t.Fatal("ClampMSS changed bytes outside the TCP header")
 		}
@@ -77,7 +87,7 @@ func exercise(t *testing.T, b []byte, p *Packet) {
 	}
 	c = clone(b)
 	q = *p
-	if EchoReply(c, &q) {
+	if EchoReply(c, &q) && parsed {
 		var r Packet
 		if err := Parse(c, &r); err != nil {
 			t.Fatalf("EchoReply produced an unparsable frame: %v", err)
@@ -87,7 +97,7 @@ func exercise(t *testing.T, b []byte, p *Packet) {
 		}
 	}
 	c = clone(b)
-	if p.L3 >= 0 && p.L3 < len(c) && DecTTL(c, p.L3) && p.EtherType == EtherTypeIPv4 {
+	if DecTTL(c, p.L3) && parsed && p.EtherType == EtherTypeIPv4 {
 		var r Packet
 		if err := Parse(c, &r); err != nil {
 			t.Fatalf("DecTTL produced an unparsable frame: %v", err)
@@ -119,7 +129,17 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("unexpected error %v", err)
 		}
 		// Functions taking a parsed packet must be safe after any Parse outcome.
-		exercise(t, b, &p)
+		exercise(t, b, &p, err == nil)
+		if err == ErrChecksum {
+			// Let mutations get past the IPv4 header checksum: fix it and go on.
+			b = clone(b)
+			fixIPv4Checksum(b, p.L3)
+			err = Parse(b, &p)
+			if err == ErrChecksum {
+				t.Fatal("ErrChecksum after fixing the checksum")
+			}
+			exercise(t, b, &p, err == nil)
+		}
 		if err == nil && p.L3 < len(b) {
 			var q Packet
 			if ParseIP(b, p.L3, &q) == nil && p.EtherType != EtherTypeARP && (q.Src != p.Src || q.L4 != p.L4) {
