@@ -189,6 +189,7 @@ type daemon struct {
 	env    []string
 	health string // URL of /healthz
 	log    string
+	client *http.Client // for health; default http.DefaultClient
 	cmd    *exec.Cmd
 	done   chan error
 }
@@ -210,8 +211,12 @@ func (d *daemon) start() {
 	d.done = make(chan error, 1)
 	go func(c *exec.Cmd, done chan error) { done <- c.Wait() }(d.cmd, d.done)
 	deadline := time.Now().Add(15 * time.Second)
+	client := d.client
+	if client == nil {
+		client = http.DefaultClient
+	}
 	for {
-		resp, err := http.Get(d.health)
+		resp, err := client.Get(d.health)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -270,7 +275,12 @@ func (d *daemon) logTail() string {
 // scrape sums the samples of metric name at url whose line contains every filter and
 // none of the exclusions (filters starting with "!").
 func scrape(url, name string, filters ...string) float64 {
-	resp, err := http.Get(url)
+	return scrapeWith(http.DefaultClient, url, name, filters...)
+}
+
+// scrapeWith is scrape through client.
+func scrapeWith(client *http.Client, url, name string, filters ...string) float64 {
+	resp, err := client.Get(url)
 	if err != nil {
 		return -1
 	}

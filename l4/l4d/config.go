@@ -84,7 +84,7 @@ type DPDKFile struct {
 	Workers int `yaml:"workers" json:"workers,omitempty"`
 	// Mbufs is the number of packet buffers per port; the one pool holds Mbufs times
 	// the number of ports. Default: each port's RX and TX descriptors, a burst per
-	// worker and the control queue, the per-thread caches and a margin, rounded up to
+	// worker and for the control goroutine, the per-thread caches and a margin, rounded up to
 	// 2^n-1.
 	Mbufs int `yaml:"mbufs" json:"mbufs,omitempty"`
 	// MbufCache is the per-thread cache of the pool. Default 256, at most 512.
@@ -392,7 +392,7 @@ func (p *DPDKFile) fill() {
 // every TX descriptor waiting, and a burst in each worker's and the control
 // goroutine's hands.
 func (p *DPDKFile) minMbufs() int {
-	return p.Workers*p.RxDesc + (p.Workers+1)*p.TxDesc + (p.Workers+1)*p.Burst
+	return p.Workers*p.RxDesc + p.Workers*p.TxDesc + (p.Workers+1)*p.Burst
 }
 
 // MbufsPerPort is the size of one port's share of the pool: Mbufs, or the minimum

@@ -81,8 +81,8 @@ func dataRoom(cfg *FileConfig) uint {
 }
 
 // openDPDK initialises the EAL, creates the one mbuf pool and opens the configured
-// devices, each with one RX queue per worker and one TX queue per worker plus the
-// control queue, not promiscuous: the LD answers ARP and ND with the device's MAC
+// devices, each with one RX and one TX queue per worker (worker 0 also sends the
+// control goroutine's ARP and ND frames), not promiscuous: the LD answers ARP and ND with the device's MAC
 // (for net_af_packet, the kernel interface's).
 func openDPDK(cfg *FileConfig, log *slog.Logger) (ps *portSet, err error) {
 	args, prefix := ealArgs(cfg.DPDK.EALArgs, os.Getpid())
@@ -141,7 +141,7 @@ func openDPDK(cfg *FileConfig, log *slog.Logger) (ps *portSet, err error) {
 		}
 		dp, err := dpdk.OpenPort(id, s.role, dpdk.PortConfig{
 			RxQueues: p.Workers,
-			TxQueues: p.Workers + 1,
+			TxQueues: p.Workers,
 			RxDesc:   uint16(p.RxDesc),
 			TxDesc:   uint16(p.TxDesc),
 			MTU:      s.pf.MTU,
