@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
+	"golang.org/x/sys/unix"
 
 	"github.com/tiergate/tiergate/internal/netns"
 	"github.com/tiergate/tiergate/internal/testenv"
@@ -34,8 +36,8 @@ import (
 // The client reaches VIP 203.0.113.10 through the LD at 198.18.0.2; the LD tunnels
 // each flow to an L7 node in GRE; the L7 nodes answer through the LD.
 const (
-	l4VIP     = "203.0.113.10"
-	l4Client  = "198.18.0.1"
+	l4VIP         = "203.0.113.10"
+	l4Client      = "198.18.0.1"
 	l4BackendAddr = "198.18.1.100:8080"
 )
 
@@ -363,6 +365,22 @@ pools:
 			t.Errorf("%s drops: %v", r, v)
 		}
 	}
+	// 7. Garbage on both ports: random, truncated and corrupted frames are dropped
+	// and counted; l4d keeps forwarding.
+	before := l4metric("tiergate_l4_packets_total", `!result="forwarded"`, `!result="local"`)
+	sent := sendGarbage(t, n.cl, "c0", 2000) + sendGarbage(t, n.sw, "si", 2000)
+	waitFor(t, 10*time.Second, "garbage counted as drops", func() bool {
+		return l4metric("tiergate_l4_packets_total", `!result="forwarded"`, `!result="local"`)-before >= float64(sent)/2
+	})
+	if _, _, err := l4Get(fresh, url); err != nil {
+		t.Fatalf("request after garbage: %v\nl4d:\n%s", err, l4d.logTail())
+	}
+	for _, r := range []string{"truncated", "malformed", "unsupported"} {
+		if v := l4metric("tiergate_l4_packets_total", `result="`+r+`"`); v <= 0 {
+			t.Errorf("no %s drops counted after garbage", r)
+		}
+	}
+
 	backend.mu.Lock()
 	defer backend.mu.Unlock()
 	for k := range backend.seen {
@@ -394,4 +412,57 @@ func h3Get(t *testing.T, ns *netns.NS, tlsCfg *tls.Config, url string) (node, re
 	}
 	defer h3.Close()
 	return l4Get(&http.Client{Transport: h3, Timeout: 10 * time.Second}, url)
+}
+
+// sendGarbage writes count random, truncated and corrupted Ethernet frames on dev
+// in ns through a packet socket, and returns how many it sent.
+func sendGarbage(t *testing.T, ns *netns.NS, dev string, count int) int {
+	t.Helper()
+	sent := 0
+	ns.MustDo(func() error {
+		ifi, err := net.InterfaceByName(dev)
+		if err != nil {
+			return err
+		}
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		addr := &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6}
+		rng := mrand.New(mrand.NewPCG(uint64(count), 7))
+		// A valid TCP SYN to the VIP to cut and corrupt.
+		valid := []byte{
+			0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00,
+			0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0, 198, 18, 0, 1, 203, 0, 113, 10,
+			0x9c, 0x40, 0x01, 0xbb, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0,
+		}
+		copy(valid[0:6], ifi.HardwareAddr) // any MAC: the LD's port reads every frame
+		for i := range count {
+			var f []byte
+			switch i % 4 {
+			case 0: // random bytes, at least an Ethernet header
+				f = make([]byte, 14+rng.IntN(120))
+				for j := range f {
+					f[j] = byte(rng.Uint32())
+				}
+			case 1: // an IPv4 frame cut short
+				f = append([]byte(nil), valid[:14+rng.IntN(20)]...)
+			case 2: // corrupted header fields
+				f = append([]byte(nil), valid...)
+				f[14+rng.IntN(20)] ^= byte(1 + rng.IntN(255))
+			default: // an unknown EtherType
+				f = append([]byte(nil), valid...)
+				f[12], f[13] = 0x88, 0xb5
+			}
+			if len(f) < 60 && i%4 != 1 {
+				f = append(f, make([]byte, 60-len(f))...)
+			}
+			if err := unix.Sendto(fd, f, 0, addr); err == nil {
+				sent++
+			}
+		}
+		return nil
+	})
+	return sent
 }
