@@ -13,7 +13,7 @@ DEB_PACKAGES := softhsm2 opensc libdpdk-dev pkg-config openssl iproute2 curl pro
 DEMO_DIR   ?= $(CURDIR)/.demo
 TEST_TIMEOUT ?= 40m
 
-.PHONY: all build deps test vet lint unit fuzz bench bench-keyserver bench-handshake demo clean
+.PHONY: all build deps test vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 demo clean
 
 all: build
 
@@ -57,7 +57,7 @@ fuzz:
 			echo "fuzz $$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s $$pkg; \
 		done; done
 
-bench: bench-keyserver bench-handshake bench-policy
+bench: bench-keyserver bench-handshake bench-policy bench-l4
 
 bench-keyserver: deps build
 	$(GO) run ./integration/cmd/bench-keyserver
@@ -67,6 +67,9 @@ bench-handshake: deps build
 
 bench-policy: deps build
 	$(GO) run ./integration/cmd/bench-policy
+
+bench-l4: deps build
+	$(GO) run ./integration/cmd/bench-l4
 
 demo: deps build
 	$(BIN)/tgdemo -dir $(DEMO_DIR) -bin $(BIN)
