@@ -64,7 +64,7 @@ type testPorts struct {
 func (tp *testPorts) open(cfg *FileConfig, _ *slog.Logger) (*portSet, error) {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
-	q := cfg.DPDK.Workers + 1
+	q := cfg.DPDK.Workers
 	mk := func(role string, mac byte) *memDevice {
 		m := &memDevice{Mem: port.NewMem(role, [6]byte{2, 0, 0, 0, 0, mac}, q, 4096, 2048)}
 		m.stats = dpdk.Stats{RxPackets: 10, TxPackets: 20, RxBytes: 1000, TxBytes: 2000, RxMissed: 1, RxNoMbuf: 2}

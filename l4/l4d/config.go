@@ -84,8 +84,8 @@ type DPDKFile struct {
 	Workers int `yaml:"workers" json:"workers,omitempty"`
 	// Mbufs is the number of packet buffers per port; the one pool holds Mbufs times
 	// the number of ports. Default: each port's RX and TX descriptors, a burst per
-	// worker and for the control goroutine, the per-thread caches and a margin, rounded up to
-	// 2^n-1.
+	// worker and for the control goroutine, the per-thread caches and a margin, rounded
+	// up to 2^n-1.
 	Mbufs int `yaml:"mbufs" json:"mbufs,omitempty"`
 	// MbufCache is the per-thread cache of the pool. Default 256, at most 512.
 	MbufCache int `yaml:"mbuf_cache" json:"mbuf_cache,omitempty"`

@@ -49,7 +49,7 @@ func TestParseConfig(t *testing.T) {
 		{"burst", minimal + "dpdk: {burst: 300}\n", "dpdk.burst: 300 is outside 1..256"},
 		{"cache", minimal + "dpdk: {mbuf_cache: 1000}\n", "dpdk.mbuf_cache: 1000 is outside 0..512"},
 		{"rx desc", minimal + "dpdk: {rx_desc: 8}\n", "dpdk.rx_desc: 8 is outside 64..32768"},
-		{"few mbufs", minimal + "dpdk: {mbufs: 100}\n", "dpdk.mbufs: 100 is too few: the queues' descriptors and bursts need 3136"},
+		{"few mbufs", minimal + "dpdk: {mbufs: 100}\n", "dpdk.mbufs: 100 is too few: the queues' descriptors and bursts need 2112"},
 		{"empty eal arg", minimal + "dpdk: {eal_args: [\"\"]}\n", "dpdk.eal_args[0]: empty"},
 		{"no device", repl(minimal, "device: net_null0, ", ""), "ports.external.device: required"},
 		{"no address", repl(minimal, ", addr: 198.18.0.2/24", ""), "ports.external: an address (addr or addr6) is required"},
@@ -104,15 +104,15 @@ func TestDefaults(t *testing.T) {
 	if c.AdminListen != DefaultAdminListen || !reflect.DeepEqual(c.DPDK, want) {
 		t.Errorf("defaults: %q %+v", c.AdminListen, c.DPDK)
 	}
-	if n := c.DPDK.MbufsPerPort(); n != 8191 {
-		t.Errorf("default mbufs per port %d, want 8191", n)
+	if n := c.DPDK.MbufsPerPort(); n != 4095 { // 1024+1024+2*32+2*256+1024 = 3648
+		t.Errorf("default mbufs per port %d, want 4095", n)
 	}
 	c.DPDK.Mbufs = 5000
 	if n := c.DPDK.MbufsPerPort(); n != 5000 {
 		t.Errorf("configured mbufs per port %d, want 5000", n)
 	}
 	c.DPDK = DPDKFile{Workers: 2, MbufCache: 512, RxDesc: 4096, TxDesc: 4096, Burst: 64}
-	if n := c.DPDK.MbufsPerPort(); n != 32767 { // 2*4096+3*4096+3*64+3*512+1024 = 23232
+	if n := c.DPDK.MbufsPerPort(); n != 32767 { // 2*4096+2*4096+3*64+3*512+1024 = 19136
 		t.Errorf("mbufs per port for 2 workers %d, want 32767", n)
 	}
 	if !c.sameDevice() {
@@ -132,7 +132,7 @@ func TestSample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.sameDevice() || s.DPDK.MbufsPerPort() != 8191 || len(s.DPDK.EALArgs) != 3 {
+	if s.sameDevice() || s.DPDK.MbufsPerPort() != 4095 || len(s.DPDK.EALArgs) != 3 {
 		t.Errorf("sample's ports and dpdk parsed as %+v %+v", s.Ports, s.DPDK)
 	}
 	dc, err := s.Datapath()

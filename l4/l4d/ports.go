@@ -82,8 +82,8 @@ func dataRoom(cfg *FileConfig) uint {
 
 // openDPDK initialises the EAL, creates the one mbuf pool and opens the configured
 // devices, each with one RX and one TX queue per worker (worker 0 also sends the
-// control goroutine's ARP and ND frames), not promiscuous: the LD answers ARP and ND with the device's MAC
-// (for net_af_packet, the kernel interface's).
+// control goroutine's ARP and ND frames), not promiscuous: the LD answers ARP and ND
+// with the device's MAC (for net_af_packet, the kernel interface's).
 func openDPDK(cfg *FileConfig, log *slog.Logger) (ps *portSet, err error) {
 	args, prefix := ealArgs(cfg.DPDK.EALArgs, os.Getpid())
 	// A prefix of l4d's own names a runtime directory nobody else uses: remove it
