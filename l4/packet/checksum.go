@@ -37,20 +37,21 @@ func PseudoHeaderSum(src, dst netip.Addr, proto uint8, length int) uint32 {
 // addrSum returns the unfolded sum of a's bytes as 32-bit words: 4 bytes for IPv4, 16
 // otherwise (the zero Addr sums to 0).
 func addrSum(a netip.Addr) uint64 {
+	if a.Is4() {
+		v := a.As4()
+		return uint64(binary.BigEndian.Uint32(v[:]))
+	}
 	var buf [16]byte
 	b := addrBytes(a, &buf)
-	if len(b) == 4 {
-		return uint64(binary.BigEndian.Uint32(b))
-	}
 	if len(b) != 16 {
-		return 0
+		return 0 // the zero Addr
 	}
 	return uint64(binary.BigEndian.Uint32(b[0:])) + uint64(binary.BigEndian.Uint32(b[4:])) +
 		uint64(binary.BigEndian.Uint32(b[8:])) + uint64(binary.BigEndian.Uint32(b[12:]))
 }
 
 // addrBytes returns a's address bytes (4 for IPv4, 16 for IPv6, none for the zero
-// Addr) in buf, without a zone. It is what As4/As16 do, minus the 16-byte array
+// Addr) in buf, without a zone. For IPv6 it is what As16 does, minus the 16-byte array
 // return value, whose copy defeats store forwarding and costs several nanoseconds on
 // the hot path.
 func addrBytes(a netip.Addr, buf *[16]byte) []byte {

@@ -24,15 +24,16 @@ func mum(a, b uint64) uint64 {
 // the first word (and a family marker in the second), so IPv4 costs no more than it
 // must and never collides with the IPv6 address ::a.b.c.d. A zone is ignored.
 func addrWords(a netip.Addr) (uint64, uint64) {
+	if a.Is4() {
+		v := a.As4()
+		return uint64(binary.BigEndian.Uint32(v[:])), 1 << 63
+	}
 	var buf [16]byte
 	b := addrBytes(a, &buf)
-	switch len(b) {
-	case 4:
-		return uint64(binary.BigEndian.Uint32(b)), 1 << 63
-	case 16:
-		return binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+	if len(b) != 16 {
+		return 0, 0 // the zero Addr
 	}
-	return 0, 0
+	return binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
 }
 
 // FlowHash returns a seeded 64-bit hash of p's (Src, Dst, SrcPort, DstPort, Proto),

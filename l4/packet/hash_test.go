@@ -44,6 +44,13 @@ func TestFlowHashInputs(t *testing.T) {
 			t.Errorf("%s: same hash", name)
 		}
 	}
+	z := flow(client6.WithZone("eth0"), vip6, 1, 2, ProtoUDP)
+	if FlowHash(1, z) != FlowHash(1, flow(client6, vip6, 1, 2, ProtoUDP)) {
+		t.Error("zone changes the hash")
+	}
+	if n := testing.AllocsPerRun(10, func() { FlowHash(1, z) }); n != 0 {
+		t.Errorf("zoned address: %v allocations", n)
+	}
 	ph := PairHash(1, client6, vip6)
 	if PairHash(1, client6, vip6) != ph || PairHash(2, client6, vip6) == ph || PairHash(1, vip6, client6) == ph {
 		t.Error("PairHash: not deterministic or ignores seed or order")
