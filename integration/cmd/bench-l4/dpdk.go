@@ -1,0 +1,266 @@
+//go:build cgo
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tiergate/tiergate/l4/dpdk"
+	"github.com/tiergate/tiergate/l4/port"
+)
+
+// haveDPDK tells whether this build has the DPDK binding (it needs cgo).
+const haveDPDK = true
+
+// DPDK set-up: one pool for every port. The net_ring device's rings hold 1024 mbufs;
+// the rest covers the bursts in flight, the per-lcore caches and net_af_packet's
+// receive queues.
+const (
+	poolSize  = 16383
+	poolCache = 256
+)
+
+// dpdkEnv is the EAL and the mbuf pool, set up once per process.
+type dpdkEnv struct {
+	pool *dpdk.Mempool
+	args []string
+}
+
+// ealArgs are the EAL arguments: no PCI devices, no huge pages, no shared
+// configuration (--in-memory does not go with --no-huge in DPDK 22.11), no telemetry;
+// a ring device and a null device, and when t is set one af_packet device on each of
+// the LD's ends of the veth pairs. Each af_packet device has two queue pairs: the datapath wants
+// a transmit queue for its control goroutine besides the worker's.
+func ealArgs(t *topo, logLevel string) []string {
+	args := []string{
+		"-l", "0", "--no-pci", "--no-huge", "-m", "1024", "--no-shconf", "--no-telemetry",
+		"--log-level=" + logLevel, "--file-prefix=" + ealPrefix(),
+		"--vdev=net_ring0", "--vdev=net_null0,no-rx=1",
+	}
+	if t != nil {
+		args = append(args,
+			"--vdev=net_af_packet0,iface="+t.ext+",qpairs=2",
+			"--vdev=net_af_packet1,iface="+t.int+",qpairs=2")
+	}
+	return args
+}
+
+// ealPrefix names this process's EAL run directory, /var/run/dpdk/<prefix>.
+func ealPrefix() string { return fmt.Sprintf("%s%d", nsPrefix, os.Getpid()) }
+
+// startDPDK initialises the EAL with args and makes the pool.
+func startDPDK(args []string) (*dpdkEnv, error) {
+	e := &dpdkEnv{args: args}
+	err := dpdk.Init(e.args)
+	if err != nil {
+		_ = os.RemoveAll(ealRunDir())
+		return nil, err
+	}
+	if e.pool, err = dpdk.NewMempool("bench_l4", poolSize, poolCache, 0, -1); err != nil {
+		_ = dpdk.Cleanup()
+		_ = os.RemoveAll(ealRunDir())
+		return nil, err
+	}
+	return e, nil
+}
+
+// ealRunDir is the directory the EAL makes even without a shared configuration.
+func ealRunDir() string { return filepath.Join(ealRunBase, ealPrefix()) }
+
+// close frees the pool, cleans up the EAL and removes its run directory; every port
+// must be closed.
+func (e *dpdkEnv) close() error {
+	e.pool.Free()
+	err := dpdk.Cleanup()
+	if rerr := os.RemoveAll(ealRunDir()); err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// open opens the virtual device name with rxQueues receive queues and the two
+// transmit queues one worker needs (its own and the control goroutine's).
+func (e *dpdkEnv) open(name string, rxQueues int) (*dpdk.Port, error) {
+	id, err := dpdk.PortByName(name)
+	if err != nil {
+		return nil, err
+	}
+	return dpdk.OpenPort(id, name, dpdk.PortConfig{RxQueues: rxQueues, TxQueues: 2}, e.pool)
+}
+
+// registerWorker makes a datapath worker's thread an lcore.
+func registerWorker(int) (func(), error) {
+	if _, err := dpdk.RegisterThread(); err != nil {
+		return nil, err
+	}
+	return dpdk.UnregisterThread, nil
+}
+
+// ringSource feeds the net_ring device: frames transmitted on its queue 0 come back on
+// its receive queue 0, which the worker polls.
+type ringSource struct{ p *dpdk.Port }
+
+func (s ringSource) feed(set *frameSet, count int64) feeding {
+	f := &ringFeeding{done: make(chan struct{})}
+	go f.run(s.p, set, count)
+	return f
+}
+
+// ringFeeding is one run of the feeder: a goroutine on its own locked thread,
+// registered as an lcore, that allocates mbufs, copies frames into them and transmits
+// them in bursts of 32, retrying what a full ring does not take at once, after
+// sched_yield: on a core of its own that is a spin, and on a shared machine it leaves
+// the CPU to whatever else waits for it (a Go sleep would last up to a millisecond,
+// longer than the worker takes to empty the ring).
+type ringFeeding struct {
+	halt atomic.Bool
+	done chan struct{}
+	st   feedStats
+}
+
+func (f *ringFeeding) stop() feedStats {
+	f.halt.Store(true)
+	<-f.done
+	return f.st
+}
+
+func (f *ringFeeding) run(p *dpdk.Port, set *frameSet, count int64) {
+	defer close(f.done)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if _, err := dpdk.RegisterThread(); err != nil {
+		f.st.err = fmt.Errorf("feeder: %w", err)
+		return
+	}
+	defer dpdk.UnregisterThread()
+	var bufs [32]port.Buf
+	var st feedStats
+	pending, off, pos := 0, 0, 0
+	for !f.halt.Load() {
+		if pending == 0 {
+			want := len(bufs)
+			if count >= 0 {
+				want = int(min(int64(want), count-int64(st.sent)))
+				if want == 0 {
+					break
+				}
+			}
+			n := p.Alloc(bufs[:want])
+			if n == 0 {
+				st.noBuf++
+				continue
+			}
+			for i := range n {
+				b := &bufs[i]
+				o := pos * frameStride
+				b.Len = copy(b.Data[b.Off:], set.data[o:o+set.length])
+				if pos++; pos == set.n {
+					pos = 0
+				}
+			}
+			pending, off = n, 0
+		}
+		k := p.TxBurst(0, bufs[off:off+pending])
+		st.calls++
+		st.sent += uint64(k)
+		off += k
+		pending -= k
+		if pending > 0 {
+			st.full++
+			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		}
+	}
+	if pending > 0 {
+		p.Free(bufs[off : off+pending])
+	}
+	f.st = st
+}
+
+// runRing measures the datapath over DPDK: net_ring0 as the external port (fed by the
+// feeder), net_null0 as the internal one (it frees what it is given, like a NIC
+// whose receiver never answers).
+func (e *dpdkEnv) runRing(ctx context.Context, o *options, syn, ack *frameSet, log *slog.Logger) (res *forwardResults, err error) {
+	ring, err := e.open("net_ring0", 1)
+	if err != nil {
+		return nil, err
+	}
+	defer closePort(ring, &err)
+	null, err := e.open("net_null0", 1)
+	if err != nil {
+		return nil, err
+	}
+	defer closePort(null, &err)
+	mac := ring.MAC()
+	setDstMAC(syn, mac)
+	setDstMAC(ack, mac)
+	cfg := ldConfig(ldSetup{ext: ldExt, gw: ldExtGW, gwMAC: gwMAC, memberMACs: memberMACs(), capacity: tableCapacity(o.flows)})
+	r, err := startRig("DPDK net_ring", cfg, ring, null, ringSource{ring}, o.flows, registerWorker, log)
+	if err != nil {
+		return nil, err
+	}
+	res, err = runForward(ctx, r, syn, ack, o.duration)
+	if serr := r.stop(); err == nil {
+		err = serr
+	}
+	return res, err
+}
+
+func closePort(p *dpdk.Port, err *error) {
+	if cerr := p.Close(); cerr != nil && *err == nil {
+		*err = cerr
+	}
+}
+
+// setDstMAC rewrites the destination MAC of every frame of set.
+func setDstMAC(set *frameSet, mac [6]byte) {
+	for j := range set.n {
+		copy(set.data[j*frameStride:], mac[:])
+	}
+}
+
+// bothQueues presents receive queues 0 and 1 of a net_af_packet port as queue 0. The
+// device's two queue pairs are two AF_PACKET sockets in one fanout group, which the
+// kernel feeds by flow hash; the datapath's one worker polls queue 0 only, so without
+// this half the flows would wait on queue 1 for good. Only the worker calls RxBurst.
+type bothQueues struct{ *dpdk.Port }
+
+func (b bothQueues) RxQueues() int { return 1 }
+
+func (b bothQueues) RxBurst(queue int, bufs []port.Buf) int {
+	n := b.Port.RxBurst(0, bufs)
+	if n < len(bufs) {
+		n += b.Port.RxBurst(1, bufs[n:])
+	}
+	return n
+}
+
+// runVeth opens the two net_af_packet devices and measures forwarding end to end
+// through them (measureVeth).
+func (e *dpdkEnv) runVeth(ctx context.Context, o *options, t *topo, log *slog.Logger) (res *vethResult, err error) {
+	ext, err := e.open("net_af_packet0", 2)
+	if err != nil {
+		return nil, err
+	}
+	defer closePort(ext, &err)
+	in, err := e.open("net_af_packet1", 2)
+	if err != nil {
+		return nil, err
+	}
+	defer closePort(in, &err)
+	missed := func() uint64 {
+		st, err := ext.Stats()
+		if err != nil {
+			return 0
+		}
+		return st.RxMissed
+	}
+	return measureVeth(ctx, o, t, bothQueues{ext}, bothQueues{in}, missed, registerWorker, log)
+}

@@ -1,0 +1,111 @@
+// Command bench-l4 measures the L4 load distributor's datapath (l4/datapath) on one
+// worker, in one run:
+//
+//   - forwarding on in-memory ports with 1,000,000 flows: a generator port copies
+//     pre-built client → VIP TCP frames into buffers (standing for the NIC's DMA) and
+//     the worker tunnels them to members in GRE; first one SYN per flow (new flows:
+//     scheduled and inserted), then ACKs over the established flows for -duration;
+//   - the same through DPDK with net_ring (no kernel): a feeder on the other core
+//     transmits the frames on net_ring0 queue 0, which loops to the RX queue the worker
+//     polls, and the worker transmits to net_null0;
+//   - the connection table's bytes per entry, and the memory of a table holding
+//     10,000,000 connections (its own count, the Go heap and the resident set);
+//   - end-to-end packets per second through veth pairs with net_af_packet, from a raw
+//     socket in a client namespace to a sink namespace (kernel-bound; for context).
+//
+// It prints a readable table, the targets with PASS or MISS, and as its very last line
+// one JSON object with the headline figures. It needs root (namespaces, DPDK) and
+// libdpdk (make deps); addresses come from 198.18.0.0/15 and 203.0.113.0/24 and nothing
+// leaves the namespaces it makes, which it removes at the end, on SIGINT and SIGTERM,
+// and (left by a killed run) at the next start.
+//
+//	go run ./integration/cmd/bench-l4 [-flows 1000000] [-duration 3s] [-skip-dpdk] [-skip-veth]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+func main() {
+	os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// options are the flags.
+type options struct {
+	out, log     io.Writer
+	flows        int
+	duration     time.Duration
+	skipDPDK     bool
+	skipVeth     bool
+	cpuprofile   string
+	tableSize    int
+	vethFrames   int
+	vethDuration time.Duration
+	quietCores   float64
+	quietWait    time.Duration
+	ealLogLevel  string
+}
+
+// Main runs the benchmark and returns the exit status: 0 when every measurement ran
+// and checked out (whether the targets were met or not), 1 when something failed, 2
+// for bad flags.
+func Main(args []string, stdout, stderr io.Writer) int {
+	o := options{out: stdout, log: stderr}
+	fs := flag.NewFlagSet("bench-l4", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.flows, "flows", 1_000_000, "established flows (and new flows) through the datapath")
+	fs.DurationVar(&o.duration, "duration", 3*time.Second, "measured time of the established-flow phases")
+	fs.BoolVar(&o.skipDPDK, "skip-dpdk", false, "skip the DPDK measurements (net_ring and veth)")
+	fs.BoolVar(&o.skipVeth, "skip-veth", false, "skip the veth measurement (net_af_packet)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to `file`")
+	fs.IntVar(&o.tableSize, "table", 10_000_000, "connections in the table whose memory is measured")
+	fs.IntVar(&o.vethFrames, "veth-frames", 2_000_000, "most frames the veth client sends")
+	fs.DurationVar(&o.vethDuration, "veth-duration", 5*time.Second, "longest the veth client sends")
+	fs.StringVar(&o.ealLogLevel, "eal-log-level", "error", "DPDK EAL log `level` (error, warning, info, debug)")
+	fs.Float64Var(&o.quietCores, "quiet-cores", 0.2, "before each forwarding measurement, wait for other processes to use fewer `cores` than this (the machines are shared)")
+	fs.DurationVar(&o.quietWait, "quiet-wait", 10*time.Second, "how long to wait for that before measuring anyway (0: do not wait)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bench-l4: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	switch {
+	case o.flows < 1 || o.flows > maxFlows:
+		fmt.Fprintf(stderr, "bench-l4: -flows %d: want 1 to %d\n", o.flows, maxFlows)
+		return 2
+	case o.tableSize < 1 || o.tableSize > maxTable:
+		fmt.Fprintf(stderr, "bench-l4: -table %d: want 1 to %d\n", o.tableSize, maxTable)
+		return 2
+	case o.duration <= 0 || o.vethDuration <= 0 || o.vethFrames < 1 || o.quietWait < 0:
+		fmt.Fprintln(stderr, "bench-l4: -duration, -veth-duration and -veth-frames must be positive, -quiet-wait not negative")
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, &o); err != nil {
+		switch {
+		case errors.Is(err, errFailed):
+			// The report ends with the failures and the JSON line; nothing follows.
+		case ctx.Err() != nil:
+			fmt.Fprintln(stderr, "bench-l4: interrupted")
+		default:
+			fmt.Fprintf(stderr, "bench-l4: %v\n", err)
+		}
+		return 1
+	}
+	return 0
+}
+
+// maxTable bounds -table: 64 bytes per entry must fit this machine's memory easily.
+const maxTable = 50_000_000

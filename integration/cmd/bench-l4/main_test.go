@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/netip"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tiergate/tiergate/l4/packet"
+	"github.com/tiergate/tiergate/l4/port"
+)
+
+// TestMainInMemory runs the whole program without DPDK on small numbers: the in-memory
+// phases must forward packets, every check must pass, and the last line must be the
+// JSON summary.
+func TestMainInMemory(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := Main([]string{"-skip-dpdk", "-flows", "10000", "-duration", "200ms", "-table", "10000", "-quiet-wait", "0"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	text := strings.TrimRight(out.String(), "\n")
+	last := text[strings.LastIndexByte(text, '\n')+1:]
+	var s struct {
+		EstablishedInMem *float64 `json:"l4_mpps_per_core_established_inmem"`
+		Established      *float64 `json:"l4_mpps_per_core_established"`
+		NewFlows         *float64 `json:"l4_new_flows_mpps_per_core"`
+		BytesPerConn     *float64 `json:"l4_bytes_per_conn"`
+		Table10M         *float64 `json:"l4_table_10m_mib"`
+		Failures         []string `json:"failures"`
+		InMem            struct {
+			NewFlows    phaseResult `json:"new_flows"`
+			FirstACK    phaseResult `json:"first_ack_pass"`
+			Established phaseResult `json:"established"`
+		} `json:"inmem"`
+		Table tableResult `json:"table"`
+	}
+	if err := json.Unmarshal([]byte(last), &s); err != nil {
+		t.Fatalf("last line %q: %v", last, err)
+	}
+	if len(s.Failures) != 0 {
+		t.Errorf("failures: %q", s.Failures)
+	}
+	if s.EstablishedInMem == nil || *s.EstablishedInMem <= 0 || s.NewFlows == nil || *s.NewFlows <= 0 {
+		t.Errorf("in-memory figures missing: established %v, new flows %v", s.EstablishedInMem, s.NewFlows)
+	}
+	if s.Established != nil || s.Table10M != nil {
+		t.Errorf("figures that were not measured are not null: %v %v", s.Established, s.Table10M)
+	}
+	if s.InMem.NewFlows.Packets != 10000 || s.InMem.FirstACK.Packets != 10000 || s.InMem.Established.Packets == 0 {
+		t.Errorf("forwarded: %d new flows, %d first ACKs, %d established", s.InMem.NewFlows.Packets,
+			s.InMem.FirstACK.Packets, s.InMem.Established.Packets)
+	}
+	if s.Table.Entries != 10000 || s.Table.EntrySize == 0 || s.BytesPerConn == nil || *s.BytesPerConn < float64(s.Table.EntrySize) {
+		t.Errorf("table: %+v, bytes per connection %v", s.Table, s.BytesPerConn)
+	}
+	for _, want := range []string{"in-memory: established (ACK)", "target (issue 5)", "DPVS", "stands for the NIC's DMA"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+}
+
+func TestMainRejectsBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-flows", "0"},
+		{"-flows", "10000001"},
+		{"-table", "0"},
+		{"-duration", "0s"},
+		{"-veth-frames", "0"},
+		{"-quiet-wait", "-1s"},
+		{"-bogus"},
+		{"extra"},
+	} {
+		if code := Main(args, io.Discard, io.Discard); code != 2 {
+			t.Errorf("%v: exit status %d, want 2", args, code)
+		}
+	}
+}
+
+// TestFrames checks every frame of small sets: it parses, its checksums verify, it is
+// a SYN or a bare ACK from its own client to the VIP, and every flow appears once.
+func TestFrames(t *testing.T) {
+	dst, src := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{2, 0, 0, 0, 0, 2}
+	const n = 70_000 // more than one /16 of clients: ports beyond the first
+	for _, syn := range []bool{true, false} {
+		set := buildFrames(n, syn, dst, src, 7)
+		seen := make(map[netip.AddrPort]bool, n)
+		for j := range set.n {
+			f := set.frame(j)
+			var p packet.Packet
+			if err := packet.Parse(f, &p); err != nil {
+				t.Fatalf("frame %d: %v", j, err)
+			}
+			if !packet.VerifyL4Checksum(f, &p) {
+				t.Fatalf("frame %d: bad TCP checksum", j)
+			}
+			wantFlags := uint8(packet.TCPAck)
+			if syn {
+				wantFlags = packet.TCPSyn
+			}
+			if p.Proto != packet.ProtoTCP || p.Dst != vip || p.DstPort != vipPort || p.TCPFlags != wantFlags ||
+				[6]byte(f[0:6]) != dst || [6]byte(f[6:12]) != src || p.End != len(f) {
+				t.Fatalf("frame %d: %+v", j, p)
+			}
+			if !netip.MustParsePrefix("198.19.0.0/16").Contains(p.Src) {
+				t.Fatalf("frame %d: client %v outside 198.19.0.0/16", j, p.Src)
+			}
+			k := netip.AddrPortFrom(p.Src, p.SrcPort)
+			if seen[k] {
+				t.Fatalf("frame %d: flow %v twice", j, k)
+			}
+			seen[k] = true
+		}
+		if len(f0(set)) != map[bool]int{true: synFrameLen, false: ackFrameLen}[syn] {
+			t.Errorf("frame length %d", len(f0(set)))
+		}
+	}
+	a, b := buildFrames(1000, false, dst, src, 1), buildFrames(1000, false, dst, src, 2)
+	if bytes.Equal(a.data, b.data) {
+		t.Error("two seeds gave the same order")
+	}
+}
+
+func f0(s *frameSet) []byte { return s.frame(0) }
+
+// TestGenPort checks the in-memory ports: frames are handed out in storage order,
+// cycling, up to the count; buffers come back through the sink and through Free; the
+// control goroutine's buffers never enter the pool.
+func TestGenPort(t *testing.T) {
+	set := buildFrames(5, false, extMAC, [6]byte(gwMAC), 1)
+	pool := newGenPool(8)
+	g := &genPort{name: "gen", pool: pool}
+	sink := &sinkPort{name: "sink", pool: pool}
+	bufs := make([]port.Buf, 4)
+	if n := g.RxBurst(0, bufs); n != 0 {
+		t.Fatalf("RxBurst before a feed: %d", n)
+	}
+	f := g.start(set, 7)
+	var got [][]byte
+	for range 3 {
+		n := g.RxBurst(0, bufs)
+		for _, b := range bufs[:n] {
+			got = append(got, append([]byte(nil), b.Frame()...))
+		}
+		if sent := sink.TxBurst(0, bufs[:n]); sent != n {
+			t.Fatalf("sink took %d of %d", sent, n)
+		}
+	}
+	if len(got) != 7 {
+		t.Fatalf("handed out %d frames, want 7", len(got))
+	}
+	for i, fr := range got {
+		if !bytes.Equal(fr, set.frame(i%set.n)) {
+			t.Errorf("frame %d is not frame %d of the set", i, i%set.n)
+		}
+	}
+	if len(pool.free) != 8 {
+		t.Errorf("%d buffers free after the sink recycled them, want 8", len(pool.free))
+	}
+
+	f.stop.Store(true)
+	g.RxBurst(0, bufs)
+	if !f.stopped.Load() || f.handed.Load() != 7 {
+		t.Errorf("stopped %v, handed %d", f.stopped.Load(), f.handed.Load())
+	}
+	f = g.start(set, -1)
+	if n := g.RxBurst(0, make([]port.Buf, 16)); n != 8 {
+		t.Errorf("an unlimited feed handed out %d buffers of a pool of 8", n)
+	}
+	if n := g.RxBurst(0, bufs); n != 0 {
+		t.Errorf("RxBurst with the pool empty: %d", n)
+	}
+	_ = f
+
+	ctl := make([]port.Buf, 1)
+	if g.Alloc(ctl) != 1 || ctl[0].Handle != 0 {
+		t.Fatalf("control buffer: %+v", ctl[0])
+	}
+	ctl[0].Len = 60
+	if sink.TxBurst(sink.TxQueues()-1, ctl) != 1 || sink.ctlTx.Load() != 1 {
+		t.Error("the control queue did not take the frame")
+	}
+	g.Free(ctl)
+	if len(pool.free) != 0 {
+		t.Errorf("a control buffer entered the pool: %d free", len(pool.free))
+	}
+}
+
+func TestMeter(t *testing.T) {
+	pool := newGenPool(4)
+	g := &genPort{name: "gen", pool: pool}
+	m := newMeter(g)
+	set := buildFrames(3, true, extMAC, [6]byte(gwMAC), 1)
+	g.start(set, 3)
+	m.arm(3)
+	m.takeSample()
+	bufs := make([]port.Buf, 4)
+	n := m.RxBurst(0, bufs)
+	if n != 3 || m.rx.Load() != 3 || m.firstRx.Load() == 0 {
+		t.Fatalf("received %d, counted %d, first %d", n, m.rx.Load(), m.firstRx.Load())
+	}
+	if m.RxBurst(0, bufs) != 0 || m.polls.Load() != 2 || m.empty.Load() != 1 {
+		t.Errorf("polls %d, empty %d", m.polls.Load(), m.empty.Load())
+	}
+	m.TxBurst(0, bufs[:2])
+	if m.doneAt.Load() != 0 {
+		t.Error("done before the target")
+	}
+	m.TxBurst(0, bufs[2:3])
+	if m.doneAt.Load() == 0 || m.tx.Load() != 3 {
+		t.Errorf("done at %d with %d transmitted", m.doneAt.Load(), m.tx.Load())
+	}
+	if sp := m.sample.Load(); sp == nil || !bytes.Equal(*sp, set.frame(0)) {
+		t.Error("the sample is not the first frame transmitted")
+	}
+}
+
+func TestCheckTunnelled(t *testing.T) {
+	inner := buildFrames(1, true, extMAC, [6]byte(gwMAC), 1).frame(0)[packet.EthernetLen:]
+	e := &packet.Encap{Src: ldInt.Addr(), Dst: memberAddr[0], SrcMAC: packet.MAC(intMAC), DstMAC: memberMACs()[0], TTL: 64}
+	if err := e.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 256)
+	copy(buf[128:], inner)
+	start, err := e.Write(buf, 128, len(inner), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := buf[start : 128+len(inner)]
+	if err := checkTunnelled(frame, true); err != nil {
+		t.Errorf("a good frame: %v", err)
+	}
+	if err := checkTunnelled(frame, false); err == nil {
+		t.Error("a SYN passed as an ACK")
+	}
+	if err := checkTunnelled(buildFrames(1, true, extMAC, [6]byte(gwMAC), 1).frame(0), true); err == nil {
+		t.Error("an untunnelled frame passed")
+	}
+}
+
+func TestParseVmRSS(t *testing.T) {
+	if n, err := parseVmRSS(strings.NewReader("Name:\tx\nVmRSS:\t  1234 kB\nVmData: 5 kB\n")); err != nil || n != 1234*1024 {
+		t.Errorf("got %d, %v", n, err)
+	}
+	for _, bad := range []string{"", "VmRSS: 12\n", "VmRSS: x kB\n", "VmRSS: 1 MB\n"} {
+		if _, err := parseVmRSS(strings.NewReader(bad)); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if n, err := vmRSS(); err != nil || n <= 0 {
+		t.Errorf("this process: %d, %v", n, err)
+	}
+}
+
+func TestThreadCPU(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tid := unix.Gettid()
+	before := threadCPU(tid)
+	for start := time.Now(); time.Since(start) < 20*time.Millisecond; {
+	}
+	after, self := threadCPU(tid), selfThreadCPU()
+	if before <= 0 || after-before < int64(5*time.Millisecond) || self < after {
+		t.Errorf("thread CPU %d → %d (self %d) over 20ms of spinning", before, after, self)
+	}
+	if threadCPU(0) != 0 {
+		t.Error("a CPU time for thread 0")
+	}
+}
+
+func TestCommas(t *testing.T) {
+	for n, want := range map[int]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -1000: "-1,000"} {
+		if got := commas(n); got != want {
+			t.Errorf("commas(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

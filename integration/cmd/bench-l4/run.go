@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"runtime/pprof"
+	"time"
+
+	"github.com/tiergate/tiergate/integration/benchkit"
+)
+
+// errFailed is returned by run when a measurement failed; the report lists why.
+var errFailed = errors.New("a measurement failed")
+
+// errNoCgo is why a build without cgo cannot measure DPDK.
+var errNoCgo = errors.New("built without cgo: the DPDK measurements need cgo and libdpdk (pkg-config libdpdk)")
+
+// results is everything the report shows.
+type results struct {
+	table    *tableResult
+	inmem    *forwardResults
+	ring     *forwardResults
+	veth     *vethResult
+	eal      []string // EAL arguments, when DPDK ran
+	buildDur time.Duration
+	failures []string
+	skipped  []string
+}
+
+func (r *results) fail(format string, args ...any) {
+	r.failures = append(r.failures, fmt.Sprintf(format, args...))
+}
+
+// run measures, in order: the connection table (first, so the resident set has not
+// grown with anything else), the in-memory datapath, then, with one EAL for the
+// process, the datapath over net_ring and over net_af_packet on veth.
+func run(ctx context.Context, o *options) error {
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return fmt.Errorf("creating the CPU profile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return fmt.Errorf("starting the CPU profile: %w", err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
+	log := slog.New(slog.NewTextHandler(o.log, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	res := &results{}
+
+	fmt.Fprintf(o.log, "bench-l4: connection table of %d\n", o.tableSize)
+	t, err := measureTable(o.tableSize)
+	if err != nil {
+		res.fail("connection table: %v", err)
+	}
+	res.table = t
+	debug.FreeOSMemory()
+
+	if ctx.Err() == nil {
+		fmt.Fprintf(o.log, "bench-l4: building %d SYN and %d ACK frames\n", o.flows, o.flows)
+		start := time.Now()
+		syn := buildFrames(o.flows, true, extMAC, [6]byte(gwMAC), 1)
+		ack := buildFrames(o.flows, false, extMAC, [6]byte(gwMAC), 2)
+		res.buildDur = time.Since(start)
+
+		fmt.Fprintln(o.log, "bench-l4: in-memory ports")
+		waitQuiet(ctx, o)
+		if res.inmem, err = runInMem(ctx, o, syn, ack, log); err != nil {
+			res.fail("in-memory: %v", err)
+		}
+		if ctx.Err() == nil && !o.skipDPDK {
+			runDPDK(ctx, o, res, syn, ack, log)
+		}
+	}
+	if o.skipDPDK {
+		res.skipped = append(res.skipped, "DPDK net_ring and veth (-skip-dpdk)")
+	} else if o.skipVeth {
+		res.skipped = append(res.skipped, "veth net_af_packet (-skip-veth)")
+	}
+	if ctx.Err() != nil {
+		res.fail("interrupted")
+	}
+	report(o, res)
+	if len(res.failures) > 0 {
+		return errFailed
+	}
+	return nil
+}
+
+// runDPDK sets up the veth network (unless skipped: its interfaces must exist before
+// the EAL starts), the EAL, and runs the net_ring and veth measurements.
+func runDPDK(ctx context.Context, o *options, res *results, syn, ack *frameSet, log *slog.Logger) {
+	if !haveDPDK {
+		res.fail("DPDK: %v", errNoCgo)
+		return
+	}
+	removeStale()
+	var t *topo
+	if !o.skipVeth {
+		fmt.Fprintln(o.log, "bench-l4: veth namespaces")
+		var err error
+		if t, err = newTopo(); err != nil {
+			res.fail("veth: setting up the namespaces: %v", err)
+			t = nil
+		} else {
+			defer t.close()
+		}
+	}
+	fmt.Fprintln(o.log, "bench-l4: DPDK EAL")
+	res.eal = ealArgs(t, o.ealLogLevel)
+	env, err := startDPDK(res.eal)
+	if err != nil {
+		res.fail("DPDK: %v", err)
+		return
+	}
+	defer func() {
+		if err := env.close(); err != nil {
+			res.fail("DPDK: cleaning up: %v", err)
+		}
+	}()
+	fmt.Fprintln(o.log, "bench-l4: DPDK net_ring")
+	waitQuiet(ctx, o)
+	if res.ring, err = env.runRing(ctx, o, syn, ack, log); err != nil {
+		res.fail("DPDK net_ring: %v", err)
+	}
+	if t != nil && ctx.Err() == nil {
+		fmt.Fprintln(o.log, "bench-l4: veth net_af_packet")
+		waitQuiet(ctx, o)
+		if res.veth, err = env.runVeth(ctx, o, t, log); err != nil {
+			res.fail("veth net_af_packet: %v", err)
+		}
+	}
+}
+
+// waitQuiet waits (at most -quiet-wait) for other processes to leave the cores alone.
+func waitQuiet(ctx context.Context, o *options) {
+	if o.quietWait <= 0 {
+		return
+	}
+	others, ok, err := benchkit.WaitQuiet(ctx, o.quietCores, o.quietWait, benchkit.SelfCPU)
+	if err == nil && !ok {
+		fmt.Fprintf(o.log, "bench-l4: other processes still use %.2f cores after %v; measuring anyway\n", others, o.quietWait)
+	}
+}
