@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"runtime/metrics"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -109,6 +110,9 @@ type phaseResult struct {
 	MppsPerCPU float64 `json:"mpps_per_worker_cpu_second"`
 	// OtherCores is what other processes used of the machine during the phase.
 	OtherCores float64 `json:"other_processes_cores"`
+	// Allocs is the heap allocations the whole process made per packet (established
+	// phase only); the datapath is meant to make none.
+	Allocs *float64 `json:"allocs_per_packet,omitempty"`
 	// Polls and EmptyPolls count the worker's receive calls on the external port, and
 	// those that found nothing: the worker waited for packets.
 	Polls      uint64 `json:"polls"`
@@ -144,14 +148,13 @@ type rig struct {
 	flows    int
 	cancel   context.CancelFunc
 	runErr   chan error
-	log      *slog.Logger
 	tid      atomic.Int64 // the worker's thread
 }
 
 // startRig starts a distributor (one worker, busy poll) over ext and int.
 func startRig(name string, cfg datapath.Config, ext, in port.Port, src source, flows int,
 	init func(int) (func(), error), log *slog.Logger) (*rig, error) {
-	r := &rig{name: name, ext: newMeter(ext), int: newMeter(in), src: src, flows: flows, log: log, runErr: make(chan error, 1)}
+	r := &rig{name: name, ext: newMeter(ext), int: newMeter(in), src: src, flows: flows, runErr: make(chan error, 1)}
 	d, err := datapath.NewDistributor(cfg, datapath.Options{
 		External:  r.ext,
 		Internal:  r.int,
@@ -187,8 +190,8 @@ func startRig(name string, cfg datapath.Config, ext, in port.Port, src source, f
 			return r, nil
 		}
 		if time.Now().After(deadline) {
-			r.stop()
-			return nil, fmt.Errorf("%s: %d of %d members still unresolved after 3s (static MACs are configured)", name, unresolved, len(st.Members))
+			return nil, errors.Join(fmt.Errorf("%s: %d of %d members still unresolved after 3s (static MACs are configured)",
+				name, unresolved, len(st.Members)), r.stop())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -261,30 +264,31 @@ func (r *rig) counted(ctx context.Context, set *frameSet, count int) (*phaseResu
 func (r *rig) timed(ctx context.Context, set *frameSet, d time.Duration) (*phaseResult, error) {
 	r.ext.arm(0)
 	r.int.arm(0)
-	rx0 := r.ext.rx.Load()
+	rx0, tx0 := r.ext.rx.Load(), r.int.tx.Load()
 	r.int.takeSample()
 	f := r.src.feed(set, -1)
 	err := sleepCtx(ctx, settle)
 	probe := startProbe()
 	t0, c0, cpu0 := nanotime(), r.int.tx.Load(), threadCPU(int(r.tid.Load()))
-	polls0, empty0 := r.ext.polls.Load(), r.ext.empty.Load()
+	polls0, empty0, allocs0 := r.ext.polls.Load(), r.ext.empty.Load(), heapAllocs()
 	if err == nil {
 		err = sleepCtx(ctx, d)
 	}
 	t1, c1, cpu1 := nanotime(), r.int.tx.Load(), threadCPU(int(r.tid.Load()))
-	polls1, empty1 := r.ext.polls.Load(), r.ext.empty.Load()
+	polls1, empty1, allocs1 := r.ext.polls.Load(), r.ext.empty.Load(), heapAllocs()
 	others := probe.others()
 	st := f.stop()
 	if err == nil {
 		err = st.err
 	}
 	if err == nil {
-		// Everything the worker received is forwarded once the source has stopped.
+		// Once the source has stopped, the worker receives what was sent and forwards
+		// all of it.
 		deadline := time.Now().Add(2 * time.Second)
-		for r.ext.rx.Load()-rx0 != st.sent || r.int.tx.Load() != r.ext.rx.Load() {
+		for r.ext.rx.Load()-rx0 != st.sent || r.int.tx.Load()-tx0 != st.sent {
 			if err = r.wait(ctx, deadline); err != nil {
 				err = fmt.Errorf("after the source stopped: %d frames sent, %d received, %d forwarded: %w",
-					st.sent, r.ext.rx.Load()-rx0, r.int.tx.Load()-(r.ext.rx.Load()-rx0), err)
+					st.sent, r.ext.rx.Load()-rx0, r.int.tx.Load()-tx0, err)
 				break
 			}
 		}
@@ -300,6 +304,7 @@ func (r *rig) timed(ctx context.Context, set *frameSet, d time.Duration) (*phase
 	}
 	p := newPhaseResult(c1-c0, time.Duration(t1-t0), time.Duration(cpu1-cpu0), others, st)
 	p.Polls, p.EmptyPolls = polls1-polls0, empty1-empty0
+	p.Allocs = ptr(float64(allocs1-allocs0) / float64(c1-c0))
 	return p, nil
 }
 
@@ -310,6 +315,16 @@ func newPhaseResult(n uint64, el, cpu time.Duration, others float64, st feedStat
 		p.MppsPerCPU = float64(n) / cpu.Seconds() / 1e6
 	}
 	return p
+}
+
+// heapAllocs returns the number of heap objects the process has allocated so far.
+func heapAllocs() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s[0].Value.Uint64()
 }
 
 // settle is how long the established phase runs before it is measured.

@@ -97,6 +97,12 @@ func report(o *options, r *results) {
 		}
 		row("new flows (SYN)", f.NewFlows, "scheduled (Maglev) and inserted")
 		row("first ACK per flow", f.FirstACK, "half-open → established")
+		if e := f.Established; e != nil && e.Allocs != nil {
+			if note != "" {
+				note += "; "
+			}
+			note += fmt.Sprintf("%.4f allocs/packet", *e.Allocs)
+		}
 		row("established (ACK)", f.Established, note)
 		ft.Separator()
 	}
@@ -231,13 +237,16 @@ func header(w io.Writer, o *options, r *results) {
 		fmt.Fprintf(w, "           frames into them and transmits them on net_ring0 TX queue 0, which is the ring (1024 slots) of its\n")
 		fmt.Fprintf(w, "           RX queue 0, polled by the worker; the worker tunnels to net_null0 (no-rx=1), which frees the mbufs.\n")
 		fmt.Fprintf(w, "           The worker never transmits on net_ring0 (checked: no out or local counts), so the ring has one\n")
-		fmt.Fprintf(w, "           producer. When the ring is full the feeder yields the CPU and retries. If the worker found the ring empty on more\n")
-		fmt.Fprintf(w, "           than 1%% of its polls, the feeder set the pace: the figure is feeder-bound, a lower bound.\n")
+		fmt.Fprintf(w, "           producer. When the ring is full the feeder yields the CPU (sched_yield) and retries. If the worker\n")
+		fmt.Fprintf(w, "           found the ring empty on more than 1%% of its polls, the feeder set the pace: the figure is then\n")
+		fmt.Fprintf(w, "           feeder-bound, a lower bound.\n")
 		if !o.skipVeth {
-			fmt.Fprintf(w, "veth:      raw AF_PACKET socket in a client namespace → veth → net_af_packet0 (qpairs=2) on the LD's end\n")
-			fmt.Fprintf(w, "           (no addresses, forwarding off) → worker → net_af_packet1 → veth → sink namespace, whose kernel\n")
-			fmt.Fprintf(w, "           counts and drops the GRE;\n")
-			fmt.Fprintf(w, "           %s ACK flows, at most %s frames or %v. Kernel-bound: for context only.\n", commas(vethFlows), commas(uint64(o.vethFrames)), o.vethDuration)
+			fmt.Fprintf(w, "veth:      raw AF_PACKET socket in a client namespace → veth → net_af_packet0 on the LD's end (no\n")
+			fmt.Fprintf(w, "           addresses, forwarding off) → worker → net_af_packet1 → veth → sink namespace, whose kernel counts\n")
+			fmt.Fprintf(w, "           and drops the GRE. %s ACK flows, at most %s frames or %v. Each device has two queue pairs\n",
+				commas(vethFlows), commas(uint64(o.vethFrames)), o.vethDuration)
+			fmt.Fprintf(w, "           (the control goroutine needs its own TX queue); the kernel spreads flows over both RX sockets,\n")
+			fmt.Fprintf(w, "           so the worker polls both. Kernel-bound: for context only.\n")
 		}
 	}
 	fmt.Fprintln(w)
