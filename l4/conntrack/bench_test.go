@@ -85,6 +85,23 @@ func BenchmarkLookupHit1MBurst(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*burst), "lookup-ns")
 }
 
+// BenchmarkLookupMiss1M is the first packet of a new flow: LookupTCP (SYN) of absent
+// keys in a table of 1,000,000.
+func BenchmarkLookupMiss1M(b *testing.B) {
+	const n = 1_000_000
+	tb := newTable(b, n)
+	fill(b, tb, n)
+	b.ReportAllocs()
+	var seq int
+	for b.Loop() {
+		k := testKey(seq)
+		if _, ok := tb.LookupTCP(&k, testHash(&k), syn, 2); ok {
+			b.Fatal("hit")
+		}
+		seq++
+	}
+}
+
 // BenchmarkLookupHitSmall is the same with 10,000 entries, which fit in cache: the cost
 // of the code itself.
 func BenchmarkLookupHitSmall(b *testing.B) {

@@ -26,19 +26,21 @@ func testKey(i int) Key {
 	return k
 }
 
-// check verifies every structural invariant of the table; hash, when not nil, is the
-// hash the caller used, and every entry must sit in its bucket.
+// check verifies every structural invariant of the table; hash is the hash the caller
+// used.
 func (t *Table) check(hash func(*Key) uint64) error {
 	live := map[uint32]bool{}
-	// Chains: every entry reachable from its bucket, ending in the bucket's mark.
+	// Chains: every entry reachable from its bucket, ending in the bucket's mark, each
+	// link carrying its entry's tag and, exactly when the entry ends the chain, lastBit.
 	for b := range t.buckets {
-		i := t.buckets[b]
-		if i != 0 && int32(i) < 0 && i != endMark|uint32(b) {
-			return fmt.Errorf("bucket %d is empty with mark %#x", b, i)
+		v := t.buckets[b]
+		if v != 0 && int32(v) < 0 && v != endMark|uint32(b) {
+			return fmt.Errorf("bucket %d is empty with mark %#x", b, v)
 		}
-		for int32(i) > 0 {
-			if i > t.used {
-				return fmt.Errorf("bucket %d: chain reaches unused entry %d", b, i)
+		for int32(v) > 0 {
+			i := v & idxMask
+			if i == 0 || i > t.used {
+				return fmt.Errorf("bucket %d: chain reaches entry %d (%d used)", b, i, t.used)
 			}
 			if live[i] {
 				return fmt.Errorf("bucket %d: entry %d chained twice (loop?)", b, i)
@@ -48,13 +50,20 @@ func (t *Table) check(hash func(*Key) uint64) error {
 			if e.state < StateSynRecv || e.state > StateUDP {
 				return fmt.Errorf("entry %d in bucket %d has state %d", i, b, e.state)
 			}
-			if hash != nil && uint64(b) != hash(&e.key)&t.mask {
-				return fmt.Errorf("entry %d in bucket %d, hashes to %d", i, b, hash(&e.key)&t.mask)
+			h := hash(&e.key)
+			if uint64(b) != h&t.mask {
+				return fmt.Errorf("entry %d in bucket %d, hashes to %d", i, b, h&t.mask)
 			}
-			i = e.chain
+			if v&tagMask != tagOf(h) {
+				return fmt.Errorf("link to entry %d has tag %#x, want %#x", i, v&tagMask, tagOf(h))
+			}
+			if (v&lastBit != 0) != (int32(e.chain) <= 0) {
+				return fmt.Errorf("link to entry %d: last bit %v, chain %#x", i, v&lastBit != 0, e.chain)
+			}
+			v = e.chain
 		}
-		if int32(t.buckets[b]) > 0 && i != endMark|uint32(b) {
-			return fmt.Errorf("bucket %d: chain ends with %#x", b, i)
+		if int32(t.buckets[b]) > 0 && v != endMark|uint32(b) {
+			return fmt.Errorf("bucket %d: chain ends with %#x", b, v)
 		}
 	}
 	if len(live) != t.n {

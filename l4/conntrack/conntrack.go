@@ -1,7 +1,8 @@
 // Package conntrack is the load distributor's per-core connection table: it maps a
 // client's (address, port, rule) to the L7 member its flow was scheduled to, so every
 // packet of a connection reaches the same member even while the pool changes. Memory is
-// fixed when the table is made (44–48 bytes per connection all-in), every operation is
+// fixed when the table is made (44–48 bytes per connection all-in for a million or more
+// entries: a 40-byte entry plus 4 to 8 bytes of bucket array), every operation is
 // O(1) and allocation-free, and when the table is full the oldest half-open connection
 // is evicted, so a SYN flood cannot lock out new clients.
 //
@@ -10,10 +11,12 @@
 // Entries are 40-byte records in one array, found through a power-of-two array of uint32
 // bucket heads (chained hashing with uint32 indices). The last entry of each chain holds
 // its bucket's number with the top bit set instead of a next index (Linux's hlist_nulls
-// marker), so an entry reclaimed by the reaper is unlinked without its hash. The caller
+// marker), so an entry reclaimed by the reaper is unlinked without its hash. Each link
+// also carries 3 bits of the linked entry's hash and whether it ends the chain, so a
+// lookup that misses usually reads the bucket head and no entry. The caller
 // passes the hash of the key to every call; any well-mixed, seeded function of the key
 // works (the datapath uses its flow hash), as long as it is the same for a key every
-// time. The low bits select the bucket.
+// time. The low bits select the bucket and the top 3 bits are the tag.
 //
 // # Timeouts
 //
@@ -26,11 +29,11 @@
 // FIFO is sorted by expiry: the reaper pops expired heads and eviction takes the head, the
 // least recently seen half-open connection, in O(1). All other entries sit in a timing
 // wheel of one-second slots, placed by expiry. A packet only rewrites its entry's expiry
-// and never moves it (the established path touches one cache line); when the reaper
-// reaches a slot it frees the entries that have expired and moves the rest to the slot of
-// their current expiry, so an active connection is moved about once per timeout. A state
-// change (FIN, RST, SYN reuse) re-files the entry at once, so short timeouts free memory
-// on time.
+// and never moves it, so an established flow's packet writes nothing but its own entry;
+// when the reaper reaches a slot it frees the entries that have expired and moves the
+// rest to the slot of their current expiry, so an active connection is moved about once
+// per timeout. A state change (FIN, RST, SYN reuse) re-files the entry at once, so short
+// timeouts free memory on time.
 //
 // # Concurrency
 //
@@ -105,8 +108,8 @@ const (
 // of the uint32 clock.
 const MaxTimeout = 365 * 24 * time.Hour
 
-// MaxCapacity bounds Config.Capacity (2^28 entries, 10 GiB of entries).
-const MaxCapacity = 1 << 28
+// MaxCapacity bounds Config.Capacity (2^26 entries, 2.5 GiB of entries per table).
+const MaxCapacity = 1 << 26
 
 // Timeouts are the idle timeouts by state. Each is rounded up to whole seconds; zero
 // means the default.
@@ -141,8 +144,8 @@ var (
 type Stats struct {
 	// Inserts counts entries added.
 	Inserts uint64
-	// Expired counts entries reclaimed after their timeout (by Expire, by Insert on a
-	// full table, or found expired by a lookup or Delete).
+	// Expired counts entries reclaimed after their timeout: by Expire, by Insert on a
+	// full table, or found expired by a lookup.
 	Expired uint64
 	// Evictions counts live half-open entries evicted to make room for a new one.
 	Evictions uint64

@@ -233,11 +233,15 @@ func runModel(t testing.TB, next func(n int) (int, bool), hashFn func(*Key) uint
 }
 
 func TestAgainstModel(t *testing.T) {
-	weak := func(k *Key) uint64 { return uint64(k.ClientPort % 4) } // long chains
+	hashes := []func(*Key) uint64{
+		testHash,
+		func(k *Key) uint64 { return uint64(k.ClientPort % 4) },                          // long chains, one tag
+		func(k *Key) uint64 { return uint64(k.ClientPort%4) | uint64(k.ClientPort)<<61 }, // long chains, tags differ
+	}
 	for seed := range uint64(40) {
-		hashFn := testHash
+		hashFn := hashes[0]
 		if seed%4 == 3 {
-			hashFn = weak
+			hashFn = hashes[1+seed/4%2]
 		}
 		r := rand.New(rand.NewPCG(seed, seed*7+1))
 		steps := 20_000

@@ -14,10 +14,25 @@ const (
 	flagACK = 0x10
 )
 
+// Chain links. A link (a bucket head or an entry's chain field) either ends the chain,
+// as endMark|bucket number (an empty bucket may also hold 0), or points to entry i as
+// i|tag|lastBit, where tag is 3 bits of the entry's hash and lastBit says that entry is
+// the last of its chain. A lookup compares tags in the links and stops at a link marked
+// last, so it reads no entry whose tag differs: a miss in a one-entry chain reads only
+// the bucket head.
 const (
-	// endMark set in a chain link means "end of chain"; the low bits hold the bucket.
-	endMark = 1 << 31
+	endMark  = 1 << 31
+	lastBit  = 1 << 30
+	tagShift = 27
+	tagMask  = 7 << tagShift
+	idxMask  = 1<<tagShift - 1
+)
 
+// tagOf returns the tag bits of a link to an entry with this hash: its top 3 bits,
+// which the bucket index (the low bits) never uses.
+func tagOf(hash uint64) uint32 { return uint32(hash>>61) << tagShift }
+
+const (
 	wheelBits  = 10
 	wheelSlots = 1 << wheelBits // one-second slots; longer timeouts take extra laps
 	wheelMask  = wheelSlots - 1
@@ -35,7 +50,7 @@ type entry struct {
 	expire uint32 // alive while now ≤ expire (modulo 2^32)
 	prev   uint32 // timeout list links (circular, through a sentinel)
 	next   uint32 // also the free-list link
-	chain  uint32 // next entry in the bucket, or endMark|bucket
+	chain  uint32 // link to the next entry of the chain, or endMark|bucket
 }
 
 // EntrySize returns the size of one table entry in bytes.
@@ -48,7 +63,7 @@ type Table struct {
 	// entries 1..capacity, then the list sentinels: the half-open FIFO, the wheel slot
 	// being reaped, and the wheel slots.
 	entries  []entry
-	buckets  []uint32         // head entry of each chain; 0 or endMark|bucket when empty
+	buckets  []uint32         // link to the first entry of each chain
 	mask     uint64           // len(buckets)-1
 	counts   *[1 << 16]uint32 // entries per member ID
 	timeouts [numStates]uint32
@@ -117,17 +132,32 @@ func New(cfg Config) (*Table, error) {
 // expired reports whether an entry expiring at exp is dead at now.
 func expired(now, exp uint32) bool { return int32(now-exp) > 0 }
 
-// find returns the index of k's entry and the link that points to it, or 0.
-func (t *Table) find(k *Key, hash uint64) (uint32, *uint32) {
-	link := &t.buckets[hash&t.mask]
-	for i := *link; int32(i) > 0; i = *link {
-		e := &t.entries[i]
-		if e.key == *k {
-			return i, link
+// find returns the index of k's entry (0 if absent), the link that points to it, and
+// the link that points to the entry holding that link (nil when the first is a bucket).
+func (t *Table) find(k *Key, hash uint64) (i uint32, link, plink *uint32) {
+	tag := tagOf(hash)
+	link = &t.buckets[hash&t.mask]
+	for v := *link; int32(v) > 0; v = *link {
+		e := &t.entries[v&idxMask]
+		if v&tagMask == tag && e.key == *k {
+			return v & idxMask, link, plink
 		}
-		link = &e.chain
+		if v&lastBit != 0 {
+			break
+		}
+		plink, link = link, &e.chain
 	}
-	return 0, nil
+	return 0, nil, nil
+}
+
+// unlink takes entry i, which link points to, out of its chain; plink points to the
+// entry holding link, or is nil when link is a bucket head.
+func (t *Table) unlink(i uint32, link, plink *uint32) {
+	next := t.entries[i].chain
+	*link = next
+	if int32(next) <= 0 && plink != nil {
+		*plink |= lastBit // the entry before i is now the last
+	}
 }
 
 // Prefetch loads the bucket head and the first entry that a lookup of hash reads, and
@@ -135,21 +165,21 @@ func (t *Table) find(k *Key, hash uint64) (uint32, *uint32) {
 // looking any of them up lets the CPU overlap the burst's cache misses instead of taking
 // them one lookup at a time.
 func (t *Table) Prefetch(hash uint64) {
-	if i := t.buckets[hash&t.mask]; int32(i) > 0 {
-		t.sink += t.entries[i].expire
+	if v := t.buckets[hash&t.mask]; int32(v) > 0 {
+		t.sink += t.entries[v&idxMask].expire
 	}
 }
 
 // Lookup returns k's member and state without refreshing the entry. An expired entry
 // counts as absent, and is reclaimed.
 func (t *Table) Lookup(k *Key, hash uint64, now uint32) (member uint16, state State, ok bool) {
-	i, link := t.find(k, hash)
+	i, link, plink := t.find(k, hash)
 	if i == 0 {
 		return 0, 0, false
 	}
 	e := &t.entries[i]
 	if expired(now, e.expire) {
-		t.expireFound(i, link)
+		t.expireFound(i, link, plink)
 		return 0, 0, false
 	}
 	return e.member, e.state, true
@@ -167,13 +197,13 @@ func (t *Table) Lookup(k *Key, hash uint64, now uint32) (member uint16, state St
 //
 // A UDP entry keeps its state. An expired entry counts as absent, and is reclaimed.
 func (t *Table) LookupTCP(k *Key, hash uint64, flags uint8, now uint32) (member uint16, ok bool) {
-	i, link := t.find(k, hash)
+	i, link, plink := t.find(k, hash)
 	if i == 0 {
 		return 0, false
 	}
 	e := &t.entries[i]
 	if expired(now, e.expire) {
-		t.expireFound(i, link)
+		t.expireFound(i, link, plink)
 		return 0, false
 	}
 	if ns := nextState(e.state, flags); ns != e.state {
@@ -187,13 +217,13 @@ func (t *Table) LookupTCP(k *Key, hash uint64, flags uint8, now uint32) (member 
 // LookupUDP looks k up and, on a hit, refreshes the entry's expiry. An expired entry
 // counts as absent, and is reclaimed.
 func (t *Table) LookupUDP(k *Key, hash uint64, now uint32) (member uint16, ok bool) {
-	i, link := t.find(k, hash)
+	i, link, plink := t.find(k, hash)
 	if i == 0 {
 		return 0, false
 	}
 	e := &t.entries[i]
 	if expired(now, e.expire) {
-		t.expireFound(i, link)
+		t.expireFound(i, link, plink)
 		return 0, false
 	}
 	t.touch(i, now)
@@ -276,12 +306,13 @@ func (t *Table) Insert(k *Key, hash uint64, member uint16, st State, now uint32)
 	e.state = st
 	e.expire = now + t.timeouts[st]
 	b := hash & t.mask
-	head := t.buckets[b]
+	head, link := t.buckets[b], i|tagOf(hash)
 	if int32(head) <= 0 {
 		head = endMark | uint32(b)
+		link |= lastBit
 	}
 	e.chain = head
-	t.buckets[b] = i
+	t.buckets[b] = link
 	t.file(i)
 	t.counts[member]++
 	t.n++
@@ -313,20 +344,21 @@ func (t *Table) reclaim(now uint32) uint32 {
 // Delete removes k's entry and reports whether there was one. Delete has no clock, so
 // an entry that has expired but was not yet reclaimed is removed and reported too.
 func (t *Table) Delete(k *Key, hash uint64) bool {
-	i, link := t.find(k, hash)
+	i, link, plink := t.find(k, hash)
 	if i == 0 {
 		return false
 	}
-	*link = t.entries[i].chain
+	t.unlink(i, link, plink)
 	t.release(i)
 	return true
 }
 
 // Expire reclaims up to max expired entries and returns how many it reclaimed. A packet
-// loop calls it once per iteration with a small max (say 64), spreading the work; each
-// call costs O(max) and never scans the table. It does not reclaim an entry before its
-// expiry, and reclaims one within about a second of it while calls keep up with the
-// rate at which entries expire.
+// loop calls it once per iteration with a small max (say 64), spreading the work; a
+// call does at most max units of work (an entry freed or re-filed, a wheel slot taken)
+// and passes at most 1024 empty one-second slots when it has fallen behind, and never
+// scans the table. It never reclaims an entry before its expiry, and reclaims it within
+// a second after while calls keep up with the rate at which entries expire.
 func (t *Table) Expire(now uint32, max int) int {
 	if !t.started || max <= 0 {
 		return 0
@@ -387,9 +419,9 @@ func (t *Table) expire(now uint32, budget int) int {
 	return freed
 }
 
-// expireFound reclaims expired entry i, which link points to.
-func (t *Table) expireFound(i uint32, link *uint32) {
-	*link = t.entries[i].chain
+// expireFound reclaims expired entry i, found by find.
+func (t *Table) expireFound(i uint32, link, plink *uint32) {
+	t.unlink(i, link, plink)
 	t.release(i)
 	t.stats.Expired++
 }
@@ -398,13 +430,14 @@ func (t *Table) expireFound(i uint32, link *uint32) {
 func (t *Table) remove(i uint32) {
 	j := t.entries[i].chain
 	for int32(j) > 0 {
-		j = t.entries[j].chain
+		j = t.entries[j&idxMask].chain
 	}
+	var plink *uint32
 	link := &t.buckets[j&^endMark]
-	for *link != i {
-		link = &t.entries[*link].chain
+	for *link&idxMask != i {
+		plink, link = link, &t.entries[*link&idxMask].chain
 	}
-	*link = t.entries[i].chain
+	t.unlink(i, link, plink)
 	t.release(i)
 }
 

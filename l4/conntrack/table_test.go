@@ -222,7 +222,7 @@ func TestExpiryByState(t *testing.T) {
 			k := testKey(int(s))
 			alive := now-start <= timeout[s]
 			// Lookup would reclaim; peek at the chain instead.
-			i, _ := tb.find(&k, testHash(&k))
+			i, _, _ := tb.find(&k, testHash(&k))
 			if alive && (i == 0 || expired(now, tb.entries[i].expire)) {
 				t.Fatalf("%v: gone at start+%d, timeout %d", s, now-start, timeout[s])
 			}
@@ -424,7 +424,18 @@ func TestInsertInvalidState(t *testing.T) {
 // middle and tail of the chain, by Delete, by lookup of an expired entry, and by the
 // reaper (which finds the bucket from the chain's end mark).
 func TestCollisions(t *testing.T) {
-	same := func(*Key) uint64 { return 5 }
+	for _, tc := range []struct {
+		name string
+		hash func(*Key) uint64
+	}{
+		{"same tag", func(*Key) uint64 { return 5 }},
+		{"mixed tags", func(k *Key) uint64 { return uint64(k.ClientPort)<<61 | 5 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testCollisions(t, tc.hash) })
+	}
+}
+
+func testCollisions(t *testing.T, same func(*Key) uint64) {
 	tb := newTable(t, 64)
 	const n = 40
 	for i := range n {

@@ -49,7 +49,7 @@ func TestReapedOnTime(t *testing.T) {
 		freed := 0
 		for i, exp := range expiry {
 			k := testKey(i)
-			found, _ := tb.find(&k, testHash(&k))
+			found, _, _ := tb.find(&k, testHash(&k))
 			if expired(now, exp) {
 				if found != 0 {
 					t.Fatalf("at %d: key %d expired at %d but is still in the table", now, i, exp)
@@ -131,15 +131,20 @@ func TestExpireBudget(t *testing.T) {
 }
 
 func TestPrefetchChangesNothing(t *testing.T) {
-	tb := newTable(t, 8)
-	k := testKey(1)
-	insert(t, tb, k, 4, StateEstablished, 0)
-	for h := range uint64(16) {
-		tb.Prefetch(h)
+	tb := newTable(t, 64)
+	for i := range 64 {
+		insert(t, tb, testKey(i), uint16(i), StateEstablished, 0)
 	}
-	tb.Prefetch(testHash(&k))
-	if m, s, ok := tb.Lookup(&k, testHash(&k), 0); !ok || m != 4 || s != StateEstablished || tb.Len() != 1 {
-		t.Fatal("Prefetch changed the table")
+	for i := range 64 {
+		k := testKey(i)
+		tb.Prefetch(testHash(&k))
+		tb.Prefetch(uint64(i) << 58)
+	}
+	for i := range 64 {
+		k := testKey(i)
+		if m, s, ok := tb.Lookup(&k, testHash(&k), 0); !ok || m != uint16(i) || s != StateEstablished {
+			t.Fatal("Prefetch changed the table")
+		}
 	}
 	mustCheck(t, tb, testHash)
 }
