@@ -22,13 +22,13 @@ import (
 // follows, so a later run can tell a crashed run's namespaces and remove them.
 const nsPrefix = "tgl4b"
 
-// The veth measurement's addresses. The client's frames come from the flows'
-// addresses (198.19.0.0/16) through the client end as gateway; the members' addresses
-// are all on the sink end, so its kernel answers for them.
-var (
-	vethCli  = netip.MustParsePrefix("198.18.2.2/24")
-	vethSink = 24 // prefix length of the members' addresses on the sink end
-)
+// vethCli is the client end's address in the veth measurement: the LD's external
+// gateway, through which the flows' clients (198.19.0.0/16) come. The members'
+// addresses are all on the sink end, with prefix length vethSinkBits, so its kernel
+// answers for them.
+var vethCli = netip.MustParsePrefix("198.18.2.2/24")
+
+const vethSinkBits = 24
 
 // vethFlows is how many flows the veth client cycles through.
 const vethFlows = 4096
@@ -44,8 +44,8 @@ const (
 //
 //	client ns (cli0) ── (ext) this namespace (int) ── (snk0) sink ns
 //
-// The ends in this namespace are the ones net_af_packet binds (the EAL opens its
-// sockets in the process's namespace). They have no addresses, no IPv6, and IPv4
+// The ends in this namespace are the ones net_af_packet binds: the EAL opens its
+// sockets on a thread the DPDK binding starts itself, in the process's namespace. They have no addresses, no IPv6, and IPv4
 // forwarding off, so the kernel routes nothing that arrives on them: whatever the
 // client sends reaches only the LD, and the LD's frames reach only the sink. close
 // deletes the namespaces, and with them the pairs.
@@ -98,7 +98,7 @@ func newTopo() (t *topo, err error) {
 	}
 	steps := [][]string{{"-n", t.cli, "addr", "add", vethCli.String(), "dev", ifCli}}
 	for _, a := range memberAddr {
-		steps = append(steps, []string{"-n", t.sink, "addr", "add", netip.PrefixFrom(a, vethSink).String(), "dev", ifSink})
+		steps = append(steps, []string{"-n", t.sink, "addr", "add", netip.PrefixFrom(a, vethSinkBits).String(), "dev", ifSink})
 	}
 	steps = append(steps,
 		[]string{"link", "set", t.ext, "up"},
