@@ -115,14 +115,16 @@ func New(cfg Config) (*Table, error) {
 	for nb < uint64(cfg.Capacity) {
 		nb <<= 1
 	}
-	t.buckets = make([]uint32, nb)
+	var freeBuckets, freeEntries func()
+	t.buckets, freeBuckets = hugeAlloc[uint32](int(nb))
 	t.mask = nb - 1
 	t.counts = new([1 << 16]uint32)
 
 	t.synList = t.capacity + 1
 	t.pending = t.synList + 1
 	t.wheel = t.pending + 1
-	t.entries = make([]entry, t.wheel+wheelSlots)
+	t.entries, freeEntries = hugeAlloc[entry](int(t.wheel + wheelSlots))
+	releaseWith(t, freeBuckets, freeEntries)
 	for s := t.synList; s < uint32(len(t.entries)); s++ {
 		t.entries[s].prev, t.entries[s].next = s, s
 	}
@@ -168,6 +170,27 @@ func (t *Table) Prefetch(hash uint64) {
 	if v := t.buckets[hash&t.mask]; int32(v) > 0 {
 		t.sink += t.entries[v&idxMask].expire
 	}
+}
+
+// PrefetchBurst does what Prefetch does for every hash of a burst (a zero hash is
+// skipped), in two tight passes: first every bucket head, then every first entry, so
+// that the loads of the whole burst are in flight together rather than a few at a
+// time between the caller's other work. At most 256 hashes are used.
+func (t *Table) PrefetchBurst(hashes []uint64) {
+	var heads [256]uint32
+	n := min(len(hashes), len(heads))
+	for i, h := range hashes[:n] {
+		if h != 0 {
+			heads[i] = t.buckets[h&t.mask]
+		}
+	}
+	var sink uint32
+	for _, v := range heads[:n] {
+		if int32(v) > 0 {
+			sink += t.entries[v&idxMask].expire
+		}
+	}
+	t.sink += sink
 }
 
 // Lookup returns k's member and state without refreshing the entry. An expired entry

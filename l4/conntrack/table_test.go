@@ -553,3 +553,19 @@ func TestStateString(t *testing.T) {
 		}
 	}
 }
+
+func TestPrefetchBurstChangesNothing(t *testing.T) {
+	tb, err := New(Config{Capacity: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := Key{ClientPort: 1}
+	if _, ok := tb.Insert(&k, 12345, 7, StateEstablished, 100); !ok {
+		t.Fatal("insert failed")
+	}
+	tb.PrefetchBurst([]uint64{0, 12345, 999, 12345})
+	if m, st, ok := tb.Lookup(&k, 12345, 100); !ok || m != 7 || st != StateEstablished || tb.Len() != 1 {
+		t.Fatalf("after PrefetchBurst: member %d state %v ok %v len %d", m, st, ok, tb.Len())
+	}
+	tb.PrefetchBurst(make([]uint64, 1000)) // more than 256: the rest is ignored
+}

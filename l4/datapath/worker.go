@@ -146,11 +146,10 @@ func (w *worker) poll(p port.Port, self verdict) int {
 		w.perr[i] = packet.Parse(b.Data[b.Off:b.Off+b.Len], pk)
 		w.hash[i] = 0
 		if w.perr[i] == nil && pk.L4 >= 0 && !pk.Fragment && (pk.Proto == packet.ProtoTCP || pk.Proto == packet.ProtoUDP) {
-			h := packet.FlowHash(w.seed, pk)
-			w.hash[i] = h
-			w.table.Prefetch(h)
+			w.hash[i] = packet.FlowHash(w.seed, pk)
 		}
 	}
+	w.table.PrefetchBurst(w.hash[:n])
 	for i := range n {
 		b := &w.rx[i]
 		v := w.handle(s, b, &w.pk[i], w.perr[i], w.hash[i], self == vExt)
@@ -395,13 +394,8 @@ func (w *worker) icmpError(s *snapshot, b *port.Buf, frame []byte, p *packet.Pac
 	flow := packet.Packet{Src: in.Dst, Dst: in.Src, SrcPort: in.DstPort, DstPort: in.SrcPort, Proto: in.Proto}
 	h := packet.FlowHash(w.seed, &flow)
 	k := conntrack.Key{Client: in.Dst.As16(), ClientPort: in.DstPort, Rule: r.id}
-	var id uint16
-	var ok bool
-	if in.Proto == packet.ProtoTCP {
-		id, ok = w.table.LookupTCP(&k, h, packet.TCPAck, w.now)
-	} else {
-		id, ok = w.table.LookupUDP(&k, h, w.now)
-	}
+	// Look only: an ICMP error says nothing about the flow's state.
+	id, _, ok := w.table.Lookup(&k, h, w.now)
 	if !ok {
 		if id, ok = w.schedule(r, h); !ok {
 			w.count(dirIn, resNoMember)
