@@ -90,12 +90,11 @@ func BenchmarkHandleNewFlow(b *testing.B) {
 // of n flows (source address), as a NIC would DMA them into reused buffers; its
 // transmit side takes everything.
 type genPort struct {
-	tmpl  []byte
-	bufs  [][]byte
-	n     uint32
-	next  uint32
-	flags byte
-	sent  uint64
+	tmpl []byte
+	bufs [][]byte
+	n    uint32
+	next uint32
+	sent uint64
 }
 
 func newGenPort(tmpl []byte, flows int, burst int) *genPort {
