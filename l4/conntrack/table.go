@@ -92,23 +92,8 @@ func New(cfg Config) (*Table, error) {
 			cfg.Capacity, ErrCapacity, MaxCapacity)
 	}
 	t := &Table{capacity: uint32(cfg.Capacity)}
-	var err error
-	to := cfg.Timeouts
-	for _, s := range []struct {
-		state State
-		name  string
-		d     time.Duration
-		def   time.Duration
-	}{
-		{StateSynRecv, "syn_recv", to.SynRecv, DefaultSynRecvTimeout},
-		{StateEstablished, "established", to.Established, DefaultEstablishedTimeout},
-		{StateFin, "fin", to.Fin, DefaultFinTimeout},
-		{StateClose, "close", to.Close, DefaultCloseTimeout},
-		{StateUDP, "udp", to.UDP, DefaultUDPTimeout},
-	} {
-		if t.timeouts[s.state], err = seconds(s.name, s.d, s.def); err != nil {
-			return nil, err
-		}
+	if err := t.SetTimeouts(cfg.Timeouts); err != nil {
+		return nil, err
 	}
 
 	nb := uint64(1)
@@ -170,6 +155,32 @@ func (t *Table) Prefetch(hash uint64) {
 	if v := t.buckets[hash&t.mask]; int32(v) > 0 {
 		t.sink += t.entries[v&idxMask].expire
 	}
+}
+
+// SetTimeouts changes the timeouts (zero fields mean the defaults). An entry gets the
+// new timeout of its state when a packet next refreshes it or it changes state; until
+// then it keeps the expiry it has. On error nothing changes.
+func (t *Table) SetTimeouts(to Timeouts) error {
+	var next [numStates]uint32
+	for _, s := range []struct {
+		state State
+		name  string
+		d     time.Duration
+		def   time.Duration
+	}{
+		{StateSynRecv, "syn_recv", to.SynRecv, DefaultSynRecvTimeout},
+		{StateEstablished, "established", to.Established, DefaultEstablishedTimeout},
+		{StateFin, "fin", to.Fin, DefaultFinTimeout},
+		{StateClose, "close", to.Close, DefaultCloseTimeout},
+		{StateUDP, "udp", to.UDP, DefaultUDPTimeout},
+	} {
+		var err error
+		if next[s.state], err = seconds(s.name, s.d, s.def); err != nil {
+			return err
+		}
+	}
+	t.timeouts = next
+	return nil
 }
 
 // PrefetchBurst does what Prefetch does for every hash of a burst (a zero hash is

@@ -569,3 +569,27 @@ func TestPrefetchBurstChangesNothing(t *testing.T) {
 	}
 	tb.PrefetchBurst(make([]uint64, 1000)) // more than 256: the rest is ignored
 }
+
+func TestSetTimeouts(t *testing.T) {
+	tb, err := New(Config{Capacity: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.SetTimeouts(Timeouts{Established: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	k := Key{ClientPort: 9}
+	tb.Insert(&k, 1, 1, StateEstablished, 1000)
+	if _, _, ok := tb.Lookup(&k, 1, 1005); !ok {
+		t.Fatal("expired before the new timeout")
+	}
+	if _, _, ok := tb.Lookup(&k, 1, 1007); ok {
+		t.Fatal("alive after the new 5 s timeout")
+	}
+	if err := tb.SetTimeouts(Timeouts{UDP: -time.Second}); err == nil {
+		t.Fatal("negative timeout accepted")
+	}
+	if tb.timeouts[StateEstablished] != 5 {
+		t.Fatal("a refused SetTimeouts changed the timeouts")
+	}
+}

@@ -252,6 +252,9 @@ func (c *Config) Validate() error {
 	if d.Conntrack.Capacity < 0 {
 		bad("conntrack.capacity", "%d is negative", d.Conntrack.Capacity)
 	}
+	if _, err := conntrack.New(conntrack.Config{Capacity: 1, Timeouts: d.Conntrack.Timeouts}); err != nil {
+		bad("conntrack.timeouts", "%v", err)
+	}
 	names := map[string]bool{}
 	keys := map[ruleKey]string{}
 	for i, r := range d.Rules {

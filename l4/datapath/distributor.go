@@ -252,7 +252,8 @@ func (d *Distributor) do(op func(*control)) error {
 
 // Apply validates cfg and swaps it in atomically: new flows follow it at once;
 // existing flows keep their members while those are configured, and while they
-// last when their member was removed.
+// last when their member was removed. New conntrack timeouts apply to each entry
+// from its next packet; the capacity is fixed by NewDistributor.
 func (d *Distributor) Apply(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("datapath: invalid config: %w", err)

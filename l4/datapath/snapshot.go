@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tiergate/tiergate/l4/conntrack"
 	"github.com/tiergate/tiergate/l4/packet"
 	"github.com/tiergate/tiergate/l4/sched"
 )
@@ -47,6 +48,7 @@ type snapshot struct {
 	hasExtGW4  bool
 	hasExtGW6  bool
 	quicCIDLen int
+	timeouts   conntrack.Timeouts
 }
 
 // side is one port's own addresses.
@@ -126,6 +128,7 @@ func (c *control) buildSnapshot() (*snapshot, error) {
 		mtu:        cfg.Tunnel.MTU,
 		extNeigh:   make(map[netip.Addr]packet.MAC),
 		quicCIDLen: quicCIDLen,
+		timeouts:   cfg.Conntrack.Timeouts,
 	}
 	if cfg.Tunnel.Mode == ModeIPIP {
 		s.encapMode = packet.EncapIPIP

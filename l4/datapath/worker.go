@@ -195,6 +195,9 @@ func (w *worker) flush(p port.Port, bufs []port.Buf, d direction) {
 // resync rebuilds the per-lcore scheduler state for a new snapshot.
 func (w *worker) resync(s *snapshot) {
 	w.snapVer = s.version
+	// Validated with the config; an error here would be a bug, and the table
+	// keeps its timeouts.
+	_ = w.table.SetTimeouts(s.timeouts)
 	w.wrr = make([]*sched.WRR, len(s.ruleByID))
 	w.wlc = make([]*sched.WLC, len(s.ruleByID))
 	for id, r := range s.ruleByID {
