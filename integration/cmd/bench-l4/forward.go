@@ -117,6 +117,9 @@ type phaseResult struct {
 	// those that found nothing: the worker waited for packets.
 	Polls      uint64 `json:"polls"`
 	EmptyPolls uint64 `json:"empty_polls"`
+	// Idle is the share of the phase the worker spent waiting for packets (from an
+	// empty poll to the next poll that found some).
+	Idle float64 `json:"worker_idle_share"`
 	// DPDK feeder: transmit calls, how many found the ring full, and how many
 	// allocations found the pool empty.
 	FeederCalls uint64 `json:"feeder_calls,omitempty"`
@@ -124,18 +127,18 @@ type phaseResult struct {
 	FeederNoBuf uint64 `json:"feeder_no_mbuf,omitempty"`
 }
 
-// starved reports whether the worker found its receive queue empty on more than 1%
-// of its polls: then the source, not the worker, set the pace.
-func (p *phaseResult) starved() bool { return p.EmptyPolls*100 > p.Polls }
+// starved reports whether the worker waited for packets more than 1% of the phase:
+// then the source, not the worker, set the pace.
+func (p *phaseResult) starved() bool { return p.Idle > 0.01 }
 
 // forwardResults are the phases of one set-up.
 type forwardResults struct {
 	NewFlows    *phaseResult `json:"new_flows"`
 	FirstACK    *phaseResult `json:"first_ack_pass"`
 	Established *phaseResult `json:"established"`
-	// SourceBound is set when the worker found its receive queue empty on more than 1%
-	// of its polls during the established phase: the source (the DPDK feeder), not the
-	// worker, set the pace, and the figure is a lower bound.
+	// SourceBound is set when the worker waited for packets more than 1% of the
+	// established phase: the source (the DPDK feeder), not the worker, set the pace,
+	// and the figure is a lower bound.
 	SourceBound bool `json:"source_bound"`
 }
 
@@ -228,7 +231,7 @@ func (r *rig) counted(ctx context.Context, set *frameSet, count int) (*phaseResu
 	r.int.arm(uint64(count))
 	r.int.takeSample()
 	probe := startProbe()
-	polls0, empty0 := r.ext.polls.Load(), r.ext.empty.Load()
+	polls0, empty0, idle0 := r.ext.polls.Load(), r.ext.empty.Load(), r.ext.idle.Load()
 	f := r.src.feed(set, int64(count))
 	timeout := 10*time.Second + time.Duration(count)*5*time.Microsecond // ≥ 0.2 Mpps
 	deadline := time.Now().Add(timeout)
@@ -256,6 +259,7 @@ func (r *rig) counted(ctx context.Context, set *frameSet, count int) (*phaseResu
 	// Polls from the start of the feed to now: the idle polls before the first frame
 	// and after the last are included, a few at most while the source keeps up.
 	p.Polls, p.EmptyPolls = r.ext.polls.Load()-polls0, r.ext.empty.Load()-empty0
+	p.Idle = float64(r.ext.idle.Load()-idle0) / float64(el)
 	return p, nil
 }
 
@@ -270,12 +274,12 @@ func (r *rig) timed(ctx context.Context, set *frameSet, d time.Duration) (*phase
 	err := sleepCtx(ctx, settle)
 	probe := startProbe()
 	t0, c0, cpu0 := nanotime(), r.int.tx.Load(), threadCPU(int(r.tid.Load()))
-	polls0, empty0, allocs0 := r.ext.polls.Load(), r.ext.empty.Load(), heapAllocs()
+	polls0, empty0, idle0, allocs0 := r.ext.polls.Load(), r.ext.empty.Load(), r.ext.idle.Load(), heapAllocs()
 	if err == nil {
 		err = sleepCtx(ctx, d)
 	}
 	t1, c1, cpu1 := nanotime(), r.int.tx.Load(), threadCPU(int(r.tid.Load()))
-	polls1, empty1, allocs1 := r.ext.polls.Load(), r.ext.empty.Load(), heapAllocs()
+	polls1, empty1, idle1, allocs1 := r.ext.polls.Load(), r.ext.empty.Load(), r.ext.idle.Load(), heapAllocs()
 	others := probe.others()
 	st := f.stop()
 	if err == nil {
@@ -304,6 +308,7 @@ func (r *rig) timed(ctx context.Context, set *frameSet, d time.Duration) (*phase
 	}
 	p := newPhaseResult(c1-c0, time.Duration(t1-t0), time.Duration(cpu1-cpu0), others, st)
 	p.Polls, p.EmptyPolls = polls1-polls0, empty1-empty0
+	p.Idle = float64(idle1-idle0) / float64(t1-t0)
 	p.Allocs = ptr(float64(allocs1-allocs0) / float64(c1-c0))
 	return p, nil
 }

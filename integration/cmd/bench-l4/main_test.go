@@ -209,7 +209,13 @@ func TestMeter(t *testing.T) {
 	if m.RxBurst(0, bufs) != 0 || m.polls.Load() != 2 || m.empty.Load() != 1 {
 		t.Errorf("polls %d, empty %d", m.polls.Load(), m.empty.Load())
 	}
-	m.TxBurst(0, bufs[:2])
+	g.start(set, 1)
+	time.Sleep(time.Millisecond)
+	if m.RxBurst(0, make([]port.Buf, 4)) != 1 || m.idle.Load() < int64(time.Millisecond) {
+		t.Errorf("idle %v after a millisecond without frames", time.Duration(m.idle.Load()))
+	}
+	m.TxBurst(0, bufs[:1])
+	m.TxBurst(0, bufs[1:2])
 	if m.doneAt.Load() != 0 {
 		t.Error("done before the target")
 	}

@@ -25,8 +25,13 @@ type meter struct {
 	rx    atomic.Uint64 // frames received on queue 0
 	polls atomic.Uint64 // RxBurst calls
 	empty atomic.Uint64 // RxBurst calls that found nothing
-	tx    atomic.Uint64 // frames transmitted on the data queues
-	ctlTx atomic.Uint64 // frames transmitted on the control queue
+	// idle is the time from each empty RxBurst to the next one that found frames: the
+	// time the worker waited for the source. A wait that ends with the first frames
+	// after arm is not counted (the phase had not begun).
+	idle       atomic.Int64
+	emptySince int64         // nanotime of the first empty RxBurst of the current run; worker only
+	tx         atomic.Uint64 // frames transmitted on the data queues
+	ctlTx      atomic.Uint64 // frames transmitted on the control queue
 
 	firstRx    atomic.Int64  // nanotime of the first non-empty RxBurst since arm; 0: none yet
 	firstRxCPU atomic.Int64  // the receiving thread's CPU time then
@@ -58,12 +63,19 @@ func (m *meter) RxBurst(queue int, bufs []port.Buf) int {
 	m.polls.Add(1)
 	if n == 0 {
 		m.empty.Add(1)
-	} else {
-		m.rx.Add(uint64(n))
-		if m.firstRx.Load() == 0 {
-			m.firstRxCPU.Store(selfThreadCPU())
-			m.firstRx.Store(nanotime())
+		if m.emptySince == 0 {
+			m.emptySince = nanotime()
 		}
+		return 0
+	}
+	m.rx.Add(uint64(n))
+	if m.firstRx.Load() == 0 {
+		m.firstRxCPU.Store(selfThreadCPU())
+		m.firstRx.Store(nanotime())
+		m.emptySince = 0
+	} else if m.emptySince != 0 {
+		m.idle.Add(nanotime() - m.emptySince)
+		m.emptySince = 0
 	}
 	return n
 }

@@ -78,7 +78,7 @@ func report(o *options, r *results) {
 	}
 	header(w, o, r)
 
-	ft := benchkit.Table{Header: []string{"forwarding, one worker", "packets", "seconds", "Mpps", "worker CPU s", "Mpps/CPU s", "empty polls", "others", "notes"}}
+	ft := benchkit.Table{Header: []string{"forwarding, one worker", "packets", "seconds", "Mpps", "worker CPU s", "Mpps/CPU s", "idle", "others", "notes"}}
 	maxOther := 0.0
 	phases := func(name string, f *forwardResults, note string) {
 		if f == nil {
@@ -92,7 +92,7 @@ func report(o *options, r *results) {
 			}
 			maxOther = max(maxOther, p.OtherCores)
 			ft.Row(name+": "+what, commas(p.Packets), fmt.Sprintf("%.3f", p.Seconds), fmt.Sprintf("%.3f", p.Mpps),
-				fmt.Sprintf("%.3f", p.WorkerCPU), fmt.Sprintf("%.3f", p.MppsPerCPU), fmt.Sprintf("%.1f%%", pct(p.EmptyPolls, p.Polls)),
+				fmt.Sprintf("%.3f", p.WorkerCPU), fmt.Sprintf("%.3f", p.MppsPerCPU), fmt.Sprintf("%.1f%%", 100*p.Idle),
 				fmt.Sprintf("%.2f", p.OtherCores), note)
 		}
 		row("new flows (SYN)", f.NewFlows, "scheduled (Maglev) and inserted")
@@ -136,8 +136,8 @@ func report(o *options, r *results) {
 	}
 	ft.Fprint(w)
 	fmt.Fprintln(w, "Mpps = packets ÷ seconds (wall clock, the headline); Mpps/CPU s = packets ÷ the CPU time the worker's thread")
-	fmt.Fprintln(w, "had; empty polls = the worker's receive calls that found nothing (it waited for the source); others = cores")
-	fmt.Fprintln(w, "used by other processes meanwhile.")
+	fmt.Fprintln(w, "had; idle = share of the phase the worker waited for packets (from a poll that found none to the next that")
+	fmt.Fprintln(w, "found some); others = cores used by other processes meanwhile.")
 	s.MaxOtherCores = round(maxOther, 2)
 	if maxOther >= 0.2 {
 		fmt.Fprintf(w, "warning: other processes used up to %.2f of the %d cores during a phase: the machine was shared, so the\n", maxOther, runtime.NumCPU())
@@ -238,7 +238,7 @@ func header(w io.Writer, o *options, r *results) {
 		fmt.Fprintf(w, "           RX queue 0, polled by the worker; the worker tunnels to net_null0 (no-rx=1), which frees the mbufs.\n")
 		fmt.Fprintf(w, "           The worker never transmits on net_ring0 (checked: no out or local counts), so the ring has one\n")
 		fmt.Fprintf(w, "           producer. When the ring is full the feeder yields the CPU (sched_yield) and retries. If the worker\n")
-		fmt.Fprintf(w, "           found the ring empty on more than 1%% of its polls, the feeder set the pace: the figure is then\n")
+		fmt.Fprintf(w, "           waited for packets more than 1%% of the time, the feeder set the pace: the figure is then\n")
 		fmt.Fprintf(w, "           feeder-bound, a lower bound.\n")
 		if !o.skipVeth {
 			fmt.Fprintf(w, "veth:      raw AF_PACKET socket in a client namespace → veth → net_af_packet0 on the LD's end (no\n")
@@ -303,13 +303,6 @@ func formatCounts(m map[string]uint64) string {
 		parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
 	}
 	return strings.Join(parts, " ")
-}
-
-func pct(a, b uint64) float64 {
-	if b == 0 {
-		return 0
-	}
-	return 100 * float64(a) / float64(b)
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
