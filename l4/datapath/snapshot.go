@@ -33,10 +33,12 @@ type snapshot struct {
 	version uint64
 
 	rules     map[ruleKey]*rule
+	ruleList  []ruleEntry // the same rules, scanned instead of hashed when there are few
 	fragRules map[ruleKey]*rule // (VIP, proto, port 0) → the rule fragments go to
 	ruleByID  []*rule
 	members   []*member // by ID; a member no rule schedules any more stays while flows use it
 	vips      map[[16]byte]struct{}
+	vipList   [][16]byte // the same, scanned when there are few
 	memberIP  map[[16]byte]struct{} // accepted outer sources of the return path
 
 	ext, int   side
@@ -93,8 +95,41 @@ type member struct {
 	mss4, mss6 uint16 // MSS clamp for IPv4 / IPv6 inner SYNs
 }
 
-func (s *snapshot) isVIP(a netip.Addr) bool {
-	_, ok := s.vips[a.As16()]
+// ruleEntry is one rule with its key, for the linear scan of lookupRule.
+type ruleEntry struct {
+	key ruleKey
+	r   *rule
+}
+
+// ruleScanMax is the most rules lookupRule scans before it uses the map: a scan of
+// a few 20-byte keys costs less than hashing one.
+const ruleScanMax = 8
+
+// lookupRule finds the rule of a packet's destination.
+func (s *snapshot) lookupRule(k ruleKey) *rule {
+	if len(s.ruleList) <= ruleScanMax {
+		for i := range s.ruleList {
+			if s.ruleList[i].key == k {
+				return s.ruleList[i].r
+			}
+		}
+		return nil
+	}
+	return s.rules[k]
+}
+
+func (s *snapshot) isVIP(a netip.Addr) bool { return s.isVIPKey(a.As16()) }
+
+func (s *snapshot) isVIPKey(a [16]byte) bool {
+	if len(s.vipList) <= ruleScanMax {
+		for i := range s.vipList {
+			if s.vipList[i] == a {
+				return true
+			}
+		}
+		return false
+	}
+	_, ok := s.vips[a]
 	return ok
 }
 
@@ -207,6 +242,10 @@ func (c *control) buildSnapshot() (*snapshot, error) {
 			s.fragRules[fk] = r
 		}
 		s.ruleByID[r.id] = r
+		s.ruleList = append(s.ruleList, ruleEntry{key: k, r: r})
+		if _, dup := s.vips[k.addr]; !dup {
+			s.vipList = append(s.vipList, k.addr)
+		}
 		s.vips[k.addr] = struct{}{}
 	}
 	return s, nil

@@ -244,7 +244,7 @@ func (w *worker) handle(s *snapshot, b *port.Buf, p *packet.Packet, perr error, 
 		return w.toControl(frame, fromExt)
 	}
 
-	if _, vip := s.vips[dst]; vip {
+	if s.isVIPKey(dst) {
 		return w.toVIP(s, b, frame, p, dst, h)
 	}
 	if s.int.owns(dst) || s.ext.owns(dst) {
@@ -282,7 +282,7 @@ func (w *worker) toVIP(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet,
 		w.count(dirIn, resNoRule)
 		return vDrop
 	}
-	r := s.rules[ruleKey{addr: dst, proto: p.Proto, port: p.DstPort}]
+	r := s.lookupRule(ruleKey{addr: dst, proto: p.Proto, port: p.DstPort})
 	if r == nil {
 		w.count(dirIn, resNoRule)
 		return vDrop

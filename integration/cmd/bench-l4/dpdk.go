@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -34,23 +36,75 @@ type dpdkEnv struct {
 	args []string
 }
 
-// ealArgs are the EAL arguments: no PCI devices, no huge pages, no shared
-// configuration (--in-memory does not go with --no-huge in DPDK 22.11), no telemetry;
-// a ring device and a null device, and when t is set one af_packet device on each of
-// the LD's ends of the veth pairs. Each af_packet device has two queue pairs: the datapath wants
-// a transmit queue for its control goroutine besides the worker's.
+// ealArgs are the EAL arguments: no PCI devices, no telemetry; a ring device and a
+// null device, and when t is set one af_packet device on each of the LD's ends of the
+// veth pairs. Memory is in huge pages when reserveHugepages got them (as a DPDK
+// deployment has; packet buffers in 4 KiB pages cost a TLB miss per packet), else in
+// ordinary pages (--no-huge, with --no-shconf: --in-memory does not go with --no-huge
+// in DPDK 22.11). Each af_packet device has two queue pairs, so that the kernel's
+// spreading of flows over them is exercised (the worker polls both).
 func ealArgs(t *topo, logLevel string) []string {
-	args := []string{
-		"-l", "0", "--no-pci", "--no-huge", "-m", "1024", "--no-shconf", "--no-telemetry",
-		"--log-level=" + logLevel, "--file-prefix=" + ealPrefix(),
-		"--vdev=net_ring0", "--vdev=net_null0,no-rx=1",
+	args := []string{"-l", "0", "--no-pci", "-m", "1024", "--no-telemetry",
+		"--log-level=" + logLevel, "--file-prefix=" + ealPrefix()}
+	if hugepagesReserved {
+		args = append(args, "--in-memory")
+	} else {
+		args = append(args, "--no-huge", "--no-shconf")
 	}
+	args = append(args, "--vdev=net_ring0", "--vdev=net_null0,no-rx=1")
 	if t != nil {
 		args = append(args,
 			"--vdev=net_af_packet0,iface="+t.ext+",qpairs=2",
 			"--vdev=net_af_packet1,iface="+t.int+",qpairs=2")
 	}
 	return args
+}
+
+const nrHugepages = "/proc/sys/vm/nr_hugepages"
+
+// hugepagesReserved tells whether reserveHugepages made 2 MiB pages available.
+var hugepagesReserved bool
+
+// reserveHugepages makes sure at least mib MiB of 2 MiB huge pages are free, raising
+// nr_hugepages when needed, and returns a function that puts the old value back.
+// It fails quietly (the EAL then runs in ordinary pages) when the kernel cannot
+// find the memory.
+func reserveHugepages(mib int) (restore func()) {
+	restore = func() {}
+	old, err := os.ReadFile(nrHugepages)
+	if err != nil {
+		return restore
+	}
+	oldN, err := strconv.Atoi(strings.TrimSpace(string(old)))
+	if err != nil {
+		return restore
+	}
+	want := oldN + mib/2
+	if free := freeHugepages(); free >= mib/2 {
+		hugepagesReserved = true
+		return restore
+	}
+	if err := os.WriteFile(nrHugepages, []byte(strconv.Itoa(want)), 0o644); err != nil {
+		return restore
+	}
+	restore = func() { _ = os.WriteFile(nrHugepages, old, 0o644) }
+	hugepagesReserved = freeHugepages() >= mib/2
+	return restore
+}
+
+// freeHugepages reads HugePages_Free from /proc/meminfo.
+func freeHugepages() int {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "HugePages_Free:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
 }
 
 // ealPrefix names this process's EAL run directory, /var/run/dpdk/<prefix>.

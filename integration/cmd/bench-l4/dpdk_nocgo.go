@@ -26,3 +26,5 @@ func (*dpdkEnv) runRing(context.Context, *options, *frameSet, *frameSet, *slog.L
 func (*dpdkEnv) runVeth(context.Context, *options, *topo, *slog.Logger) (*vethResult, error) {
 	return nil, errNoCgo
 }
+
+func reserveHugepages(int) func() { return func() {} }

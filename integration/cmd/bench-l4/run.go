@@ -115,6 +115,7 @@ func runDPDK(ctx context.Context, o *options, res *results, syn, ack *frameSet, 
 		}
 	}
 	fmt.Fprintln(o.log, "bench-l4: DPDK EAL")
+	defer reserveHugepages(1024)()
 	res.eal = ealArgs(t, o.ealLogLevel)
 	env, err := startDPDK(res.eal)
 	if err != nil {
