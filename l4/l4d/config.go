@@ -19,6 +19,7 @@ import (
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/l4/conntrack"
 	"github.com/tiergate/tiergate/l4/datapath"
+	"github.com/tiergate/tiergate/l4/packet"
 )
 
 // FileConfig is l4d's configuration file. Every field may be left out unless marked
@@ -127,6 +128,10 @@ type PortFile struct {
 	// Default none: only on-link destinations are reached.
 	Gateway  string `yaml:"gateway" json:"gateway,omitempty"`
 	Gateway6 string `yaml:"gateway6" json:"gateway6,omitempty"`
+	// GatewayMAC and Gateway6MAC, when set, are the gateways' Ethernet addresses,
+	// used as is instead of ARP/ND (static neighbours). Default: resolved.
+	GatewayMAC  string `yaml:"gateway_mac" json:"gateway_mac,omitempty"`
+	Gateway6MAC string `yaml:"gateway6_mac" json:"gateway6_mac,omitempty"`
 	// MTU of the device. Default: the device's own.
 	MTU int `yaml:"mtu" json:"mtu,omitempty"`
 }
@@ -204,6 +209,10 @@ type MemberFile struct {
 	// HealthAddr is "ip:port" where the health check connects. Default the member's
 	// address and the pool's health port.
 	HealthAddr string `yaml:"health_addr" json:"health_addr,omitempty"`
+	// MAC, when set ("02:00:00:00:00:11"), is the Ethernet address of the member (or
+	// of the internal gateway that reaches it), used as is instead of ARP/ND: a
+	// static neighbour. Default: resolved.
+	MAC string `yaml:"mac" json:"mac,omitempty"`
 }
 
 // HealthFile is an active health check.
@@ -463,7 +472,21 @@ func parseInterface(field string, p *PortFile, errs *[]error) datapath.Interface
 	in.Addr6 = prefix("addr6", p.Addr6)
 	in.Gateway = addr("gateway", p.Gateway)
 	in.Gateway6 = addr("gateway6", p.Gateway6)
+	in.GatewayMAC = parseMAC(field+".gateway_mac", p.GatewayMAC, errs)
+	in.Gateway6MAC = parseMAC(field+".gateway6_mac", p.Gateway6MAC, errs)
 	return in
+}
+
+// parseMAC parses an optional Ethernet address of the configuration.
+func parseMAC(field, s string, errs *[]error) packet.MAC {
+	if s == "" {
+		return packet.MAC{}
+	}
+	m, err := packet.ParseMAC(s)
+	if err != nil || m.IsBroadcast() || m.IsMulticast() || m.IsZero() {
+		*errs = append(*errs, fmt.Errorf("%s: %q is not a unicast Ethernet address (02:00:00:00:00:11)", field, s))
+	}
+	return m
 }
 
 // into adds the forwarding section to cfg, collecting parse errors.
@@ -526,7 +549,7 @@ func (f *Forwarding) into(cfg *datapath.Config, errs *[]error) {
 				a = v
 			}
 			pc.Members = append(pc.Members, datapath.MemberConfig{Name: m.Name, Address: a, Weight: m.Weight,
-				QUICID: m.QUICID, Drained: m.Drained, HealthAddr: m.HealthAddr})
+				QUICID: m.QUICID, Drained: m.Drained, HealthAddr: m.HealthAddr, MAC: parseMAC(mf+".mac", m.MAC, errs)})
 		}
 		cfg.Pools[name] = pc
 	}

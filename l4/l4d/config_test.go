@@ -76,6 +76,8 @@ func TestParseConfig(t *testing.T) {
 		{"member name", repl(minimal, "name: a, ", ""), "pools.l7.members[0].name: required"},
 		{"duplicate quic id", repl(minimal, "{name: a, address: 198.18.0.11}", "{name: a, address: 198.18.0.11, quic_id: 7}, {name: b, address: 198.18.0.12, quic_id: 7}"), `pools.l7.members[1].quic_id: 7 is also member "a"`},
 		{"health addr", repl(minimal, "address: 198.18.0.11}", "address: 198.18.0.11, health_addr: x}"), "pools.l7.members[0].health_addr:"},
+		{"member mac", repl(minimal, "address: 198.18.0.11}", "address: 198.18.0.11, mac: \"ff:ff:ff:ff:ff:ff\"}"), `pools.l7.members[0].mac: "ff:ff:ff:ff:ff:ff" is not a unicast Ethernet address`},
+		{"gateway mac", repl(minimal, "addr: 198.18.0.2/24", "addr: 198.18.0.2/24, gateway_mac: nope"), `ports.external.gateway_mac: "nope" is not a unicast Ethernet address`},
 		{"health type", minimal + "    health: {type: icmp}\n", `pools.l7.health.type: "icmp" is not tcp, http or none`},
 		{"health timeout", minimal + "    health: {interval: 1s, timeout: 2s}\n", "pools.l7.health.timeout: 2s must be positive and at most the interval"},
 		{"health rise", minimal + "    health: {rise: -1}\n", "pools.l7.health.rise: -1 is negative"},
