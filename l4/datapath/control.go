@@ -136,7 +136,10 @@ func (c *control) apply(cfg Config) error {
 	members := map[string]*memberState{}
 	usedM := map[uint16]bool{}
 	for k, ms := range c.members {
-		members[k] = ms
+		// Changes go to copies, so that a config rejected below leaves the
+		// members in force untouched.
+		cp := *ms
+		members[k] = &cp
 		usedM[ms.id] = true
 	}
 	nextM := uint16(0)
