@@ -33,12 +33,12 @@ type snapshot struct {
 	version uint64
 
 	rules     map[ruleKey]*rule
-	ruleList  []ruleEntry // the same rules, scanned instead of hashed when there are few
+	ruleList  []ruleEntry       // the same rules, scanned instead of hashed when there are few
 	fragRules map[ruleKey]*rule // (VIP, proto, port 0) → the rule fragments go to
 	ruleByID  []*rule
 	members   []*member // by ID; a member no rule schedules any more stays while flows use it
 	vips      map[[16]byte]struct{}
-	vipList   [][16]byte // the same, scanned when there are few
+	vipList   [][16]byte            // the same, scanned when there are few
 	memberIP  map[[16]byte]struct{} // accepted outer sources of the return path
 
 	ext, int   side
