@@ -1,5 +1,6 @@
 // Package daemon holds what every Tiergate daemon shares: strict YAML configuration
-// files, log levels, and the admin endpoint's /metrics and /healthz.
+// files, log levels, the admin endpoint's /metrics and /healthz and its bearer-token
+// authentication, and state files written so that a crash never leaves half of one.
 package daemon
 
 import (

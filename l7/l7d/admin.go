@@ -45,6 +45,7 @@ type listInfo struct {
 	Bytes      int      `json:"bytes"`
 	Action     string   `json:"action"`
 	Files      []string `json:"files,omitempty"`
+	StateFile  string   `json:"state_file,omitempty"` // where the pushed list in force is kept
 	HitsPacket uint64   `json:"hits_packet"`
 	HitsHeader uint64   `json:"hits_header"`
 }
@@ -58,20 +59,25 @@ func (d *Daemon) listInfo(l *blacklist.List) listInfo {
 	}
 	s := l.Snapshot()
 	return listInfo{List: l.Name(), Entries: s.Len(), Bytes: s.Bytes(), Action: action, Files: b.Files,
+		StateFile:  d.sources()[l.Name()].state,
 		HitsPacket: l.Hits(blacklist.SourcePacket), HitsHeader: l.Hits(blacklist.SourceHeader)}
 }
 
 // adminHandler serves /metrics, /healthz, POST /reload and the blacklist API:
 //
-//	GET  /blacklists                 every list in use: entries, action, hits
-//	GET  /blacklists/{name}          one list
-//	PUT  /blacklists/{name}          replace a list whole (text, binary or gzip)
-//	POST /blacklists/{name}/delta    add and remove entries (text delta, or gzip)
+//	GET    /blacklists                 every list in use: entries, action, hits
+//	GET    /blacklists/{name}          one list
+//	PUT    /blacklists/{name}          replace a list whole (text, binary or gzip)
+//	POST   /blacklists/{name}/delta    add and remove entries (text delta, or gzip)
+//	DELETE /blacklists/{name}/state    drop what was pushed: back to the list's files
 //
 // name is "global" or a listener's name. An upload is parsed whole before anything
 // changes: a bad one is answered 422 with the bad lines by number, and the list in
-// force stays; a good one is swapped in atomically and answered 200 with the list's
-// new size.
+// force stays; a good one is written to the list's state file when there is a
+// state_dir (a failure answers 500, code state_write_failed, and the list in force
+// stays), then swapped in atomically and answered 200 with the list's new size.
+// With an admin token, every request but GET /healthz and GET /metrics must carry
+// it (daemon.AdminAuth).
 func (d *Daemon) adminHandler() http.Handler {
 	mux := daemon.AdminMux(d.reg, d.srv.Healthy)
 	mux.HandleFunc("/reload", func(w http.ResponseWriter, r *http.Request) {
@@ -115,9 +121,16 @@ func (d *Daemon) adminHandler() http.Handler {
 			writeError(w, uploadError(err))
 			return
 		}
-		l.Replace(s)
-		d.log.Info("blacklist replaced through the admin API", "list", l.Name(), "entries", s.Len(), "from", r.RemoteAddr)
-		writeJSON(w, http.StatusOK, d.listInfo(l))
+		d.mu.Lock()
+		err = d.commit(l, s)
+		info := d.listInfo(l)
+		d.mu.Unlock()
+		if err != nil {
+			writeError(w, d.stateError(l, err))
+			return
+		}
+		d.log.Info("blacklist replaced through the admin API", "list", l.Name(), "entries", info.Entries, "from", r.RemoteAddr)
+		writeJSON(w, http.StatusOK, info)
 	})
 	mux.HandleFunc("POST /blacklists/{name}/delta", func(w http.ResponseWriter, r *http.Request) {
 		l := d.list(w, r)
@@ -125,20 +138,78 @@ func (d *Daemon) adminHandler() http.Handler {
 			return
 		}
 		delta, err := blacklist.ReadDelta(r.Body)
-		if err == nil {
-			err = l.Apply(delta)
-		}
 		if err != nil {
 			writeError(w, uploadError(err))
 			return
 		}
+		d.mu.Lock()
+		err = d.applyDelta(l, delta)
+		info := d.listInfo(l)
+		d.mu.Unlock()
+		var sw *errStateWrite
+		switch {
+		case errors.As(err, &sw):
+			writeError(w, d.stateError(l, err))
+			return
+		case err != nil:
+			writeError(w, uploadError(err))
+			return
+		}
 		d.log.Info("blacklist changed through the admin API", "list", l.Name(), "added", len(delta.Add),
-			"removed", len(delta.Remove), "entries", l.Len(), "from", r.RemoteAddr)
-		writeJSON(w, http.StatusOK, d.listInfo(l))
+			"removed", len(delta.Remove), "entries", info.Entries, "from", r.RemoteAddr)
+		writeJSON(w, http.StatusOK, info)
 	})
-	return mux
+	mux.HandleFunc("DELETE /blacklists/{name}/state", func(w http.ResponseWriter, r *http.Request) {
+		l := d.list(w, r)
+		if l == nil {
+			return
+		}
+		d.mu.Lock()
+		err := d.dropState(l)
+		info := d.listInfo(l)
+		d.mu.Unlock()
+		var sw *errStateWrite
+		switch {
+		case errors.As(err, &sw):
+			writeError(w, d.stateError(l, err))
+			return
+		case err != nil:
+			writeError(w, &apiError{Status: http.StatusInternalServerError, Code: "list_files_failed",
+				Message: "the list's files cannot be loaded; the list in force and its pushed state stay: " + err.Error()})
+			return
+		}
+		d.log.Info("blacklist's pushed state dropped through the admin API: back to its files", "list", l.Name(),
+			"entries", info.Entries, "files", info.Files, "from", r.RemoteAddr)
+		writeJSON(w, http.StatusOK, info)
+	})
+	return d.auth.Wrap(mux)
 }
 
+// applyDelta changes l by delta. With a state_dir the new entries are computed
+// aside and committed (written, then swapped in); without, the list applies the
+// delta itself. d.mu is held.
+func (d *Daemon) applyDelta(l *blacklist.List, delta *blacklist.Delta) error {
+	if d.cfg.StateDir == "" {
+		return l.Apply(delta)
+	}
+	next := blacklist.NewList(l.Name(), blacklist.Options{})
+	next.Replace(l.Snapshot())
+	if err := next.Apply(delta); err != nil {
+		return err
+	}
+	return d.commit(l, next.Snapshot())
+}
+
+// stateError describes a change refused because the list's state file could not be
+// written or removed (500), and logs it.
+func (d *Daemon) stateError(l *blacklist.List, err error) *apiError {
+	msg := "the list's state file could not be written; the list in force stays: " + err.Error()
+	if errors.Is(err, daemon.ErrNotDurable) {
+		msg = err.Error()
+	}
+	d.log.Error("blacklist change through the admin API failed", "list", l.Name(), "err", msg)
+	return &apiError{Status: http.StatusInternalServerError, Code: "state_write_failed", Message: msg}
+}
 // list returns the list a request names, or answers 404 and returns nil.
 func (d *Daemon) list(w http.ResponseWriter, r *http.Request) *blacklist.List {
 	name := r.PathValue("name")

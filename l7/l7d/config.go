@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tiergate/tiergate/certs"
@@ -59,9 +60,35 @@ type FileConfig struct {
 	// device; see deploy/tunnel.md).
 	Tunnel *TunnelFile `yaml:"tunnel"`
 
-	// AdminListen serves /metrics, /healthz and POST /reload. Default
-	// "127.0.0.1:9241"; "off" disables it.
+	// AdminListen serves /metrics, /healthz, POST /reload and the blacklist API.
+	// Default "127.0.0.1:9241"; "off" disables it. An address other hosts can reach
+	// (anything but a loopback address or localhost) needs AdminTokenFile, or
+	// AdminInsecure.
 	AdminListen string `yaml:"admin_listen"`
+
+	// AdminTokenFile holds the bearer token of the admin endpoint: with it, every
+	// request but GET /healthz and GET /metrics must carry "Authorization: Bearer
+	// <token>" or is answered 401. The token is the file's content less surrounding
+	// white space, at least 16 bytes of visible ASCII (openssl rand -hex 32). It is
+	// read at start and on reload. Default: none, no authentication.
+	AdminTokenFile string `yaml:"admin_token_file"`
+
+	// AdminInsecure lets AdminListen be an address other hosts reach with no
+	// AdminTokenFile; without it l7d refuses that configuration. Whoever reaches the
+	// admin endpoint can replace the blacklists (unblock an attacker, or block every
+	// client) and reload the configuration; set it only when something else keeps
+	// everyone else out (a management network, a firewall). Default false.
+	AdminInsecure bool `yaml:"admin_insecure"`
+
+	// StateDir keeps what is pushed to the blacklists through the admin endpoint
+	// across restarts and reloads. Every accepted push or delta writes the list's
+	// entries (expired ones left out) to <state_dir>/blacklist-<list>.bin in the
+	// binary format, atomically and synced, before it is answered; a list with such
+	// a file is loaded from it at start and on reload instead of from its files,
+	// until DELETE /blacklists/<list>/state removes it. Created (0700) if missing;
+	// one l7d per directory. Changing it takes a restart. Default: none, pushes live
+	// in memory only and a restart loads the files again.
+	StateDir string `yaml:"state_dir"`
 
 	// ShutdownGrace is how long in-flight requests may take on SIGTERM/SIGINT.
 	// Default 10s.
@@ -187,8 +214,10 @@ func (t *TunnelFile) config() (tunnel.Config, error) {
 type BlacklistFile struct {
 	// Files are read at start and again on reload when one of them changed, and
 	// their entries merged (text, binary or gzip; see policy/blacklist). A reload
-	// that finds them unchanged keeps what was pushed since. Default none: the list
-	// starts empty and takes pushes.
+	// that finds them unchanged keeps what was pushed since. With state_dir, a list
+	// with pushed state is loaded from its state file instead, and its files are not
+	// read until that state is dropped. Default none: the list starts empty and takes
+	// pushes.
 	Files []string `yaml:"files"`
 	// Action is what a request from a listed client address gets: "forbid" (403) or
 	// "close" (HTTP/1.1: the connection closed unanswered; HTTP/2 and HTTP/3: the
@@ -225,7 +254,8 @@ type KeyServersFile struct {
 // DefaultGCPercent is l7d's garbage collector target unless configured or GOGC is set.
 const DefaultGCPercent = 400
 
-// DefaultAdminListen is where /metrics, /healthz and /reload are served by default.
+// DefaultAdminListen is where the admin endpoint (/metrics, /healthz, /reload and the
+// blacklist API) listens by default.
 const DefaultAdminListen = "127.0.0.1:9241"
 
 // LoadConfig reads and checks a configuration file. Unknown fields are errors.
@@ -265,6 +295,10 @@ func (c *FileConfig) validate() error {
 	if _, err := daemon.LogLevel(c.LogLevel); err != nil {
 		return err
 	}
+	if c.AdminListen != "off" && c.AdminTokenFile == "" && !c.AdminInsecure && !daemon.IsLoopbackListen(c.AdminListen) {
+		return fmt.Errorf("admin_listen %q: other hosts can reach it and the admin API would serve them unauthenticated: "+
+			"set admin_token_file (or admin_insecure: true when the network keeps them out)", c.AdminListen)
+	}
 	if len(c.Listeners) == 0 {
 		return errors.New("listeners: at least one is required")
 	}
@@ -289,6 +323,9 @@ func (c *FileConfig) validate() error {
 			return fmt.Errorf("listeners[%d].name: %q used twice", i, l.Name)
 		}
 		seen[l.Name] = true
+		if c.StateDir != "" && strings.ContainsAny(l.Name, "/\x00") {
+			return fmt.Errorf("listeners[%d].name: %q names its blacklist's file in state_dir: no '/'", i, l.Name)
+		}
 		if l.Addr == "" {
 			return fmt.Errorf("listeners[%d].addr: required", i)
 		}

@@ -84,14 +84,15 @@ type Daemon struct {
 	// Stderr receives logs. Default os.Stderr.
 	Stderr io.Writer
 
-	mu  sync.Mutex  // serialises reloads
+	mu  sync.Mutex  // serialises reloads and blacklist pushes
 	cfg *FileConfig // the configuration in force; written under mu
 	cur atomic.Pointer[FileConfig]
 	log *slog.Logger
 
 	lists         *blacklist.Lists
-	loaded        map[string]listSource // what lists were loaded from; under mu
-	listenerNames []string              // fixed at start
+	srcs          atomic.Pointer[map[string]listSource] // what lists were loaded from; written under mu
+	listenerNames []string                              // fixed at start
+	auth          daemon.AdminAuth
 	reg           *prometheus.Registry
 	ks            *client.Client
 	store         *certs.Store
@@ -111,6 +112,12 @@ func (d *Daemon) setup() error {
 		return err
 	}
 	d.log = daemon.NewLogger(cfg.LogLevel, d.Stderr)
+	d.auth.Logger = d.log
+	token, err := readAdminToken(cfg)
+	if err != nil {
+		return err
+	}
+	d.auth.SetToken(token)
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(cfg.GCPercent)
 	}
@@ -156,6 +163,18 @@ func (d *Daemon) setup() error {
 	d.swapBlacklists(sets, sources)
 	d.setConfig(cfg)
 	return nil
+}
+
+// readAdminToken reads cfg's admin token; nil without admin_token_file.
+func readAdminToken(cfg *FileConfig) ([]byte, error) {
+	if cfg.AdminTokenFile == "" {
+		return nil, nil
+	}
+	tok, err := daemon.ReadTokenFile(cfg.AdminTokenFile)
+	if err != nil {
+		return nil, fmt.Errorf("admin_token_file: %w", err)
+	}
+	return tok, nil
 }
 
 func (d *Daemon) setConfig(cfg *FileConfig) {
@@ -256,6 +275,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	defer d.close()
+	if d.cfg.StateDir != "" {
+		if err := prepareStateDir(d.cfg.StateDir, listNames(d.cfg), d.log); err != nil {
+			return err
+		}
+	}
 	pol, err := newPolicy(d.cfg, d.lists, d.log)
 	if err != nil {
 		return err
@@ -294,7 +318,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.admin = ln
 		admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
 		go admin.Serve(ln)
-		d.log.Info("admin", "metrics", "http://"+ln.Addr().String()+"/metrics")
+		d.log.Info("admin", "metrics", "http://"+ln.Addr().String()+"/metrics", "token", d.auth.Enabled())
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -369,11 +393,12 @@ func (d *Daemon) AdminAddr() net.Addr {
 
 // Reload re-reads the configuration file and applies it. Everything that can fail is
 // done first: parsing and validating the file (routing and client-IP rules
-// included), reading the blacklist files that changed, loading the certificates.
-// Then the L7 server takes the routing, client-IP rules and blacklist actions in one
-// atomic swap (a routing policy the router refuses aborts the reload, and the
-// certificates in force are put back), and the changed blacklists are swapped in.
-// A failure leaves the running configuration in force.
+// included), reading the admin token, reading the blacklist state files and files
+// that changed, loading the certificates. Then the L7 server takes the routing,
+// client-IP rules and blacklist actions in one atomic swap (a routing policy the
+// router refuses aborts the reload, and the certificates in force are put back), and
+// the changed blacklists and the admin token are swapped in. A failure leaves the
+// running configuration in force. Pushes wait for a reload, and a reload for a push.
 func (d *Daemon) Reload() (err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -394,14 +419,21 @@ func (d *Daemon) Reload() (err error) {
 	if !reflect.DeepEqual(cfg.Tunnel, d.cfg.Tunnel) {
 		return errors.New("tunnel changed: restart l7d to apply")
 	}
+	if cfg.StateDir != d.cfg.StateDir {
+		return errors.New("state_dir changed: restart l7d to apply")
+	}
 	if err := checkProxyProtocol(d.cfg, cfg); err != nil {
+		return err
+	}
+	token, err := readAdminToken(cfg)
+	if err != nil {
 		return err
 	}
 	pol, err := newPolicy(cfg, d.lists, d.log)
 	if err != nil {
 		return err
 	}
-	sets, sources, err := readBlacklists(cfg, d.loaded)
+	sets, sources, err := readBlacklists(cfg, d.sources())
 	if err != nil {
 		return err
 	}
@@ -416,6 +448,7 @@ func (d *Daemon) Reload() (err error) {
 		return err
 	}
 	d.swapBlacklists(sets, sources)
+	d.auth.SetToken(token)
 	d.setConfig(cfg)
 	d.log.Info("reloaded", "config", d.Path)
 	return nil

@@ -1,0 +1,144 @@
+package daemon
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"sync/atomic"
+)
+
+// MinTokenLen is the shortest admin token ReadTokenFile accepts, in bytes.
+const MinTokenLen = 16
+
+// ReadTokenFile reads an admin bearer token from a file: its content with leading and
+// trailing white space (a final newline) removed, at least MinTokenLen bytes of
+// visible ASCII.
+func ReadTokenFile(path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the admin token: %w", err)
+	}
+	tok := bytes.TrimSpace(data)
+	if len(tok) < MinTokenLen {
+		return nil, fmt.Errorf("admin token in %s: %d bytes, want at least %d", path, len(tok), MinTokenLen)
+	}
+	for _, c := range tok {
+		if c <= ' ' || c > '~' {
+			return nil, fmt.Errorf("admin token in %s: holds a space, a control character or a non-ASCII byte", path)
+		}
+	}
+	return tok, nil
+}
+
+// AdminAuth guards an admin endpoint with a bearer token (RFC 6750). Once a token is
+// set, every request except GET (or HEAD) /healthz and /metrics, which load balancers
+// and Prometheus poll, must carry "Authorization: Bearer <token>"; any other request
+// is answered 401 with a "WWW-Authenticate: Bearer" header and the admin APIs' JSON
+// error shape, {"status": 401, "code": "unauthorized", "message": ...}. Tokens are
+// compared in constant time (their SHA-256 digests, so not even the length leaks).
+// The token can be changed while requests are served. The zero AdminAuth has no
+// token and lets every request through.
+type AdminAuth struct {
+	// Logger receives a warning for each request refused. Nil means none.
+	Logger *slog.Logger
+
+	digest atomic.Pointer[[sha256.Size]byte] // nil: no token
+}
+
+// SetToken sets the token requests must present; nil or empty removes it, letting
+// every request through.
+func (a *AdminAuth) SetToken(token []byte) {
+	if len(token) == 0 {
+		a.digest.Store(nil)
+		return
+	}
+	d := sha256.Sum256(token)
+	a.digest.Store(&d)
+}
+
+// Enabled reports whether a token is set.
+func (a *AdminAuth) Enabled() bool { return a.digest.Load() != nil }
+
+// open reports whether r may be served without a token.
+func open(r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return false
+	}
+	return r.URL.Path == "/healthz" || r.URL.Path == "/metrics"
+}
+
+// Wrap returns next guarded by the token.
+func (a *AdminAuth) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		want := a.digest.Load()
+		if want == nil || open(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		tok, ok := bearer(r.Header.Get("Authorization"))
+		if !ok {
+			a.refuse(w, r, `Bearer`, "this request needs an admin token: Authorization: Bearer <token>")
+			return
+		}
+		got := sha256.Sum256([]byte(tok))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			a.refuse(w, r, `Bearer error="invalid_token"`, "the admin token presented is not the one configured")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// bearer returns the token of an Authorization header of the Bearer scheme (the
+// scheme's name is case-insensitive).
+func bearer(h string) (string, bool) {
+	scheme, tok, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
+
+func (a *AdminAuth) refuse(w http.ResponseWriter, r *http.Request, challenge, msg string) {
+	if a.Logger != nil {
+		a.Logger.Warn("admin request refused: no valid token", "method", r.Method, "path", r.URL.Path, "from", r.RemoteAddr)
+	}
+	w.Header().Set("WWW-Authenticate", challenge)
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusUnauthorized)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(struct {
+		Status  int    `json:"status"`
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}{http.StatusUnauthorized, CodeUnauthorized, msg})
+}
+
+// CodeUnauthorized is the error code of a request refused for want of a valid token.
+const CodeUnauthorized = "unauthorized"
+
+// IsLoopbackListen reports whether a listen address ("host:port") is reachable from
+// this host only: a loopback IP (127.0.0.0/8, ::1) or "localhost". An empty host,
+// which listens on every address, and any other name are not.
+func IsLoopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
