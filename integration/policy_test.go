@@ -642,3 +642,112 @@ routing:
 		t.Errorf("refused reloads counted: %v, want 2", got)
 	}
 }
+
+// TestL7dBlacklistPushSurvivesRestart: with state_dir, what is pushed through the
+// admin API (whole lists and deltas) is still in force after l7d is stopped with
+// SIGTERM, or killed, and started again; the configured file is not read while the
+// list has pushed state, and dropping that state goes back to it. The admin API
+// wants its bearer token.
+func TestL7dBlacklistPushSurvivesRestart(t *testing.T) {
+	backend := newNamedBackend(t, "a")
+	s := newSite(t)
+	dir := t.TempDir()
+	list := writeList(t, dir, "global.txt", "127.0.0.7\n")
+	const token = "integration-admin-token-0123456789"
+	tokenFile := writeList(t, dir, "admin.token", token+"\n")
+	stateDir := filepath.Join(dir, "state")
+	l7 := newL7d(t, `
+listeners: [{name: public, addr: "%[1]s", pool: web}]
+backends: {web: {members: ["`+backend.addr+`"]}}
+blacklists: {global: {files: ["`+list+`"]}}
+state_dir: "`+stateDir+`"
+admin_token_file: "`+tokenFile+`"
+admin_listen: "%[2]s"
+`+siteCert(t, s))
+	admin := func(method, path, body, tok string) (int, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://"+l7.admin+path, strings.NewReader(body))
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		json.NewDecoder(resp.Body).Decode(&out)
+		return resp.StatusCode, out
+	}
+	// refused reports, for each address, whether a connection from it is refused
+	// before its handshake.
+	refused := func(ips ...string) string {
+		t.Helper()
+		var b strings.Builder
+		for _, ip := range ips {
+			fmt.Fprintf(&b, "%s:%v ", ip, refusedBeforeHandshake(t, s, l7.addr, ip, nil))
+		}
+		return strings.TrimSpace(b.String())
+	}
+
+	if got, want := refused("127.0.0.5", "127.0.0.7"), "127.0.0.5:false 127.0.0.7:true"; got != want {
+		t.Fatalf("from the file: %s, want %s", got, want)
+	}
+	if code, out := admin("PUT", "/blacklists/global", "127.0.0.5\n", ""); code != 401 || out["code"] != "unauthorized" {
+		t.Errorf("PUT without the token: %d %v", code, out)
+	}
+	if code, out := admin("PUT", "/blacklists/global", "127.0.0.5\n", "wrong-token"); code != 401 {
+		t.Errorf("PUT with a wrong token: %d %v", code, out)
+	}
+	if got, want := refused("127.0.0.5"), "127.0.0.5:false"; got != want {
+		t.Errorf("a refused PUT changed the list: %s", got)
+	}
+	if code, out := admin("PUT", "/blacklists/global", "127.0.0.5\n", token); code != 200 || out["entries"] != 1.0 {
+		t.Fatalf("PUT: %d %v", code, out)
+	}
+	if code, out := admin("POST", "/blacklists/global/delta", "+127.0.0.6 ttl=1h\n", token); code != 200 || out["entries"] != 2.0 {
+		t.Fatalf("delta: %d %v", code, out)
+	}
+	want := "127.0.0.5:true 127.0.0.6:true 127.0.0.7:false 127.0.0.8:false"
+	if got := refused("127.0.0.5", "127.0.0.6", "127.0.0.7", "127.0.0.8"); got != want {
+		t.Fatalf("after the pushes: %s, want %s", got, want)
+	}
+
+	// SIGTERM, then a new process: the pushed list, not the file.
+	l7.stop()
+	l7.start()
+	if got := refused("127.0.0.5", "127.0.0.6", "127.0.0.7", "127.0.0.8"); got != want {
+		t.Errorf("after a restart: %s, want %s\n%s", got, want, l7.logTail())
+	}
+	if !strings.Contains(l7.logTail(), "blacklist loaded from its pushed state") {
+		t.Errorf("the log does not say where the list came from\n%s", l7.logTail())
+	}
+	if code, out := admin("GET", "/blacklists/global", "", token); code != 200 || out["state_file"] != filepath.Join(stateDir, "blacklist-global.bin") {
+		t.Errorf("GET after a restart: %d %v", code, out)
+	}
+
+	// A push answered 200 is on disk: it survives a kill.
+	if code, _ := admin("POST", "/blacklists/global/delta", "+127.0.0.8\n", token); code != 200 {
+		t.Fatalf("delta: %d", code)
+	}
+	l7.kill()
+	l7.start()
+	want = "127.0.0.5:true 127.0.0.6:true 127.0.0.7:false 127.0.0.8:true"
+	if got := refused("127.0.0.5", "127.0.0.6", "127.0.0.7", "127.0.0.8"); got != want {
+		t.Errorf("after a kill: %s, want %s", got, want)
+	}
+
+	// Dropping the pushed state: the file again, now and after a restart.
+	if code, out := admin("DELETE", "/blacklists/global/state", "", token); code != 200 || out["entries"] != 1.0 {
+		t.Errorf("DELETE state: %d %v", code, out)
+	}
+	want = "127.0.0.5:false 127.0.0.7:true 127.0.0.8:false"
+	if got := refused("127.0.0.5", "127.0.0.7", "127.0.0.8"); got != want {
+		t.Errorf("after DELETE state: %s, want %s", got, want)
+	}
+	l7.stop()
+	l7.start()
+	if got := refused("127.0.0.5", "127.0.0.7", "127.0.0.8"); got != want {
+		t.Errorf("after DELETE state and a restart: %s, want %s", got, want)
+	}
+}

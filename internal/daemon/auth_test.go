@@ -102,7 +102,7 @@ func TestAdminAuth(t *testing.T) {
 	}
 }
 
-func TestReadTokenFile(t *testing.T) {
+func TestAdminTokenFile(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		name, content, want, err string
@@ -134,7 +134,7 @@ func TestReadTokenFile(t *testing.T) {
 	}
 }
 
-func TestIsLoopbackListen(t *testing.T) {
+func TestAdminLoopbackListen(t *testing.T) {
 	for addr, want := range map[string]bool{
 		"127.0.0.1:9241":          true,
 		"127.3.4.5:1":             true,

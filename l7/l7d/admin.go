@@ -210,6 +210,7 @@ func (d *Daemon) stateError(l *blacklist.List, err error) *apiError {
 	d.log.Error("blacklist change through the admin API failed", "list", l.Name(), "err", msg)
 	return &apiError{Status: http.StatusInternalServerError, Code: "state_write_failed", Message: msg}
 }
+
 // list returns the list a request names, or answers 404 and returns nil.
 func (d *Daemon) list(w http.ResponseWriter, r *http.Request) *blacklist.List {
 	name := r.PathValue("name")

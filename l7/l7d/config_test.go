@@ -119,7 +119,8 @@ func TestDefaultsAndSample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.AdminListen != DefaultAdminListen || c.ShutdownGrace != 10*time.Second || c.Listeners[0].Name != "listener0" {
+	if c.AdminListen != DefaultAdminListen || c.ShutdownGrace != 10*time.Second || c.Listeners[0].Name != "listener0" ||
+		c.StateDir != "" || c.AdminTokenFile != "" || c.AdminInsecure {
 		t.Errorf("defaults: %+v", c)
 	}
 	s, err := LoadConfig("../../deploy/l7d.yaml")
@@ -129,6 +130,9 @@ func TestDefaultsAndSample(t *testing.T) {
 	if len(s.Listeners) != 1 || s.Listeners[0].MaxConns != 10000 || s.KeyServers == nil || len(s.KeyServers.Servers) != 2 ||
 		s.Certificates.Default != "www" || len(s.Certificates.TicketKeyFiles) != 2 {
 		t.Errorf("sample parsed as %+v", s)
+	}
+	if s.StateDir != "/var/lib/tiergate/l7d" || s.AdminTokenFile == "" || s.AdminInsecure {
+		t.Errorf("sample's admin and state: %q %q %v", s.StateDir, s.AdminTokenFile, s.AdminInsecure)
 	}
 	if s.Tunnel == nil || len(s.Tunnel.VIPs) != 1 || len(s.Tunnel.LDs) != 2 || s.Tunnel.Table != 4242 {
 		t.Errorf("sample's tunnel parsed as %+v", s.Tunnel)

@@ -318,7 +318,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.admin = ln
 		admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
 		go admin.Serve(ln)
-		d.log.Info("admin", "metrics", "http://"+ln.Addr().String()+"/metrics", "token", d.auth.Enabled())
+		d.log.Info("admin", "metrics", "http://"+ln.Addr().String()+"/metrics", "token_required", d.auth.Enabled())
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

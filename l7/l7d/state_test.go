@@ -3,15 +3,19 @@ package l7d
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -200,10 +204,10 @@ func has(s interface{ Contains(netip.Addr) bool }, addr string) bool {
 	return s.Contains(netip.MustParseAddr(addr))
 }
 
-// TestStatePushRestartDrop: pushes and deltas are written to the list's state file
-// before they are answered; a new daemon on the same files loads the lists from
+// TestBlacklistStatePushRestartDrop: pushes and deltas are written to the list's state
+// file before they are answered; a new daemon on the same files loads the lists from
 // their state, not from their files; dropping the state goes back to the files.
-func TestStatePushRestartDrop(t *testing.T) {
+func TestBlacklistStatePushRestartDrop(t *testing.T) {
 	dir := t.TempDir()
 	stateDir := filepath.Join(dir, "state") // created at start
 	files := writeList(t, dir, "global.txt", "192.0.2.1\n")
@@ -288,9 +292,9 @@ func TestStatePushRestartDrop(t *testing.T) {
 	}
 }
 
-// TestStateWithoutStateDir: without state_dir nothing is written, a restart loads
-// the files, and DELETE state still goes back to them.
-func TestStateWithoutStateDir(t *testing.T) {
+// TestBlacklistStateWithoutStateDir: without state_dir nothing is written, a restart
+// loads the files, and DELETE state still goes back to them.
+func TestBlacklistStateWithoutStateDir(t *testing.T) {
 	dir := t.TempDir()
 	files := writeList(t, dir, "global.txt", "192.0.2.1\n")
 	path := testConfig(t, dir, "127.0.0.1:0", "blacklists: {global: {files: ["+files+"]}}\n")
@@ -310,9 +314,9 @@ func TestStateWithoutStateDir(t *testing.T) {
 	}
 }
 
-// TestStateCorrupt: a state file that is not a whole binary list fails the start,
-// naming the file.
-func TestStateCorrupt(t *testing.T) {
+// TestBlacklistStateCorrupt: a state file that is not a whole binary list fails the
+// start, naming the file.
+func TestBlacklistStateCorrupt(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		corrupt func([]byte) []byte
@@ -350,9 +354,9 @@ func TestStateCorrupt(t *testing.T) {
 	}
 }
 
-// TestStateWriteFailure: a push whose state cannot be written is answered 500 and
-// changes nothing, in memory or on disk.
-func TestStateWriteFailure(t *testing.T) {
+// TestBlacklistStateWriteFailure: a push whose state cannot be written is answered 500
+// and changes nothing, in memory or on disk.
+func TestBlacklistStateWriteFailure(t *testing.T) {
 	dir := t.TempDir()
 	stateDir := filepath.Join(dir, "state")
 	path := testConfig(t, dir, "127.0.0.1:0", "state_dir: "+stateDir+"\n")
@@ -396,9 +400,9 @@ func TestStateWriteFailure(t *testing.T) {
 	}
 }
 
-// TestPrepareStateDir: leftover temporary files go, an unusable directory fails the
+// TestBlacklistStateDir: leftover temporary files go, an unusable directory fails the
 // start.
-func TestPrepareStateDir(t *testing.T) {
+func TestBlacklistStateDir(t *testing.T) {
 	dir := t.TempDir()
 	stateDir := filepath.Join(dir, "a", "state")
 	if err := prepareStateDir(stateDir, []string{"global"}, quietLogger()); err != nil {
@@ -426,8 +430,9 @@ func TestPrepareStateDir(t *testing.T) {
 	}
 }
 
-// TestUnexpired: entries expired by the time a list is written are left out.
-func TestUnexpired(t *testing.T) {
+// TestBlacklistStateUnexpired: entries expired by the time a list is written are left
+// out.
+func TestBlacklistStateUnexpired(t *testing.T) {
 	now := time.Now().Truncate(time.Second)
 	var b blacklist.Builder
 	b.AddAddr(netip.MustParseAddr("192.0.2.1"), time.Time{})
@@ -448,10 +453,10 @@ func TestUnexpired(t *testing.T) {
 	}
 }
 
-// TestStateReload: with a running daemon, a reload keeps the pushed state whatever
-// the files do, refuses a corrupt state file (the lists in force stay), and refuses
-// a change of state_dir.
-func TestStateReload(t *testing.T) {
+// TestBlacklistStateReload: with a running daemon, a reload keeps the pushed state
+// whatever the files do, refuses a corrupt state file (the lists in force stay), and
+// refuses a change of state_dir.
+func TestBlacklistStateReload(t *testing.T) {
 	dir := t.TempDir()
 	stateDir := filepath.Join(dir, "state")
 	files := writeList(t, dir, "global.txt", "192.0.2.1\n")
@@ -512,5 +517,68 @@ func TestStateReload(t *testing.T) {
 	}
 	if !strings.Contains(log.String(), "blacklist loaded from its files") {
 		t.Errorf("the log does not say the list came from its files:\n%s", log)
+	}
+}
+
+// BenchmarkStateCommit measures what a state_dir adds to a push: writing a list of
+// random IPv4 addresses to its state file (binary, fsync, rename, directory fsync)
+// and swapping it in.
+func BenchmarkStateCommit(b *testing.B) {
+	for _, n := range []int{10_000, 1_000_000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			var bl blacklist.Builder
+			r := rand.New(rand.NewPCG(1, 2))
+			for range n {
+				var a [4]byte
+				binary.BigEndian.PutUint32(a[:], r.Uint32())
+				bl.AddAddr(netip.AddrFrom4(a), time.Time{})
+			}
+			s := bl.Build()
+			d := &Daemon{log: quietLogger(), lists: blacklist.NewLists(blacklist.Options{})}
+			d.setConfig(&FileConfig{StateDir: b.TempDir()})
+			l := d.lists.Global()
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := d.commit(l, s); err != nil {
+					b.Fatal(err)
+				}
+			}
+			fi, err := os.Stat(statePath(d.cfg.StateDir, "global"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(fi.Size())/float64(s.Len()), "file-B/entry")
+		})
+	}
+}
+
+// TestBlacklistStateConcurrentDeltas: deltas pushed at once are applied one after
+// the other: none is lost, and the state file ends equal to the list in force.
+func TestBlacklistStateConcurrentDeltas(t *testing.T) {
+	dir := t.TempDir()
+	stateDir := filepath.Join(dir, "state")
+	d, c, _ := setupDaemon(t, testConfig(t, dir, "127.0.0.1:0", "state_dir: "+stateDir+"\n"))
+	const workers, each = 8, 10
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				// Addresses two apart, so that none merge into a range.
+				if code, _, body := c.call("POST", "/blacklists/global/delta", fmt.Sprintf("+10.%d.0.%d\n", w, 2*i)); code != 200 {
+					t.Errorf("delta: %d %s", code, body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	mem := d.lists.Global().Snapshot()
+	disk := readStateFile(t, statePath(stateDir, "global"))
+	if mem.Len() != workers*each || disk.Len() != mem.Len() {
+		t.Fatalf("%d entries in force, %d in the state file; want %d", mem.Len(), disk.Len(), workers*each)
+	}
+	for e := range mem.All() {
+		if !disk.Contains(e.Prefix.Addr()) {
+			t.Errorf("%v in force, not in the state file", e.Prefix)
+		}
 	}
 }
