@@ -190,6 +190,7 @@ backends: {web: {members: ["%s"]}}
 certificates: {certificates: [{cert_file: "%s", key_file: "%s"}]}
 tunnel: {vips: [%s], lds: ["198.18.1.1"]}
 admin_listen: "0.0.0.0:9241"
+admin_insecure: true           # the node's own namespace: the LD health-checks it
 shutdown_grace: 2s
 `, i+1, l4BackendAddr, cert, key, l4VIP)
 		if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
