@@ -261,7 +261,7 @@ func (d *Daemon) adminHandler() http.Handler {
 			}, nil)
 		})
 	}
-	return mux
+	return d.auth.Wrap(mux)
 }
 
 // respond runs change and answers with its result.

@@ -578,3 +578,60 @@ func TestMain_(t *testing.T) {
 		t.Errorf("help: %d", code)
 	}
 }
+
+func TestAdminToken(t *testing.T) {
+	dir := t.TempDir()
+	tokenPath := filepath.Join(dir, "token")
+	writeFile(t, tokenPath, "first-token-0123456789\n")
+	cfgPath := filepath.Join(dir, "l4d.yaml")
+	writeFile(t, cfgPath, "admin_token_file: "+tokenPath+"\n"+testConfig)
+	td := startDaemon(t, cfgPath)
+
+	get := func(path, token string) int {
+		req, _ := http.NewRequest("GET", td.url+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		path, token string
+		want        int
+	}{
+		{"/healthz", "", 200},
+		{"/metrics", "", 200},
+		{"/status", "", 401},
+		{"/config", "wrong-token-0123456789", 401},
+		{"/config", "first-token-0123456789", 200},
+	} {
+		if got := get(tc.path, tc.token); got != tc.want {
+			t.Errorf("GET %s with token %q: %d, want %d", tc.path, tc.token, got, tc.want)
+		}
+	}
+	// A reload reads the token again.
+	writeFile(t, tokenPath, "second-token-0123456789\n")
+	if err := td.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := get("/config", "first-token-0123456789"); got != 401 {
+		t.Errorf("old token after reload: %d, want 401", got)
+	}
+	if got := get("/config", "second-token-0123456789"); got != 200 {
+		t.Errorf("new token after reload: %d, want 200", got)
+	}
+}
+
+func TestAdminListenNeedsToken(t *testing.T) {
+	cfg := strings.Replace(testConfig, `admin_listen: "127.0.0.1:0"`, `admin_listen: "0.0.0.0:0"`, 1)
+	if _, err := ParseConfig([]byte(cfg), "test"); err == nil || !strings.Contains(err.Error(), "admin_token_file") {
+		t.Fatalf("non-loopback admin without a token: %v, want refused", err)
+	}
+	if _, err := ParseConfig([]byte("admin_insecure: true\n"+cfg), "test"); err != nil {
+		t.Fatalf("admin_insecure: %v", err)
+	}
+}

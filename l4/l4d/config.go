@@ -36,6 +36,16 @@ type FileConfig struct {
 	// "127.0.0.1:9180"; "off" disables it.
 	AdminListen string `yaml:"admin_listen" json:"admin_listen,omitempty"`
 
+	// AdminTokenFile holds the bearer token of the admin endpoint: with it, every
+	// request but GET /healthz and /metrics needs "Authorization: Bearer <token>".
+	// Read at start and on reload. Default none: no token.
+	AdminTokenFile string `yaml:"admin_token_file" json:"admin_token_file,omitempty"`
+
+	// AdminInsecure lets AdminListen be an address other hosts reach without
+	// AdminTokenFile; without it l4d refuses that configuration, since whoever
+	// reaches the API can take every member out of service. Default false.
+	AdminInsecure bool `yaml:"admin_insecure" json:"admin_insecure,omitempty"`
+
 	// StateFile, when set, keeps changes made through the admin API: after each one
 	// the forwarding configuration in force is written there (atomically), and at
 	// start and on reload, when the file exists, it is used instead of this file's
@@ -316,6 +326,10 @@ func (c *FileConfig) validate() error {
 	}
 	if _, err := daemon.LogLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)
+	}
+	if c.AdminListen != "off" && c.AdminTokenFile == "" && !c.AdminInsecure && !daemon.IsLoopbackListen(c.AdminListen) {
+		bad("admin_listen", "%q: other hosts can reach it and the admin API would serve them unauthenticated: "+
+			"set admin_token_file (or admin_insecure: true when the network keeps them out)", c.AdminListen)
 	}
 	c.DPDK.fill()
 	p := &c.DPDK

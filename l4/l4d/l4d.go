@@ -101,6 +101,8 @@ type Daemon struct {
 	reg     *prometheus.Registry
 	changes *prometheus.CounterVec
 
+	auth    daemon.AdminAuth
+
 	ports   *portSet
 	dist    *datapath.Distributor
 	running atomic.Bool
@@ -128,6 +130,12 @@ func (d *Daemon) setup() error {
 		d.log.Info("forwarding configuration from the state file; the configuration file's tunnel, timeouts, rules and pools are not used",
 			"state_file", cfg.StateFile, "rules", len(fwd.Rules), "pools", len(fwd.Pools))
 	}
+	token, err := readAdminToken(cfg)
+	if err != nil {
+		return err
+	}
+	d.auth.Logger = d.log
+	d.auth.SetToken(token)
 	d.file, d.fwd = cfg, fwd
 	d.reg = prometheus.NewRegistry()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -402,6 +410,10 @@ func (d *Daemon) Reload() (err error) {
 	if err := fixedChanges(d.file, cfg); err != nil {
 		return err
 	}
+	token, err := readAdminToken(cfg)
+	if err != nil {
+		return err
+	}
 	fwd, fromState, err := forwardingInForce(cfg)
 	if err != nil {
 		return err
@@ -415,9 +427,22 @@ func (d *Daemon) Reload() (err error) {
 	}
 	lvl, _ := daemon.LogLevel(cfg.LogLevel)
 	d.level.Set(lvl)
+	d.auth.SetToken(token)
 	d.file, d.fwd = cfg, fwd
 	d.log.Info("reloaded", "config", d.Path, "from_state_file", fromState, "rules", len(fwd.Rules), "pools", len(fwd.Pools))
 	return nil
+}
+
+// readAdminToken reads cfg's admin token; nil without admin_token_file.
+func readAdminToken(cfg *FileConfig) ([]byte, error) {
+	if cfg.AdminTokenFile == "" {
+		return nil, nil
+	}
+	tok, err := daemon.ReadTokenFile(cfg.AdminTokenFile)
+	if err != nil {
+		return nil, fmt.Errorf("admin_token_file: %w", err)
+	}
+	return tok, nil
 }
 
 func (d *Daemon) count(source string, err error) {
