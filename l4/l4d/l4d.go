@@ -3,7 +3,6 @@ package l4d
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,43 +37,16 @@ const shutdownTimeout = 5 * time.Second
 
 // Main runs l4d with args (without the program name) and returns the exit status.
 func Main(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return 2
+	cmd := daemon.Command{
+		Name: "l4d", Usage: usage, DefaultConfig: "/etc/tiergate/l4d.yaml",
+		Run: func(ctx context.Context, path string, stderr io.Writer) error {
+			return (&Daemon{Path: path, Stderr: stderr}).Run(ctx)
+		},
+		Check: func(path string, stdout, stderr io.Writer) error {
+			return (&Daemon{Path: path, Stderr: stderr}).Check(stdout)
+		},
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	fs := flag.NewFlagSet("l4d "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	path := fs.String("config", "/etc/tiergate/l4d.yaml", "configuration `file`")
-	var err error
-	switch args[0] {
-	case "run", "check":
-		if err = fs.Parse(args[1:]); err != nil {
-			return 2
-		}
-		if fs.NArg() > 0 {
-			fmt.Fprintf(stderr, "l4d %s: unexpected arguments %q\n", args[0], fs.Args())
-			return 2
-		}
-		d := &Daemon{Path: *path, Stderr: stderr}
-		if args[0] == "check" {
-			err = d.Check(stdout)
-		} else {
-			err = d.Run(ctx)
-		}
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	default:
-		fmt.Fprintf(stderr, "l4d: unknown command %q\n%s", args[0], usage)
-		return 2
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "l4d: %v\n", err)
-		return 1
-	}
-	return 0
+	return cmd.Main(args, stdout, stderr)
 }
 
 // Daemon is a running l4d: the DPDK ports, the datapath over them, and the admin
