@@ -73,7 +73,7 @@ type Daemon struct {
 	reg     *prometheus.Registry
 	changes *prometheus.CounterVec
 
-	auth    daemon.AdminAuth
+	auth daemon.AdminAuth
 
 	ports   *portSet
 	dist    *datapath.Distributor
