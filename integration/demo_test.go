@@ -1,35 +1,160 @@
 package integration
 
 import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/tiergate/tiergate/internal/testenv"
 )
 
-// TestDemo runs what `make demo` runs, twice on one state directory: the first run
-// creates the token and imports the key, the second reuses them.
+// demoResult matches one result line of tgdemo: protocol, serving node, client address.
+var demoResult = regexp.MustCompile(`(?m)^#\d+ .* (HTTP/\d\.\d) .* 200  served by (\S+) \((\S+)\), client (\S+)$`)
+
+// demoServed returns, per protocol, the nodes that served a request and the client
+// addresses they reported.
+func demoServed(out string) (nodes, clients map[string]map[string]int) {
+	nodes, clients = map[string]map[string]int{}, map[string]map[string]int{}
+	for _, m := range demoResult.FindAllStringSubmatch(out, -1) {
+		if nodes[m[1]] == nil {
+			nodes[m[1]], clients[m[1]] = map[string]int{}, map[string]int{}
+		}
+		nodes[m[1]][m[2]]++
+		clients[m[1]][m[4]]++
+	}
+	return nodes, clients
+}
+
+func checkDemoOutput(t *testing.T, name, out string, want []string) {
+	t.Helper()
+	m := regexp.MustCompile(`(\d+) requests completed, 0 failed`).FindStringSubmatch(out)
+	if m == nil || m[1] == "0" || strings.Contains(out, "FAILED") {
+		t.Fatalf("%s: no successful requests, or some failed:\n%s", name, out)
+	}
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("%s: output lacks %q:\n%s", name, w, out)
+		}
+	}
+}
+
+// TestDemo runs what `make demo` runs, twice on one state directory: first with the L4
+// tier in network namespaces (creating the token and importing the key), then on the
+// loopback interface with -l4=off (reusing them).
 func TestDemo(t *testing.T) {
 	requireSoftHSM(t)
 	bin := binaries(t)
 	dir := t.TempDir()
-	done := regexp.MustCompile(`(\d+) requests completed, 0 failed`)
-	for run := 1; run <= 2; run++ {
-		out, err := exec.Command(filepath.Join(bin, "tgdemo"), "-dir", dir, "-bin", bin, "-duration", "3s",
-			"-interval", "100ms", "-keyserver", freePort(t), "-metrics", freePort(t), "-l7", freePort(t), "-l7-admin", freePort(t)).CombinedOutput()
-		if err != nil {
-			t.Fatalf("run %d: %v\n%s", run, err, out)
+
+	t.Run("l4", func(t *testing.T) {
+		testenv.RequireRoot(t)
+		testenv.RequireCommand(t, "ip", "iproute2")
+		testenv.RequireCommand(t, "ethtool", "ethtool")
+		testenv.RequireCommand(t, "sysctl", "procps")
+		testenv.RequireFile(t, "/usr/include/dpdk/rte_eal.h", "libdpdk-dev")
+		var r [3]byte
+		rand.Read(r[:])
+		prefix := "tgdt" + hex.EncodeToString(r[:]) + "-"
+		leftovers := func() []string {
+			out, _ := exec.Command("ip", "netns", "list").Output()
+			var names []string
+			for _, f := range strings.Fields(string(out)) {
+				if strings.HasPrefix(f, prefix) {
+					names = append(names, f)
+				}
+			}
+			return names
 		}
+		t.Cleanup(func() {
+			for _, n := range leftovers() {
+				exec.Command("ip", "netns", "del", n).Run()
+			}
+		})
+
+		// What a killed run leaves: a namespace with a link in it and a process inside.
+		stale := prefix + "ld"
+		if out, err := exec.Command("ip", "netns", "add", stale).CombinedOutput(); err != nil {
+			t.Fatalf("ip netns add: %v: %s", err, out)
+		}
+		if out, err := exec.Command("ip", "-n", stale, "link", "add", "x0", "type", "veth", "peer", "name", "i0").CombinedOutput(); err != nil {
+			t.Fatalf("ip link add: %v: %s", err, out)
+		}
+		sleeper := exec.Command("ip", "netns", "exec", stale, "sleep", "300")
+		if err := sleeper.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sleeperDone := make(chan error, 1)
+		go func() { sleeperDone <- sleeper.Wait() }()
+		t.Cleanup(func() { sleeper.Process.Kill() })
+
+		start := time.Now()
+		out, err := exec.Command(filepath.Join(bin, "tgdemo"), "-dir", dir, "-bin", bin, "-l4", "on", "-netns-prefix", prefix,
+			"-duration", "10s", "-interval", "50ms").CombinedOutput()
 		s := string(out)
-		m := done.FindStringSubmatch(s)
-		if m == nil || m[1] == "0" || strings.Contains(s, "FAILED") {
-			t.Fatalf("run %d: no successful handshakes:\n%s", run, s)
+		if err != nil {
+			t.Fatalf("tgdemo -l4 on: %v\n%s", err, s)
 		}
-		for _, want := range []string{"metrics             keyserverd http://", "stop                Ctrl-C", "HTTP/1.1 TLS 1.3", "HTTP/2.0", "HTTP/3.0", "l7d stopped", "keyserverd stopped"} {
-			if !strings.Contains(s, want) {
-				t.Errorf("run %d: output lacks %q:\n%s", run, want, s)
+		t.Logf("tgdemo -l4 on ran %v", time.Since(start).Round(time.Millisecond))
+		checkDemoOutput(t, "l4", s, []string{
+			"removing network namespaces left by an earlier run: " + stale,
+			"l4d                 " + prefix + "ld, DPDK net_af_packet",
+			"ip netns exec " + prefix + "ld curl -s 127.0.0.1:9180/status",
+			"ip netns exec " + prefix + "ld curl -s -X POST 127.0.0.1:9180/pools/l7/members/l7a/drain",
+			"stop                Ctrl-C",
+			"l4d: l7a ", // the per-member summary
+			"l4d stopped", "l7d l7a stopped", "l7d l7b stopped", "keyserverd stopped",
+			"network namespaces " + prefix + "* removed",
+		})
+		select {
+		case <-sleeperDone:
+		case <-time.After(5 * time.Second):
+			t.Error("the process left in a stale namespace still runs")
+		}
+		if left := leftovers(); len(left) > 0 {
+			t.Errorf("namespaces left after the demo: %v", left)
+		}
+		nodes, clients := demoServed(s)
+		for _, proto := range []string{"HTTP/1.1", "HTTP/2.0", "HTTP/3.0"} {
+			if nodes[proto]["l7a"] == 0 || nodes[proto]["l7b"] == 0 {
+				t.Errorf("%s through the VIP: served by %v, want both l7a and l7b", proto, nodes[proto])
+			}
+			if len(clients[proto]) != 1 || clients[proto]["198.18.0.1"] == 0 {
+				t.Errorf("%s through the VIP: the backend saw clients %v, want only 198.18.0.1", proto, clients[proto])
 			}
 		}
+		if t.Failed() {
+			t.Logf("output:\n%s", s)
+		}
+	})
+
+	t.Run("loopback", func(t *testing.T) {
+		out, err := exec.Command(filepath.Join(bin, "tgdemo"), "-dir", dir, "-bin", bin, "-l4", "off", "-duration", "3s",
+			"-interval", "100ms", "-keyserver", freePort(t), "-metrics", freePort(t), "-l7", freePort(t), "-l7-admin", freePort(t)).CombinedOutput()
+		s := string(out)
+		if err != nil {
+			t.Fatalf("tgdemo -l4 off: %v\n%s", err, s)
+		}
+		checkDemoOutput(t, "loopback", s, []string{
+			"metrics             keyserverd http://", "stop                Ctrl-C", "HTTP/1.1 TLS 1.3",
+			"l7d stopped", "keyserverd stopped",
+		})
+		nodes, clients := demoServed(s)
+		for _, proto := range []string{"HTTP/1.1", "HTTP/2.0", "HTTP/3.0"} {
+			if nodes[proto]["l7d"] == 0 || clients[proto]["127.0.0.1"] == 0 {
+				t.Errorf("%s: served by %v for %v, want l7d for 127.0.0.1:\n%s", proto, nodes[proto], clients[proto], s)
+			}
+		}
+		if strings.Contains(s, "namespaces") {
+			t.Errorf("-l4 off touched network namespaces:\n%s", s)
+		}
+	})
+	if _, err := os.Stat(filepath.Join(dir, "softhsm")); err != nil {
+		t.Errorf("state directory: %v", err)
 	}
 }

@@ -1,16 +1,19 @@
 // Package demo runs the Tiergate stack on one machine for `make demo`: keyserverd on a
-// SoftHSM2 token it creates on first run under a state directory, l7d terminating TLS
-// 1.2/1.3 and QUIC with the site's private key in that token, a backend behind it, and
-// a client loop making real requests, each over a full handshake.
+// SoftHSM2 token it creates on first run under a state directory, l7d nodes terminating
+// TLS 1.2/1.3 and QUIC with the site's private key in that token, a backend behind them,
+// and a client loop making real requests, each over a full handshake.
+//
+// As root, with iproute2, ethtool and libdpdk, the L4 tier is in front: network
+// namespaces holding a client, l4d on DPDK net_af_packet ports, two l7d tunnel
+// endpoints and the backend, the client reaching the VIP through l4d; elsewhere the
+// stack runs on the loopback interface without it.
 package demo
 
 import (
-	"bufio"
 	"context"
 	"crypto"
 	"crypto/rand"
 	"crypto/rsa"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"flag"
@@ -22,28 +25,60 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
-
-	"github.com/quic-go/quic-go/http3"
 
 	"github.com/tiergate/tiergate/internal/softhsm"
 	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver/backend"
+	"github.com/tiergate/tiergate/keyserver/protocol"
 	"github.com/tiergate/tiergate/keyserver/softkey"
 )
 
-// Options of a demo run.
+// The L4 modes of Options.L4.
+const (
+	L4Auto = "auto" // the L4 tier when it can run here, else the loopback demo
+	L4On   = "on"   // the L4 tier, or an error saying why it cannot run
+	L4Off  = "off"  // the loopback demo
+)
+
+// Options of a demo run. Zero values mean the defaults given.
 type Options struct {
-	Dir         string        // state directory; default ./.demo
-	BinDir      string        // where keyserverd is; default ./bin
-	Duration    time.Duration // stop after this long; default 0 = until SIGINT/SIGTERM
-	Interval    time.Duration // between handshakes; default 500ms
-	KeyserverAt string        // keyserverd listen address; default 127.0.0.1:2407
-	MetricsAt   string        // keyserverd metrics address; default 127.0.0.1:9240
-	L7At        string        // l7d listener (TCP and UDP); default 127.0.0.1:8443
-	L7AdminAt   string        // l7d admin (metrics, reload); default 127.0.0.1:9241
+	Dir      string        // state directory; default ./.demo
+	BinDir   string        // where keyserverd, l7d and l4d are; default ./bin
+	Duration time.Duration // stop after this long, set-up included; default 0 = until SIGINT/SIGTERM
+	Interval time.Duration // between requests; default 500ms
+
+	// L4 is L4Auto (default), L4On or L4Off.
+	L4 string
+	// NetnsPrefix starts the name of every network namespace of the L4 mode; default
+	// "tgdemo-". Namespaces with this prefix left by an earlier run are removed first.
+	NetnsPrefix string
+
+	// Addresses of the loopback mode (the L4 mode's are fixed, inside its namespaces).
+	KeyserverAt string // keyserverd listen address; default 127.0.0.1:2407
+	MetricsAt   string // keyserverd metrics address; default 127.0.0.1:9240
+	L7At        string // l7d listener (TCP and UDP); default 127.0.0.1:8443
+	L7AdminAt   string // l7d admin (metrics, reload); default 127.0.0.1:9241
+}
+
+func (o *Options) setDefaults() {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&o.Dir, ".demo")
+	def(&o.BinDir, "bin")
+	def(&o.L4, L4Auto)
+	def(&o.NetnsPrefix, "tgdemo-")
+	def(&o.KeyserverAt, "127.0.0.1:2407")
+	def(&o.MetricsAt, "127.0.0.1:9240")
+	def(&o.L7At, "127.0.0.1:8443")
+	def(&o.L7AdminAt, "127.0.0.1:9241")
+	if o.Interval <= 0 {
+		o.Interval = 500 * time.Millisecond
+	}
 }
 
 // Main is the tgdemo command.
@@ -51,19 +86,28 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	var o Options
 	fs := flag.NewFlagSet("tgdemo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.Dir, "dir", ".demo", "state `directory` (token, keys, logs)")
-	fs.StringVar(&o.BinDir, "bin", "bin", "`directory` holding keyserverd")
-	fs.DurationVar(&o.Duration, "duration", 0, "stop after this long (0: run until Ctrl-C)")
-	fs.DurationVar(&o.Interval, "interval", 500*time.Millisecond, "pause between handshakes")
-	fs.StringVar(&o.KeyserverAt, "keyserver", "127.0.0.1:2407", "keyserverd listen `address`")
-	fs.StringVar(&o.MetricsAt, "metrics", "127.0.0.1:9240", "keyserverd metrics `address`")
-	fs.StringVar(&o.L7At, "l7", "127.0.0.1:8443", "l7d listener `address` (TCP and UDP)")
-	fs.StringVar(&o.L7AdminAt, "l7-admin", "127.0.0.1:9241", "l7d admin `address`")
+	fs.StringVar(&o.Dir, "dir", ".demo", "state `directory` (token, keys, configs, logs)")
+	fs.StringVar(&o.BinDir, "bin", "bin", "`directory` holding keyserverd, l7d and l4d")
+	fs.DurationVar(&o.Duration, "duration", 0, "stop after this long, set-up included (0: run until Ctrl-C)")
+	fs.DurationVar(&o.Interval, "interval", 500*time.Millisecond, "pause between requests")
+	fs.StringVar(&o.L4, "l4", L4Auto, "the L4 tier in network namespaces: auto (when root with ip, ethtool and libdpdk), on, off")
+	fs.StringVar(&o.NetnsPrefix, "netns-prefix", "tgdemo-", "`prefix` of the L4 mode's network namespaces")
+	fs.StringVar(&o.KeyserverAt, "keyserver", "127.0.0.1:2407", "keyserverd listen `address` (loopback mode)")
+	fs.StringVar(&o.MetricsAt, "metrics", "127.0.0.1:9240", "keyserverd metrics `address` (loopback mode)")
+	fs.StringVar(&o.L7At, "l7", "127.0.0.1:8443", "l7d listener `address`, TCP and UDP (loopback mode)")
+	fs.StringVar(&o.L7AdminAt, "l7-admin", "127.0.0.1:9241", "l7d admin `address` (loopback mode)")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "tgdemo: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// A closed stdout (`| head`, a tee stopped by the same Ctrl-C) must not kill tgdemo
+	// halfway through tearing down: its writes fail instead.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	if o.Duration > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.Duration)
@@ -76,86 +120,152 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// Run runs the demo until ctx is done.
+// Run runs the demo until ctx is done, then tears down everything it started.
 func Run(ctx context.Context, o Options, out io.Writer) error {
-	dir, err := filepath.Abs(o.Dir)
+	o.setDefaults()
+	if o.L4 != L4Auto && o.L4 != L4On && o.L4 != L4Off {
+		return fmt.Errorf("-l4 %q: want auto, on or off", o.L4)
+	}
+	for _, b := range []string{"keyserverd", "l7d"} {
+		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
+			return fmt.Errorf("%s binary: %w (run `make build`)", b, err)
+		}
+	}
+	useL4 := o.L4 != L4Off
+	if useL4 {
+		if why := l4Unavailable(o.BinDir); why != "" {
+			if o.L4 == L4On {
+				return fmt.Errorf("cannot run the L4 tier: %s", why)
+			}
+			fmt.Fprintf(out, "tgdemo: L4 tier skipped: %s; running the loopback demo (-l4=on makes this an error)\n", why)
+			useL4 = false
+		}
+	}
+	st, err := prepare(o.Dir)
 	if err != nil {
 		return err
+	}
+	if !useL4 {
+		return runLoopback(ctx, o, st, out)
+	}
+	err = runL4(ctx, o, st, out)
+	var na *notAvailableError
+	if errors.As(err, &na) && o.L4 == L4Auto {
+		fmt.Fprintf(out, "tgdemo: L4 tier skipped: %v; running the loopback demo (-l4=on makes this an error)\n", na)
+		return runLoopback(ctx, o, st, out)
+	}
+	return err
+}
+
+// notAvailableError is a failure to build the L4 mode's network, before any daemon
+// started: the machine cannot run it.
+type notAvailableError struct{ err error }
+
+func (e *notAvailableError) Error() string { return "building the demo network: " + e.err.Error() }
+func (e *notAvailableError) Unwrap() error { return e.err }
+
+// site is the material every mode shares: the token holding the site key, and the
+// certificates of the site and of the mutual TLS between l7d and keyserverd.
+type site struct {
+	dir     string
+	tok     *softhsm.Token
+	pinFile string
+	keyPath string // the site key's source PEM
+	keyID   protocol.KeyID
+	pki     string // directory of the certificates below
+	roots   *x509.CertPool
+
+	siteCert   string // the site's certificate; its key is in the token only
+	siteCA     string
+	ksCert     string // keyserverd's server certificate (127.0.0.1 and the L4 bridge address)
+	ksKey      string
+	ksCA       string
+	l7Cert     string // l7d's client certificate towards keyserverd
+	l7Key      string
+	l7ClientCA string
+}
+
+// prepare opens or creates the token and the site key under dir, and writes fresh
+// certificates.
+func prepare(dir string) (*site, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+		return nil, fmt.Errorf("creating the state directory: %w", err)
 	}
-	ksBin := filepath.Join(o.BinDir, "keyserverd")
-	if _, err := os.Stat(ksBin); err != nil {
-		return fmt.Errorf("keyserverd binary: %w (run `make build`)", err)
+	st := &site{dir: dir, pki: filepath.Join(dir, "pki"), pinFile: filepath.Join(dir, "token.pin"), keyPath: filepath.Join(dir, "site.key")}
+
+	// The token: created on the first run, reused after.
+	st.tok, err = softhsm.OpenOrCreateToken(filepath.Join(dir, "softhsm"), "tiergate-demo", "demo-so-pin", "demo-pin")
+	if err != nil {
+		return nil, fmt.Errorf("SoftHSM2 token: %w", err)
+	}
+	if err := os.WriteFile(st.pinFile, []byte(st.tok.PIN+"\n"), 0o600); err != nil {
+		return nil, err
 	}
 
-	// 1. The token: created on the first run, reused after.
-	tok, err := softhsm.OpenOrCreateToken(filepath.Join(dir, "softhsm"), "tiergate-demo", "demo-so-pin", "demo-pin")
+	// The site key: generated once, imported into the token by keyserverd (idempotent).
+	siteKey, err := loadOrCreateRSAKey(st.keyPath)
 	if err != nil {
-		return fmt.Errorf("SoftHSM2 token: %w", err)
+		return nil, err
 	}
-	pinFile := filepath.Join(dir, "token.pin")
-	if err := os.WriteFile(pinFile, []byte(tok.PIN+"\n"), 0o600); err != nil {
-		return err
+	if st.keyID, err = backend.KeyIDOf(siteKey.Public()); err != nil {
+		return nil, err
 	}
 
-	// 2. The site key: generated once, imported into the token (idempotent).
-	siteKeyPath := filepath.Join(dir, "site.key")
-	siteKey, err := loadOrCreateRSAKey(siteKeyPath)
-	if err != nil {
-		return err
-	}
-	siteID, err := backend.KeyIDOf(siteKey.Public())
-	if err != nil {
-		return err
-	}
-
-	// 3. Certificates: mTLS between the L7 side and keyserverd, and the site certificate.
-	pki := filepath.Join(dir, "pki")
-	if err := os.MkdirAll(pki, 0o700); err != nil {
-		return err
+	// Certificates: mutual TLS between the L7 side and keyserverd, and the site's.
+	if err := os.MkdirAll(st.pki, 0o700); err != nil {
+		return nil, err
 	}
 	ksCA, err := testpki.NewCA("Tiergate demo keyserver CA")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	clientCA, err := testpki.NewCA("Tiergate demo L7 client CA")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	siteCA, err := testpki.NewCA("Tiergate demo site CA")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	ksCert, err := ksCA.Leaf("keyserverd", "127.0.0.1")
+	ksLeaf, err := ksCA.Leaf("keyserverd", "127.0.0.1", l4KeyserverIP)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	l7Cert, err := clientCA.Leaf("l7-demo")
+	l7Leaf, err := clientCA.Leaf("l7-demo")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if _, err := ksCA.WriteFiles(pki, "keyserver", ksCert); err != nil {
-		return err
+	if st.ksCA, err = ksCA.WriteFiles(st.pki, "keyserver", ksLeaf); err != nil {
+		return nil, err
 	}
-	clientCAPath, err := clientCA.WriteFiles(pki, "client")
-	if err != nil {
-		return err
+	if st.l7ClientCA, err = clientCA.WriteFiles(st.pki, "client", l7Leaf); err != nil {
+		return nil, err
 	}
 	_, siteDER, err := siteCA.Issue("demo.tiergate.test", siteKey.Public(), "demo.tiergate.test")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := testpki.WritePEM(filepath.Join(pki, "site.pem"), "CERTIFICATE", siteDER); err != nil {
-		return err
+	st.siteCert = filepath.Join(st.pki, "site.pem")
+	if err := testpki.WritePEM(st.siteCert, "CERTIFICATE", siteDER); err != nil {
+		return nil, err
 	}
-	if _, err := siteCA.WriteFiles(pki, "site"); err != nil {
-		return err
+	if st.siteCA, err = siteCA.WriteFiles(st.pki, "site"); err != nil {
+		return nil, err
 	}
+	st.roots = siteCA.Pool()
+	st.ksCert, st.ksKey = filepath.Join(st.pki, "keyserverd.pem"), filepath.Join(st.pki, "keyserverd.key")
+	st.l7Cert, st.l7Key = filepath.Join(st.pki, "l7-demo.pem"), filepath.Join(st.pki, "l7-demo.key")
+	return st, nil
+}
 
-	// 4. keyserverd: configuration, import, run.
-	cfgPath := filepath.Join(dir, "keyserverd.yaml")
+// startKeyserverd writes keyserverd's configuration, imports the site key into the
+// token and starts keyserverd in ns; it returns once keyserverd is healthy.
+func (st *site) startKeyserverd(ctx context.Context, s *stack, ns *netNS, listen, metrics string) (*proc, error) {
+	cfgPath := filepath.Join(st.dir, "keyserverd.yaml")
 	cfg := fmt.Sprintf(`# Written by tgdemo on every run.
 listen: %q
 metrics_listen: %q
@@ -170,61 +280,48 @@ pkcs11:
 clients:
   - name: l7-demo
     keys: ["*"]
-`, o.KeyserverAt, o.MetricsAt, filepath.Join(pki, "keyserverd.pem"), filepath.Join(pki, "keyserverd.key"),
-		clientCAPath, tok.Module, tok.Label, pinFile)
+`, listen, metrics, st.ksCert, st.ksKey, st.l7ClientCA, st.tok.Module, st.tok.Label, st.pinFile)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		return err
+		return nil, err
 	}
-	env := append(os.Environ(), tok.Env()...)
-	imp := exec.Command(ksBin, "import", "-config", cfgPath, "-label", "demo-site", "-key", siteKeyPath)
+	ksBin := filepath.Join(s.bin, "keyserverd")
+	env := append(os.Environ(), st.tok.Env()...)
+	imp := exec.Command(ksBin, "import", "-config", cfgPath, "-label", "demo-site", "-key", st.keyPath)
 	imp.Env = env
 	if b, err := imp.CombinedOutput(); err != nil {
-		return fmt.Errorf("keyserverd import: %v: %s", err, b)
+		return nil, fmt.Errorf("keyserverd import: %v: %s", err, b)
 	}
-	logPath := filepath.Join(dir, "keyserverd.log")
-	logFile, err := os.Create(logPath)
+	ks, err := s.start("keyserverd", filepath.Join(st.dir, "keyserverd.log"), env, ns, ksBin, "run", "-config", cfgPath)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer logFile.Close()
-	ks := exec.Command(ksBin, "run", "-config", cfgPath)
-	ks.Env, ks.Stdout, ks.Stderr = env, logFile, logFile
-	if err := ks.Start(); err != nil {
-		return fmt.Errorf("starting keyserverd: %w", err)
-	}
-	ksDone := make(chan error, 1)
-	go func() { ksDone <- ks.Wait() }()
-	defer func() {
-		ks.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-ksDone:
-		case <-time.After(15 * time.Second):
-			ks.Process.Kill()
-			<-ksDone
-		}
-		fmt.Fprintln(out, "keyserverd stopped; state kept in", dir)
-	}()
-	metricsURL := "http://" + o.MetricsAt + "/metrics"
-	if err := waitHealthy(ctx, "http://"+o.MetricsAt+"/healthz", ksDone); err != nil {
-		return fmt.Errorf("keyserverd did not become healthy (log: %s): %w", logPath, err)
-	}
+	return ks, waitHealthy(ctx, nsHTTP(ns, time.Second), "http://"+metrics+"/healthz", ks)
+}
 
-	// 5. A backend, and l7d in front of it: TLS 1.2/1.3 and QUIC, the site key remote.
-	if _, err := clientCA.WriteFiles(pki, "l7", l7Cert); err != nil {
-		return err
+// l7Config is what differs between the demo's l7d configurations.
+type l7Config struct {
+	listen, admin, backend, keyserver string
+	quicID                            int    // the listener's QUIC server ID; 0: none
+	tunnelLD                          string // the LD's tunnel address; "": no tunnel
+	// adminInsecure serves a non-loopback admin address without a token: the node's
+	// namespace keeps everyone but the LD's health checks and tgdemo out.
+	adminInsecure bool
+}
+
+// writeL7Config writes an l7d configuration to path.
+func (st *site) writeL7Config(path string, c l7Config) error {
+	quic, tunnel, insecure := "", "", ""
+	if c.quicID != 0 {
+		quic = fmt.Sprintf(", quic_server_id: %d", c.quicID)
 	}
-	backendLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
+	if c.adminInsecure {
+		insecure = "admin_insecure: true   # in the node's own network namespace\n"
 	}
-	backend := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "hello from the backend: you are %s, l7d says %s\n", r.Header.Get("X-Real-Ip"), r.Header.Get("X-Forwarded-Proto"))
-	})}
-	go backend.Serve(backendLn)
-	defer backend.Close()
-	l7Cfg := filepath.Join(dir, "l7d.yaml")
-	l7Yaml := fmt.Sprintf(`# Written by tgdemo on every run.
-listeners: [{name: demo, addr: %q, pool: demo}]
+	if c.tunnelLD != "" {
+		tunnel = fmt.Sprintf("tunnel: {vips: [%q], lds: [%q]}   # l7d's own end of the LD's GRE tunnel\n", l4VIP, c.tunnelLD)
+	}
+	yaml := fmt.Sprintf(`# Written by tgdemo on every run.
+listeners: [{name: demo, addr: %q, pool: demo%s}]
 backends: {demo: {members: [%q]}}
 certificates:
   certificates: [{name: demo-site, cert_file: %q}]   # no key_file: the key is in the token
@@ -233,198 +330,78 @@ keyservers:
   cert_file: %q
   key_file: %q
   ca_file: %q
-admin_listen: %q
-`, o.L7At, backendLn.Addr().String(), filepath.Join(pki, "site.pem"), o.KeyserverAt,
-		filepath.Join(pki, "l7-demo.pem"), filepath.Join(pki, "l7-demo.key"), filepath.Join(pki, "keyserver-ca.pem"), o.L7AdminAt)
-	if err := os.WriteFile(l7Cfg, []byte(l7Yaml), 0o600); err != nil {
-		return err
-	}
-	l7Log := filepath.Join(dir, "l7d.log")
-	l7LogFile, err := os.Create(l7Log)
+%sadmin_listen: %q
+%sshutdown_grace: 2s
+`, c.listen, quic, c.backend, st.siteCert, c.keyserver, st.l7Cert, st.l7Key, st.ksCA, tunnel, c.admin, insecure)
+	return os.WriteFile(path, []byte(yaml), 0o600)
+}
+
+// backendHandler answers with the L7 node the request came from and the client
+// address that node reported.
+func backendHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		node, _, _ := net.SplitHostPort(r.RemoteAddr)
+		fmt.Fprintf(w, "hello from the backend: l7d=%s client=%s proto=%s\n", node, r.Header.Get("X-Real-Ip"), r.Header.Get("X-Forwarded-Proto"))
+	})
+}
+
+// serveBackend serves backendHandler on ln until the stack closes.
+func serveBackend(s *stack, ln net.Listener) {
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: backendHandler()}
+	go srv.Serve(ln)
+	s.onClose(func() { srv.Close() })
+}
+
+// runLoopback runs keyserverd, l7d and the backend on the host, at the addresses of o.
+func runLoopback(ctx context.Context, o Options, st *site, out io.Writer) error {
+	s := newStack(out, o.BinDir)
+	defer s.close()
+	s.onClose(func() { fmt.Fprintln(out, "state kept in", st.dir) })
+
+	ks, err := st.startKeyserverd(ctx, s, nil, o.KeyserverAt, o.MetricsAt)
 	if err != nil {
 		return err
 	}
-	defer l7LogFile.Close()
-	l7 := exec.Command(filepath.Join(o.BinDir, "l7d"), "run", "-config", l7Cfg)
-	l7.Stdout, l7.Stderr = l7LogFile, l7LogFile
-	if err := l7.Start(); err != nil {
-		return fmt.Errorf("starting l7d: %w", err)
+	backendLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("listening for the backend: %w", err)
 	}
-	l7Done := make(chan error, 1)
-	go func() { l7Done <- l7.Wait() }()
-	defer func() {
-		l7.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-l7Done:
-		case <-time.After(15 * time.Second):
-			l7.Process.Kill()
-			<-l7Done
-		}
-		fmt.Fprintln(out, "l7d stopped")
-	}()
-	if err := waitHealthy(ctx, "http://"+o.L7AdminAt+"/healthz", l7Done); err != nil {
-		return fmt.Errorf("l7d did not become healthy (log: %s): %w", l7Log, err)
+	serveBackend(s, backendLn)
+	l7Cfg := filepath.Join(st.dir, "l7d.yaml")
+	if err := st.writeL7Config(l7Cfg, l7Config{listen: o.L7At, admin: o.L7AdminAt, backend: backendLn.Addr().String(), keyserver: o.KeyserverAt}); err != nil {
+		return err
 	}
-	_, l7Port, _ := net.SplitHostPort(o.L7At)
+	l7, err := s.start("l7d", filepath.Join(st.dir, "l7d.log"), nil, nil, filepath.Join(o.BinDir, "l7d"), "run", "-config", l7Cfg)
+	if err != nil {
+		return err
+	}
+	if err := waitHealthy(ctx, nsHTTP(nil, time.Second), "http://"+o.L7AdminAt+"/healthz", l7); err != nil {
+		return err
+	}
+	host, l7Port, _ := net.SplitHostPort(o.L7At)
+	metricsURL := "http://" + o.MetricsAt + "/metrics"
 
 	fmt.Fprintf(out, `
-Tiergate demo
+Tiergate demo (loopback, no L4 tier)
   state directory     %s (SoftHSM2 token %q, configs, logs)
   site key            %s, RSA-2048, imported into the token as non-extractable (source PEM: site.key)
   keyserverd          %s (mutual TLS), pid %d, log keyserverd.log
   l7d                 https://%s (TCP: TLS 1.2/1.3, h2 + http/1.1; UDP: QUIC, HTTP/3), pid %d, log l7d.log
   metrics             keyserverd %s   l7d http://%s/metrics
-  try                 curl --cacert %s --resolve demo.tiergate.test:%s:127.0.0.1 https://demo.tiergate.test:%s/
+  try                 curl --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/
   stop                Ctrl-C (or kill -INT %d)
 
-`, dir, tok.Label, siteID, o.KeyserverAt, ks.Process.Pid, o.L7At, l7.Process.Pid, metricsURL, o.L7AdminAt,
-		filepath.Join(pki, "site-ca.pem"), l7Port, l7Port, os.Getpid())
+`, st.dir, st.tok.Label, st.keyID, o.KeyserverAt, ks.cmd.Process.Pid, o.L7At, l7.cmd.Process.Pid, metricsURL, o.L7AdminAt,
+		st.siteCA, l7Port, host, l7Port, os.Getpid())
 
-	// 6. The client loop: a full handshake per request (no session reuse), rotating
-	// protocols; each handshake is one signature by keyserverd.
-	roots := siteCA.Pool()
-	modes := []mode{
-		{"HTTP/1.1 TLS 1.3", "h1", tls.VersionTLS13, 0},
-		{"HTTP/2 TLS 1.2", "h2", tls.VersionTLS12, tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256},
-		{"HTTP/3 QUIC", "h3", tls.VersionTLS13, 0},
-		{"HTTP/1.1 TLS 1.2", "h1", tls.VersionTLS12, tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256},
-	}
-	ok, failed := 0, 0
-	for i := 1; ; i++ {
-		select {
-		case <-ctx.Done():
-			fmt.Fprintf(out, "\n%d requests completed, %d failed\n", ok, failed)
-			if failed > 0 {
-				return fmt.Errorf("%d requests failed", failed)
-			}
-			return nil
-		case err := <-ksDone:
-			return fmt.Errorf("keyserverd exited: %v (log: %s)", err, logPath)
-		case err := <-l7Done:
-			return fmt.Errorf("l7d exited: %v (log: %s)", err, l7Log)
-		case <-time.After(o.Interval):
-		}
-		m := modes[(i-1)%len(modes)]
-		start := time.Now()
-		res, err := m.fetch(ctx, o.L7At, roots)
-		took := time.Since(start)
-		if err != nil && ctx.Err() != nil {
-			continue // stopping: the request was cut short by the stop, not refused
-		}
-		if err != nil {
-			failed++
-			fmt.Fprintf(out, "#%-4d %-21s FAILED after %v: %v\n", i, m.name, took.Round(time.Microsecond), err)
-			continue
-		}
-		ok++
-		fmt.Fprintf(out, "#%-4d %-21s %-8s %-40s %7.2f ms  %d %q\n", i, m.name, res.proto, res.suite,
-			float64(took.Microseconds())/1000, res.status, res.body)
-		if i%8 == 0 {
-			fmt.Fprintf(out, "      keyserverd: %s\n", scrapeOps(metricsURL))
-		}
-	}
-}
-
-type mode struct {
-	name  string
-	proto string
-	max   uint16
-	suite uint16
-}
-
-type result struct {
-	proto, suite, body string
-	status             int
-}
-
-// fetch makes one request over a new connection, so each is a full handshake.
-func (m mode) fetch(ctx context.Context, addr string, roots *x509.CertPool) (*result, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	tcfg := &tls.Config{RootCAs: roots, ServerName: "demo.tiergate.test", MaxVersion: m.max}
-	if m.suite != 0 {
-		tcfg.CipherSuites = []uint16{m.suite}
-	}
-	var rt http.RoundTripper
-	switch m.proto {
-	case "h3":
-		t := &http3.Transport{TLSClientConfig: tcfg}
-		defer t.Close()
-		rt = t
-	default:
-		t := &http.Transport{TLSClientConfig: tcfg, DisableKeepAlives: true, ForceAttemptHTTP2: m.proto == "h2"}
-		if m.proto == "h1" {
-			t.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
-		}
-		defer t.CloseIdleConnections()
-		rt = t
-	}
-	req, err := http.NewRequestWithContext(ctx, "GET", "https://"+addr+"/", nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Host = "demo.tiergate.test"
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if err != nil {
-		return nil, err
-	}
-	r := &result{proto: resp.Proto, status: resp.StatusCode, body: strings.TrimSpace(string(body))}
-	if resp.TLS != nil {
-		r.suite = tls.CipherSuiteName(resp.TLS.CipherSuite)
-	}
-	return r, nil
-}
-
-// scrapeOps summarises tiergate_keyserver_ops_total from keyserverd's /metrics.
-func scrapeOps(url string) string {
-	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get(url)
-	if err != nil {
-		return "metrics unavailable: " + err.Error()
-	}
-	defer resp.Body.Close()
-	var parts []string
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "tiergate_keyserver_ops_total{") && !strings.HasSuffix(line, " 0") {
-			l := strings.TrimPrefix(line, "tiergate_keyserver_ops_total")
-			parts = append(parts, l)
-		}
-	}
-	if len(parts) == 0 {
-		return "no operations yet"
-	}
-	return "tiergate_keyserver_ops_total " + strings.Join(parts, " ")
-}
-
-func waitHealthy(ctx context.Context, url string, exited <-chan error) error {
-	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := hc.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = errors.New(resp.Status)
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		select {
-		case e := <-exited:
-			return fmt.Errorf("keyserverd exited: %v", e)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	hc := nsHTTP(nil, 2*time.Second)
+	return clientLoop(ctx, s, target{
+		addr:     o.L7At,
+		roots:    st.roots,
+		interval: o.Interval,
+		nodes:    map[string]string{host: "l7d"},
+		summary:  func() []string { return []string{"keyserverd: " + keyserverOps(hc, metricsURL)} },
+	}, out)
 }
 
 func loadOrCreateRSAKey(path string) (crypto.Signer, error) {
