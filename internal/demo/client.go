@@ -147,17 +147,23 @@ func (m mode) fetch(ctx context.Context, ns *netNS, addr string, roots *x509.Cer
 		return nil, err
 	}
 	r := &result{proto: resp.Proto, status: resp.StatusCode}
-	for _, f := range strings.Fields(string(body)) {
-		if v, ok := strings.CutPrefix(f, "l7d="); ok {
-			r.node = v
-		} else if v, ok := strings.CutPrefix(f, "client="); ok {
-			r.client = v
-		}
-	}
+	r.node, r.client = parseAnswer(string(body))
 	if resp.TLS != nil {
 		r.suite = tls.CipherSuiteName(resp.TLS.CipherSuite)
 	}
 	return r, nil
+}
+
+// parseAnswer returns the L7 node and the client address from backendHandler's answer.
+func parseAnswer(body string) (node, client string) {
+	for _, f := range strings.Fields(body) {
+		if v, ok := strings.CutPrefix(f, "l7d="); ok {
+			node = v
+		} else if v, ok := strings.CutPrefix(f, "client="); ok {
+			client = v
+		}
+	}
+	return node, client
 }
 
 // metricLines returns the samples of the metric name (with labels) at url, as

@@ -134,11 +134,14 @@ func netNSPids(name string) []int {
 	return pids
 }
 
+// netnsGrace is how long what runs in a namespace being removed has between SIGTERM
+// and SIGKILL.
+var netnsGrace = 5 * time.Second
+
 // removeNetNS stops what still runs in the namespaces (SIGTERM, then SIGKILL after
-// grace), then deletes them with their interfaces; a veth goes with either end's
+// netnsGrace), then deletes them with their interfaces; a veth goes with either end's
 // namespace. It returns the first deletion error.
 func removeNetNS(names ...string) error {
-	const grace = 5 * time.Second
 	signalAll := func(sig syscall.Signal) int {
 		n := 0
 		for _, name := range names {
@@ -151,7 +154,7 @@ func removeNetNS(names ...string) error {
 		return n
 	}
 	if signalAll(unix.SIGTERM) > 0 {
-		for deadline := time.Now().Add(grace); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for deadline := time.Now().Add(netnsGrace); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 			if signalAll(0) == 0 {
 				break
 			}
