@@ -6,13 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tiergate/tiergate/internal/nsenter"
 )
 
 // netnsDir is where iproute2 keeps the bind mounts of named network namespaces.
@@ -72,36 +73,7 @@ func (ns *netNS) do(f func() error) error {
 	if ns == nil {
 		return f()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("opening this thread's network namespace: %w", err)
-			return
-		}
-		defer unix.Close(orig)
-		target, err := unix.Open(filepath.Join(netnsDir, ns.name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("opening network namespace %s: %w", ns.name, err)
-			return
-		}
-		err = unix.Setns(target, unix.CLONE_NEWNET)
-		unix.Close(target)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering network namespace %s: %w", ns.name, err)
-			return
-		}
-		ferr := f()
-		if unix.Setns(orig, unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		} // else: the goroutine ends locked and the runtime discards the thread.
-		errc <- ferr
-	}()
-	return <-errc
+	return nsenter.Do(filepath.Join(netnsDir, ns.name), f)
 }
 
 // listNetNS returns the named network namespaces whose names start with prefix.

@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -24,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tiergate/tiergate/internal/nsenter"
 	"github.com/tiergate/tiergate/internal/testenv"
 )
 
@@ -170,38 +170,7 @@ func (ns *NS) Sysctl(key, value string) {
 // Sockets, TUN devices and netlink handles that f opens belong to the namespace and stay
 // there after Do returns; goroutines that f starts run in the test's own namespace. The
 // thread returns to the original namespace afterwards (or is discarded if it cannot).
-func (ns *NS) Do(f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("opening this thread's network namespace: %w", err)
-			return
-		}
-		defer unix.Close(orig)
-		target, err := unix.Open(ns.Path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("opening network namespace %s: %w", ns.name, err)
-			return
-		}
-		err = unix.Setns(target, unix.CLONE_NEWNET)
-		unix.Close(target)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering network namespace %s: %w", ns.name, err)
-			return
-		}
-		ferr := f()
-		if unix.Setns(orig, unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		} // else: the goroutine ends locked and the runtime discards the thread.
-		errc <- ferr
-	}()
-	return <-errc
-}
+func (ns *NS) Do(f func() error) error { return nsenter.Do(ns.Path(), f) }
 
 // MustDo is Do that fails the test on error.
 func (ns *NS) MustDo(f func() error) {

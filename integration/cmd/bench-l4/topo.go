@@ -9,12 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/tiergate/tiergate/internal/nsenter"
 	"github.com/tiergate/tiergate/l4/packet"
 )
 
@@ -229,39 +227,7 @@ func ipJSON(v any, args ...string) error {
 // returns the thread to its own namespace. If it cannot, the thread is left locked and
 // ends with its goroutine, so no other goroutine runs in the wrong namespace. Sockets
 // f opens stay in the namespace.
-func inNetns(path string, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("opening this thread's network namespace: %w", err)
-			return
-		}
-		defer unix.Close(orig)
-		target, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("opening network namespace %s: %w", path, err)
-			return
-		}
-		defer unix.Close(target)
-		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering network namespace %s: %w", path, err)
-			return
-		}
-		ferr := f()
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("leaving network namespace %s: %w", path, err))
-			return // the thread stays locked and exits with this goroutine
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
+func inNetns(path string, f func() error) error { return nsenter.Do(path, f) }
 
 // vethResult is the end-to-end measurement through veth.
 type vethResult struct {
