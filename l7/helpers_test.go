@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -270,13 +271,21 @@ func (ts *testServer) conns(proto string) float64 {
 
 // closedPort returns a 127.0.0.1 address nothing listens on.
 func closedPort(t testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// A socket bound but not listening holds the port for the whole test, so no
+	// other test can take it, and every connection to it is refused.
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
 }
 
 // readClosed reports whether the peer closes c within d, reading and discarding what
