@@ -208,6 +208,7 @@ dpdk:
   eal_args: ["--no-pci", "--no-huge", "-m", "512", "--no-telemetry", "--log-level=warning",
              "--vdev=net_af_packet0,iface=x0", "--vdev=net_af_packet1,iface=i0"]
   workers: 1
+conntrack: {capacity: 1024}   # small, so that the SYN flood below fills it
 ports:
   external: {device: net_af_packet0, addr: "198.18.0.2/24", gateway: "198.18.0.1"}
   internal: {device: net_af_packet1, addr: "198.18.1.1/24"}
@@ -382,6 +383,22 @@ pools:
 		}
 	}
 
+	// 8. A SYN flood from spoofed sources fills the connection table with half-open
+	// entries; the oldest are evicted (TGW's LRU half-open queue), so real clients
+	// still connect, and nothing is dropped for a full table.
+	sendSYNFlood(t, n.cl, "c0", 5000)
+	waitFor(t, 10*time.Second, "half-open evictions", func() bool {
+		return l4metric("tiergate_l4_conntrack_evictions_total") > 0
+	})
+	for i := range 8 {
+		if _, real, err := l4Get(fresh, url); err != nil || real != l4Client {
+			t.Fatalf("request %d during the flood's aftermath: real %q, err %v", i, real, err)
+		}
+	}
+	if v := l4metric("tiergate_l4_packets_total", `result="table_full"`); v > 0 {
+		t.Errorf("table_full drops during a SYN flood: %v (half-open entries should have been evicted)", v)
+	}
+
 	backend.mu.Lock()
 	defer backend.mu.Unlock()
 	for k := range backend.seen {
@@ -484,4 +501,49 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// sendSYNFlood writes count TCP SYNs to the VIP from spoofed sources in
+// 192.0.2.0/24 and 198.51.100.0/24, through a packet socket on dev in ns.
+func sendSYNFlood(t *testing.T, ns *netns.NS, dev string, count int) {
+	t.Helper()
+	ns.MustDo(func() error {
+		ifi, err := net.InterfaceByName(dev)
+		if err != nil {
+			return err
+		}
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		addr := &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6}
+		f := []byte{
+			0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00,
+			0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0, 192, 0, 2, 0, 203, 0, 113, 10,
+			0, 0, 0x01, 0xbb, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0,
+			0, 0, 0, 0, 0, 0,
+		}
+		for i := range count {
+			ip := f[14:34]
+			ip[12], ip[13], ip[14], ip[15] = 192, 0, 2, byte(i)
+			if i&256 != 0 {
+				ip[12], ip[13], ip[14] = 198, 51, 100
+			}
+			f[34], f[35] = byte(1024+i>>8), byte(i) // source port
+			ip[10], ip[11] = 0, 0
+			var sum uint32
+			for j := 0; j < 20; j += 2 {
+				sum += uint32(ip[j])<<8 | uint32(ip[j+1])
+			}
+			for sum > 0xffff {
+				sum = sum&0xffff + sum>>16
+			}
+			ip[10], ip[11] = byte(^sum>>8), byte(^sum)
+			if err := unix.Sendto(fd, f, 0, addr); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
