@@ -372,3 +372,32 @@ func TestEchoToLDAndVIP(t *testing.T) {
 		}
 	}
 }
+
+func TestTxFullIsCounted(t *testing.T) {
+	r := newRig(t, testConfig())
+	r.resolve()
+	r.int.SetTxLimit(1) // the internal port takes one frame per burst
+	var frames [][]byte
+	for i := range 8 {
+		frames = append(frames, tcp4(t, client, uint16(43000+i), vip, 443, true, false, nil))
+	}
+	r.ext.Inject(frames...) // one burst of 8, or a few
+	r.waitCount(dirIn, resTxFull, 1)
+	deadline := time.Now().Add(3 * time.Second)
+	var fwd, full uint64
+	for time.Now().Before(deadline) {
+		fwd, full = 0, 0
+		for _, w := range r.d.workers {
+			fwd += w.pub.packets[dirIn][resForwarded].Load()
+			full += w.pub.packets[dirIn][resTxFull].Load()
+		}
+		if fwd+full == 8 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Each burst sends one frame; every other frame is tx_full, not forwarded.
+	if fwd+full != 8 || fwd < 1 || full < 4 || uint64(len(r.int.Drain())) != fwd {
+		t.Fatalf("forwarded %d, tx_full %d: want 8 in all, most of them tx_full, forwarded = frames sent", fwd, full)
+	}
+}

@@ -53,8 +53,13 @@ type worker struct {
 	hash  []uint64 // flow hash of pk[i], 0 when it has no flow
 	txExt []port.Buf
 	txInt []port.Buf
-	drop  []port.Buf
-	txOne []port.Buf
+	// how each packet in txExt / txInt was counted, so a packet the port does
+	// not take is moved to tx_full.
+	txExtMeta []counted
+	txIntMeta []counted
+	last      counted // what the packet being handled was counted as
+	drop      []port.Buf
+	txOne     []port.Buf
 
 	// scheduling state of this lcore, rebuilt when the snapshot changes.
 	snapVer uint64
@@ -89,7 +94,16 @@ type published struct {
 	insertErr atomic.Uint64
 }
 
-func (w *worker) count(d direction, r result) { w.c.packets[d][r]++ }
+// counted is how a packet was counted.
+type counted struct {
+	d direction
+	r result
+}
+
+func (w *worker) count(d direction, r result) {
+	w.c.packets[d][r]++
+	w.last = counted{d, r}
+}
 
 // run polls until stop is set. It runs on a locked OS thread.
 func (w *worker) run(stop *atomic.Bool, idleSleep time.Duration) {
@@ -137,6 +151,7 @@ func (w *worker) poll(p port.Port, self verdict) int {
 		w.resync(s)
 	}
 	w.txExt, w.txInt, w.drop = w.txExt[:0], w.txInt[:0], w.drop[:0]
+	w.txExtMeta, w.txIntMeta = w.txExtMeta[:0], w.txIntMeta[:0]
 	// First pass: parse the burst and start loading the connection-table lines
 	// of its flows, so that the cache misses of the burst overlap instead of being
 	// taken one packet at a time.
@@ -159,17 +174,19 @@ func (w *worker) poll(p port.Port, self verdict) int {
 		switch v {
 		case vExt:
 			w.txExt = append(w.txExt, *b)
+			w.txExtMeta = append(w.txExtMeta, w.last)
 		case vInt:
 			w.txInt = append(w.txInt, *b)
+			w.txIntMeta = append(w.txIntMeta, w.last)
 		default:
 			w.drop = append(w.drop, *b)
 		}
 	}
-	w.flush(w.ext, w.txExt, dirOut)
+	w.flush(w.ext, w.txExt, w.txExtMeta)
 	if w.onePort {
-		w.flush(w.ext, w.txInt, dirIn)
+		w.flush(w.ext, w.txInt, w.txIntMeta)
 	} else {
-		w.flush(w.int, w.txInt, dirIn)
+		w.flush(w.int, w.txInt, w.txIntMeta)
 	}
 	if len(w.drop) > 0 {
 		p.Free(w.drop)
@@ -178,17 +195,18 @@ func (w *worker) poll(p port.Port, self verdict) int {
 }
 
 // flush transmits bufs on p; what the port does not take is freed and counted as
-// tx_full.
-func (w *worker) flush(p port.Port, bufs []port.Buf, d direction) {
+// tx_full instead of what meta says it was counted as.
+func (w *worker) flush(p port.Port, bufs []port.Buf, meta []counted) {
 	if len(bufs) == 0 {
 		return
 	}
 	sent := p.TxBurst(w.id, bufs)
 	if sent < len(bufs) {
-		rest := bufs[sent:]
-		w.c.packets[d][resTxFull] += uint64(len(rest))
-		w.c.packets[d][resForwarded] -= uint64(len(rest))
-		p.Free(rest)
+		for _, m := range meta[sent:] {
+			w.c.packets[m.d][m.r]--
+			w.c.packets[m.d][resTxFull]++
+		}
+		p.Free(bufs[sent:])
 	}
 }
 
