@@ -587,6 +587,11 @@ func (w *worker) sendControl() int {
 
 // toControl hands a copy of frame to the control goroutine.
 func (w *worker) toControl(frame []byte, fromExt bool) verdict {
+	if len(w.d.ctlFrames) == cap(w.d.ctlFrames) {
+		// Full: drop before copying, so a flood of ARP costs no allocation.
+		w.count(dirLocal, resControlFull)
+		return vGone
+	}
 	msg := ctlFrame{data: append([]byte(nil), frame...), ext: fromExt}
 	select {
 	case w.d.ctlFrames <- msg:
