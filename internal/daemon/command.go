@@ -19,10 +19,16 @@ type Command struct {
 	Usage string
 	// DefaultConfig is the -config default.
 	DefaultConfig string
+	// New makes the daemon of the configuration file at path, logging to stderr.
+	New func(path string, stderr io.Writer) Runner
+}
+
+// Runner is a daemon a Command runs.
+type Runner interface {
 	// Run serves until ctx is done.
-	Run func(ctx context.Context, path string, stderr io.Writer) error
+	Run(ctx context.Context) error
 	// Check validates the configuration, writing a summary to stdout.
-	Check func(path string, stdout, stderr io.Writer) error
+	Check(stdout io.Writer) error
 }
 
 // Main runs c with args (without the program name) and returns the exit status: 0
@@ -45,11 +51,12 @@ func (c *Command) Main(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "%s %s: unexpected arguments %q\n", c.Name, args[0], fs.Args())
 			return 2
 		}
+		d := c.New(*path, stderr)
 		if args[0] == "check" {
-			err = c.Check(*path, stdout, stderr)
+			err = d.Check(stdout)
 		} else {
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			err = c.Run(ctx, *path, stderr)
+			err = d.Run(ctx)
 			stop()
 		}
 	case "help", "-h", "--help":

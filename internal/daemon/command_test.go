@@ -13,14 +13,7 @@ func TestCommandMain(t *testing.T) {
 	var ran, checked string
 	c := Command{
 		Name: "tgd", Usage: "usage: tgd run|check\n", DefaultConfig: "/etc/tgd.yaml",
-		Run: func(_ context.Context, path string, _ io.Writer) error { ran = path; return nil },
-		Check: func(path string, _, _ io.Writer) error {
-			checked = path
-			if path == "bad.yaml" {
-				return errors.New("line 3: nope")
-			}
-			return nil
-		},
+		New: func(path string, _ io.Writer) Runner { return &fakeRunner{path: path, ran: &ran, checked: &checked} },
 	}
 	for _, tc := range []struct {
 		args       []string
@@ -46,4 +39,19 @@ func TestCommandMain(t *testing.T) {
 				tc.args, code, ran, checked, errb.String(), tc.code, tc.ran, tc.check, tc.stderr)
 		}
 	}
+}
+
+type fakeRunner struct {
+	path         string
+	ran, checked *string
+}
+
+func (f *fakeRunner) Run(context.Context) error { *f.ran = f.path; return nil }
+
+func (f *fakeRunner) Check(io.Writer) error {
+	*f.checked = f.path
+	if f.path == "bad.yaml" {
+		return errors.New("line 3: nope")
+	}
+	return nil
 }

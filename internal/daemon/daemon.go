@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,4 +61,26 @@ func AdminMux(reg *prometheus.Registry, healthy func() error) *http.ServeMux {
 		io.WriteString(w, "ok\n")
 	})
 	return mux
+}
+
+// ReadConfig reads the YAML configuration file at path into a new T (unknown fields
+// are errors) and checks it with validate, which may fill in defaults.
+func ReadConfig[T any](path string, validate func(*T) error) (*T, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading configuration: %w", err)
+	}
+	return ParseConfig(data, path, validate)
+}
+
+// ParseConfig is ReadConfig of data; name is used in errors.
+func ParseConfig[T any](data []byte, name string, validate func(*T) error) (*T, error) {
+	c := new(T)
+	if err := DecodeYAML(data, name, c); err != nil {
+		return nil, err
+	}
+	if err := validate(c); err != nil {
+		return nil, fmt.Errorf("configuration %s: %w", name, err)
+	}
+	return c, nil
 }

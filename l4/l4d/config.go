@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -293,25 +292,14 @@ const (
 
 // LoadConfig reads and checks a configuration file. Unknown fields are errors.
 func LoadConfig(path string) (*FileConfig, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading configuration: %w", err)
-	}
-	return ParseConfig(data, path)
+	return daemon.ReadConfig(path, (*FileConfig).validate)
 }
 
 // ParseConfig decodes and validates a configuration, filling in the defaults of the
 // sections fixed at start; name is used in errors. Errors name the field by its YAML
 // path ("pools.web.members[1].address: ...").
 func ParseConfig(data []byte, name string) (*FileConfig, error) {
-	var c FileConfig
-	if err := daemon.DecodeYAML(data, name, &c); err != nil {
-		return nil, err
-	}
-	if err := c.validate(); err != nil {
-		return nil, fmt.Errorf("configuration %s: %w", name, err)
-	}
-	return &c, nil
+	return daemon.ParseConfig(data, name, (*FileConfig).validate)
 }
 
 // validate fills the defaults of the start-time sections and checks everything,

@@ -260,23 +260,12 @@ const DefaultAdminListen = "127.0.0.1:9241"
 
 // LoadConfig reads and checks a configuration file. Unknown fields are errors.
 func LoadConfig(path string) (*FileConfig, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading configuration: %w", err)
-	}
-	return ParseConfig(data, path)
+	return daemon.ReadConfig(path, (*FileConfig).validate)
 }
 
 // ParseConfig decodes and validates a configuration; name is used in errors.
 func ParseConfig(data []byte, name string) (*FileConfig, error) {
-	var c FileConfig
-	if err := daemon.DecodeYAML(data, name, &c); err != nil {
-		return nil, err
-	}
-	if err := c.validate(); err != nil {
-		return nil, fmt.Errorf("configuration %s: %w", name, err)
-	}
-	return &c, nil
+	return daemon.ParseConfig(data, name, (*FileConfig).validate)
 }
 
 func (c *FileConfig) validate() error {

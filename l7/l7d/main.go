@@ -41,12 +41,7 @@ commands:
 func Main(args []string, stdout, stderr io.Writer) int {
 	cmd := daemon.Command{
 		Name: "l7d", Usage: usage, DefaultConfig: "/etc/tiergate/l7d.yaml",
-		Run: func(ctx context.Context, path string, stderr io.Writer) error {
-			return (&Daemon{Path: path, Stderr: stderr}).Run(ctx)
-		},
-		Check: func(path string, stdout, stderr io.Writer) error {
-			return (&Daemon{Path: path, Stderr: stderr}).Check(stdout)
-		},
+		New: func(path string, stderr io.Writer) daemon.Runner { return &Daemon{Path: path, Stderr: stderr} },
 	}
 	return cmd.Main(args, stdout, stderr)
 }
