@@ -79,21 +79,18 @@ const DefaultMetricsListen = "127.0.0.1:9240"
 
 // LoadConfig reads and checks a configuration file. Unknown fields are errors.
 func LoadConfig(path string) (*FileConfig, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading configuration: %w", err)
-	}
-	return ParseConfig(data, path)
+	return daemon.ReadConfig(path, (*FileConfig).validate)
 }
 
 // ParseConfig decodes a configuration; name is used in errors.
 func ParseConfig(data []byte, name string) (*FileConfig, error) {
-	var c FileConfig
-	if err := daemon.DecodeYAML(data, name, &c); err != nil {
-		return nil, err
-	}
+	return daemon.ParseConfig(data, name, (*FileConfig).validate)
+}
+
+// validate checks c and fills in its defaults.
+func (c *FileConfig) validate() error {
 	if c.PKCS11 == nil && c.Software == nil {
-		return nil, fmt.Errorf("configuration %s: no key backend: set pkcs11 or software", name)
+		return errors.New("no key backend: set pkcs11 or software")
 	}
 	if c.MetricsListen == "" {
 		c.MetricsListen = DefaultMetricsListen
@@ -102,14 +99,14 @@ func ParseConfig(data []byte, name string) (*FileConfig, error) {
 		c.ShutdownGrace = 10 * time.Second
 	}
 	if _, err := daemon.LogLevel(c.LogLevel); err != nil {
-		return nil, fmt.Errorf("configuration %s: %w", name, err)
+		return err
 	}
 	for i, r := range c.Clients {
 		if r.Name == "" {
-			return nil, fmt.Errorf("configuration %s: clients[%d]: name is empty", name, i)
+			return fmt.Errorf("clients[%d]: name is empty", i)
 		}
 	}
-	return &c, nil
+	return nil
 }
 
 // serverTLS loads the certificate, key and client CA files.
