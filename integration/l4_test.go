@@ -206,8 +206,8 @@ shutdown_grace: 2s
 admin_listen: "127.0.0.1:9180"
 dpdk:
   eal_args: ["--no-pci", "--no-huge", "-m", "512", "--no-telemetry", "--log-level=warning",
-             "--vdev=net_af_packet0,iface=x0", "--vdev=net_af_packet1,iface=i0"]
-  workers: 1
+             "--vdev=net_af_packet0,iface=x0,qpairs=2", "--vdev=net_af_packet1,iface=i0,qpairs=2"]
+  workers: 2                    # two lcores, each with its queue pair and table shard
 conntrack: {capacity: 1024}   # small, so that the SYN flood below fills it
 ports:
   external: {device: net_af_packet0, addr: "198.18.0.2/24", gateway: "198.18.0.1"}
@@ -319,9 +319,10 @@ pools:
 			t.Fatalf("HTTP/3 request %d: node %q real %q", i, node, real)
 		}
 	}
-	if v := l4metric("tiergate_l4_rule_packets_total", `rule="quic"`); v <= 0 {
-		t.Errorf("no packets counted for the QUIC rule")
-	}
+	// Workers publish their counters every 100 ms.
+	waitFor(t, 5*time.Second, "packets counted for the QUIC rule", func() bool {
+		return l4metric("tiergate_l4_rule_packets_total", `rule="quic"`) > 0
+	})
 
 	// 5. A long-lived connection, then its node drained: new connections all go to
 	// the other node; the long-lived one keeps working on its node.
