@@ -192,12 +192,11 @@ func (d *Daemon) applyDelta(l *blacklist.List, delta *blacklist.Delta) error {
 	if d.cfg.StateDir == "" {
 		return l.Apply(delta)
 	}
-	next := blacklist.NewList(l.Name(), blacklist.Options{})
-	next.Replace(l.Snapshot())
-	if err := next.Apply(delta); err != nil {
+	next, err := l.Next(delta)
+	if err != nil {
 		return err
 	}
-	return d.commit(l, next.Snapshot())
+	return d.commitAs(l, next, l.ReplaceDelta)
 }
 
 // stateError describes a change refused because the list's state file could not be

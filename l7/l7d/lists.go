@@ -214,9 +214,15 @@ func (e *errStateWrite) Unwrap() error { return e.err }
 // directory could not be synced (daemon.ErrNotDurable): s is then in force, as the
 // file is, and the error says so. d.mu is held.
 func (d *Daemon) commit(l *blacklist.List, s *blacklist.Set) error {
+	return d.commitAs(l, s, l.Replace)
+}
+
+// commitAs is commit, with swap putting the set in force (Replace, or ReplaceDelta
+// for the result of a delta, so the update is counted as what it was).
+func (d *Daemon) commitAs(l *blacklist.List, s *blacklist.Set, swap func(*blacklist.Set)) error {
 	dir := d.cfg.StateDir
 	if dir == "" {
-		l.Replace(s)
+		swap(s)
 		return nil
 	}
 	s = unexpired(s, time.Now())
@@ -228,7 +234,7 @@ func (d *Daemon) commit(l *blacklist.List, s *blacklist.Set) error {
 	if err != nil && !errors.Is(err, daemon.ErrNotDurable) {
 		return &errStateWrite{err}
 	}
-	l.Replace(s)
+	swap(s)
 	src := listSource{state: path}
 	h.Sum(src.digest[:0])
 	d.setSource(l.Name(), src)

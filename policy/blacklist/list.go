@@ -150,6 +150,29 @@ func (l *List) Apply(d *Delta) error {
 	return nil
 }
 
+// Next computes the Set that Apply(d) would put in force, without swapping it in, so
+// that a caller can first make it durable; ReplaceDelta then swaps it in. A rejected
+// delta is counted as Apply counts it.
+func (l *List) Next(d *Delta) (*Set, error) {
+	next, err := l.Snapshot().apply(d, nowSeconds(l.now()))
+	if err != nil {
+		l.rejected(kindDelta)
+		return nil, fmt.Errorf("applying a delta to blacklist %q: %w", l.name, err)
+	}
+	return next, nil
+}
+
+// ReplaceDelta swaps s in, as Replace does, counting the update as a delta (s being
+// what Next made of one).
+func (l *List) ReplaceDelta(s *Set) {
+	if s == nil {
+		s = emptySet
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.swap(s, kindDelta)
+}
+
 // Load reads a whole list (gzip, binary or text; see Read) and swaps it in. On error,
 // a *ParseErrors listing bad lines among others, the list in force is kept.
 func (l *List) Load(r io.Reader) error {

@@ -263,3 +263,38 @@ func TestMeasureSwapStall(t *testing.T) {
 		t.Error("the list does not hold the new set afterwards")
 	}
 }
+
+func TestListNextAndReplaceDelta(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	ls := NewLists(Options{Registerer: reg})
+	l := ls.Global()
+	l.Replace(buildAt(time.Now(), entrySpec{p: "192.0.2.1"}))
+	d, err := ParseTextDelta(strings.NewReader("+198.51.100.9\n-192.0.2.1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := l.Next(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Next changes nothing in force.
+	if _, hit := ls.Check("", addr("192.0.2.1"), SourcePacket); !hit {
+		t.Fatal("Next changed the list in force")
+	}
+	l.ReplaceDelta(next)
+	if _, hit := ls.Check("", addr("192.0.2.1"), SourcePacket); hit {
+		t.Fatal("removed address still listed after ReplaceDelta")
+	}
+	if _, hit := ls.Check("", addr("198.51.100.9"), SourcePacket); !hit {
+		t.Fatal("added address not listed after ReplaceDelta")
+	}
+	want := `
+# HELP tiergate_blacklist_updates_total Updates, by list, kind (replace or delta) and result (ok or rejected: the list in force was kept).
+# TYPE tiergate_blacklist_updates_total counter
+tiergate_blacklist_updates_total{kind="delta",listener="global",result="ok"} 1
+tiergate_blacklist_updates_total{kind="replace",listener="global",result="ok"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tiergate_blacklist_updates_total"); err != nil {
+		t.Fatal(err)
+	}
+}
