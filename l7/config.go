@@ -91,6 +91,13 @@ type ListenerConfig struct {
 	// Default false (HTTP/3 on).
 	DisableHTTP3 bool
 
+	// TCPKeepAlive is the idle time after which the kernel probes an accepted TCP
+	// connection (TCP keepalive, with Go's default interval and count). Default 0:
+	// off, as in nginx and haproxy: IdleTimeout already closes idle connections,
+	// and turning keepalive on costs four setsockopt calls per accepted connection,
+	// which is measurable on full handshakes.
+	TCPKeepAlive time.Duration
+
 	// QUICServerID, when not 0, makes the QUIC side issue 8-byte connection IDs that
 	// carry this server ID in clear (package l4/quiccid, QUIC-LB's plaintext format),
 	// so L4 distributors send all of a connection's packets to this node by its
@@ -253,7 +260,7 @@ func (l *ListenerConfig) validate(pools map[string]PoolConfig, routing bool) err
 			return fmt.Errorf("pool %q is not among the backends", l.Pool)
 		}
 	}
-	if l.HandshakeTimeout < 0 || l.ReadHeaderTimeout < 0 || l.ReadTimeout < 0 || l.IdleTimeout < 0 || l.WriteTimeout < 0 {
+	if l.HandshakeTimeout < 0 || l.ReadHeaderTimeout < 0 || l.ReadTimeout < 0 || l.IdleTimeout < 0 || l.WriteTimeout < 0 || l.TCPKeepAlive < 0 {
 		return errors.New("timeouts must not be negative")
 	}
 	if l.MaxHeaderBytes < 0 || l.MaxConns < 0 || l.MaxConcurrentStreams < 0 || l.MaxRequestBody < 0 {

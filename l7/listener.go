@@ -179,12 +179,22 @@ func (l *listener) bind() error {
 	return nil
 }
 
+// listenTCP listens on addr; accepted connections get TCP keepalive after
+// keepAlive of idle time, or none when it is 0 (Go's default would turn it on).
+func listenTCP(addr string, keepAlive time.Duration) (net.Listener, error) {
+	lc := net.ListenConfig{KeepAlive: -1}
+	if keepAlive > 0 {
+		lc.KeepAlive = keepAlive
+	}
+	return lc.Listen(context.Background(), "tcp", addr)
+}
+
 // bindSockets opens the sockets. With port 0 the UDP port is the one the kernel gave
 // TCP; when another socket holds it over UDP, it tries again with a fresh TCP port.
 func (l *listener) bindSockets() error {
 	_, port, _ := net.SplitHostPort(l.cfg.Addr)
 	for attempt := 1; ; attempt++ {
-		tln, err := net.Listen("tcp", l.cfg.Addr)
+		tln, err := listenTCP(l.cfg.Addr, l.cfg.TCPKeepAlive)
 		if err != nil {
 			return fmt.Errorf("l7: listener %q: listening on tcp %s: %w", l.cfg.Name, l.cfg.Addr, err)
 		}

@@ -125,6 +125,9 @@ type ListenerFile struct {
 	// its ID; it is this node's quic_id in their pools and must be unique among the
 	// nodes behind them. Changing it takes a restart. Default 0: random IDs.
 	QUICServerID uint16 `yaml:"quic_server_id"`
+	// TCPKeepAlive turns TCP keepalive on for accepted connections, probing after
+	// this much idle time. Default 0: off (idle_timeout closes idle connections).
+	TCPKeepAlive time.Duration `yaml:"tcp_keepalive"`
 	// Limits; zero means the default named.
 	HandshakeTimeout     time.Duration `yaml:"handshake_timeout"`      // 10s
 	ReadHeaderTimeout    time.Duration `yaml:"read_header_timeout"`    // 10s

@@ -201,6 +201,7 @@ func (d *Daemon) l7Config(cfg *FileConfig, pol *policy) l7.Config {
 			TLS:                  d.store.TLSConfig(),
 			Pool:                 l.Pool,
 			DisableHTTP3:         l.DisableHTTP3,
+			TCPKeepAlive:         l.TCPKeepAlive,
 			QUICServerID:         l.QUICServerID,
 			HandshakeTimeout:     l.HandshakeTimeout,
 			ReadHeaderTimeout:    l.ReadHeaderTimeout,
