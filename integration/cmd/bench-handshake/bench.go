@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -360,51 +358,32 @@ func (b *bench) scrape(s *server) (*scrapeDelta, error) {
 // go_gc_duration_seconds_count, from the Prometheus text format.
 func parseMetrics(r io.Reader) (*scrapeDelta, error) {
 	d := &scrapeDelta{}
-	sc := bufio.NewScanner(io.LimitReader(r, 16<<20))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if name, val, found := strings.Cut(line, " "); found {
-			var dst *float64
-			switch name {
-			case "go_memstats_alloc_bytes_total":
-				dst = &d.allocBytes
-			case "go_gc_duration_seconds_count":
-				dst = &d.gcCycles
-			}
-			if dst != nil {
-				v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-				if err != nil {
-					return nil, fmt.Errorf("metrics line %q: %w", line, err)
-				}
-				*dst = v
-				continue
-			}
-		}
+	err := benchkit.ScanMetrics(r, func(name, labels string, v float64) {
 		var ok, failed *float64
-		switch {
-		case strings.HasPrefix(line, "tiergate_tls_handshakes_total{"):
+		switch name {
+		case "go_memstats_alloc_bytes_total":
+			d.allocBytes = v
+			return
+		case "go_gc_duration_seconds_count":
+			d.gcCycles = v
+			return
+		case "tiergate_tls_handshakes_total":
 			ok, failed = &d.hsOK, &d.hsFailed
-		case strings.HasPrefix(line, "tiergate_keyserver_ops_total{"):
+		case "tiergate_keyserver_ops_total":
 			ok, failed = &d.ksOK, &d.ksFailed
 		default:
-			continue
+			return
 		}
-		i := strings.LastIndexByte(line, '}')
-		if i < 0 {
-			return nil, fmt.Errorf("metrics line %q: no label set", line)
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(line[i+1:]), 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %q: %w", line, err)
-		}
-		if strings.Contains(line[:i], `result="ok"`) {
+		if strings.Contains(labels, `result="ok"`) {
 			*ok += v
 		} else {
 			*failed += v
 		}
+	})
+	if err != nil {
+		return nil, err
 	}
-	return d, sc.Err()
+	return d, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -241,7 +241,7 @@ func (b *bench) startNginx(ctx context.Context) (*server, error) {
 	if err := os.WriteFile(conf, []byte(nginxConfig(dir, addr, b.f.siteCert, b.f.siteKey, b.o.nginxWorkers)), 0o600); err != nil {
 		return nil, err
 	}
-	errLog := filepath.Join(dir, "nginx-error.log")
+	errLog := filepath.Join(dir, benchkit.NginxErrorLog)
 	s := &server{id: srvNginx, label: "nginx, key local", addr: addr}
 	// Should this program die, SIGTERM makes the master stop its workers too (they
 	// would outlive a killed master).

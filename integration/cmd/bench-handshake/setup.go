@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/tiergate/tiergate/integration/benchkit"
 	"github.com/tiergate/tiergate/internal/softhsm"
 	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver/backend"
@@ -219,24 +220,7 @@ log_level: warn
 // on (one per handshake, as crypto/tls sends), and a fixed answer that the
 // handshake-only load never asks for. Everything nginx writes goes under dir.
 func nginxConfig(dir, addr, cert, key string, workers int) string {
-	return fmt.Sprintf(`daemon off;
-master_process on;
-worker_processes %d;
-pid %s;
-error_log %s warn;
-
-events {
-    worker_connections 4096;
-}
-
-http {
-    access_log off;
-    client_body_temp_path %s;
-    proxy_temp_path %s;
-    fastcgi_temp_path %s;
-    uwsgi_temp_path %s;
-    scgi_temp_path %s;
-
+	return benchkit.NginxHTTPTop(dir, workers) + fmt.Sprintf(`
     server {
         listen %s ssl;
         ssl_certificate %s;
@@ -251,7 +235,5 @@ http {
         }
     }
 }
-`, workers, filepath.Join(dir, "nginx.pid"), filepath.Join(dir, "nginx-error.log"),
-		filepath.Join(dir, "body"), filepath.Join(dir, "proxy"), filepath.Join(dir, "fastcgi"),
-		filepath.Join(dir, "uwsgi"), filepath.Join(dir, "scgi"), addr, cert, key)
+`, addr, cert, key)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -287,45 +286,24 @@ func scrapeL7(s *endpoint) (*l7Counters, error) {
 // Prometheus text format.
 func parseL7Metrics(r io.Reader) (*l7Counters, error) {
 	c := &l7Counters{}
-	sc := bufio.NewScanner(io.LimitReader(r, 16<<20))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if name, val, found := strings.Cut(line, " "); found {
-			var dst *float64
-			switch name {
-			case "go_memstats_alloc_bytes_total":
-				dst = &c.allocBytes
-			case "go_gc_duration_seconds_count":
-				dst = &c.gcCycles
-			}
-			if dst != nil {
-				v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-				if err != nil {
-					return nil, fmt.Errorf("metrics line %q: %w", line, err)
-				}
-				*dst = v
-				continue
+	err := benchkit.ScanMetrics(r, func(name, labels string, v float64) {
+		switch name {
+		case "go_memstats_alloc_bytes_total":
+			c.allocBytes = v
+		case "go_gc_duration_seconds_count":
+			c.gcCycles = v
+		case "tiergate_http_requests_total":
+			if strings.Contains(labels, `code="200"`) {
+				c.ok += v
+			} else {
+				c.other += v
 			}
 		}
-		if !strings.HasPrefix(line, "tiergate_http_requests_total{") {
-			continue
-		}
-		i := strings.LastIndexByte(line, '}')
-		if i < 0 {
-			return nil, fmt.Errorf("metrics line %q: no label set", line)
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(line[i+1:]), 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %q: %w", line, err)
-		}
-		if strings.Contains(line[:i], `code="200"`) {
-			c.ok += v
-		} else {
-			c.other += v
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
-	return c, sc.Err()
+	return c, nil
 }
 
 func httpGet(url string) (string, error) {

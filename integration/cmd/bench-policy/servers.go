@@ -306,7 +306,7 @@ func (b *bench) startNginx(ctx context.Context, id, dir, conf string, workers in
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	confPath, errLog := filepath.Join(dir, "nginx.conf"), filepath.Join(dir, "error.log")
+	confPath, errLog := filepath.Join(dir, "nginx.conf"), filepath.Join(dir, benchkit.NginxErrorLog)
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		return nil, err
 	}
@@ -436,28 +436,9 @@ log_level: warn
 // nginxCommon is the top of every nginx.conf here: foreground, workers, everything
 // written under dir, no access log.
 func nginxCommon(dir string, workers int) string {
-	return fmt.Sprintf(`daemon off;
-master_process on;
-worker_processes %d;
-pid %s;
-error_log %s warn;
-
-events {
-    worker_connections 4096;
-}
-
-http {
-    access_log off;
-    client_body_temp_path %s;
-    proxy_temp_path %s;
-    fastcgi_temp_path %s;
-    uwsgi_temp_path %s;
-    scgi_temp_path %s;
-    keepalive_requests %d;
+	return benchkit.NginxHTTPTop(dir, workers) + fmt.Sprintf(`    keepalive_requests %d;
     keepalive_timeout 75s;
-`, workers, filepath.Join(dir, "nginx.pid"), filepath.Join(dir, "error.log"),
-		filepath.Join(dir, "body"), filepath.Join(dir, "proxy"), filepath.Join(dir, "fastcgi"),
-		filepath.Join(dir, "uwsgi"), filepath.Join(dir, "scgi"), keepaliveRequests)
+`, keepaliveRequests)
 }
 
 // nginxBackendConfig is the shared backend: plain HTTP/1.1 on addr answering

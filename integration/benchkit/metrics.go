@@ -1,0 +1,45 @@
+package benchkit
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// ScanMetrics reads the Prometheus text format from r (at most 16 MiB) and calls
+// sample for every sample line: the metric name, its label set without braces ("" if
+// none) and its value. Comments and blank lines are skipped; a value that does not
+// parse is an error naming the line.
+func ScanMetrics(r io.Reader, sample func(name, labels string, value float64)) error {
+	sc := bufio.NewScanner(io.LimitReader(r, 16<<20))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, labels, rest := line, "", ""
+		if i := strings.IndexByte(line, '{'); i >= 0 {
+			j := strings.LastIndexByte(line, '}')
+			if j < i {
+				return fmt.Errorf("metrics line %q: no end to the label set", line)
+			}
+			name, labels, rest = line[:i], line[i+1:j], line[j+1:]
+		} else if n, v, found := strings.Cut(line, " "); found {
+			name, rest = n, v
+		}
+		// A sample may end with a timestamp after its value.
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			return fmt.Errorf("metrics line %q: no value", line)
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return fmt.Errorf("metrics line %q: %w", line, err)
+		}
+		sample(name, labels, v)
+	}
+	return sc.Err()
+}

@@ -1,0 +1,42 @@
+package benchkit
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestScanMetrics(t *testing.T) {
+	in := `# HELP x y
+# TYPE go_gc_duration_seconds summary
+go_gc_duration_seconds_count 12
+tiergate_tls_handshakes_total{listener="a",result="ok"} 3
+tiergate_tls_handshakes_total{listener="a",result="timeout"} 1.5 1700000000000
+
+`
+	type sample struct {
+		name, labels string
+		v            float64
+	}
+	var got []sample
+	if err := ScanMetrics(strings.NewReader(in), func(n, l string, v float64) { got = append(got, sample{n, l, v}) }); err != nil {
+		t.Fatal(err)
+	}
+	want := []sample{
+		{"go_gc_duration_seconds_count", "", 12},
+		{"tiergate_tls_handshakes_total", `listener="a",result="ok"`, 3},
+		{"tiergate_tls_handshakes_total", `listener="a",result="timeout"`, 1.5},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("sample %d: %v, want %v", i, got[i], want[i])
+		}
+	}
+	for _, bad := range []string{"x{a=\"1\" 2", "x{a=\"1\"} y", "x y", "x"} {
+		if err := ScanMetrics(strings.NewReader(bad), func(string, string, float64) {}); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
