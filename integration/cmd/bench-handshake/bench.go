@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -134,13 +133,10 @@ func run(ctx context.Context, o *options) error {
 	b.stopFleet()
 	b.report()
 	if len(b.failures) > 0 {
-		return errFailed
+		return benchkit.ErrFailed
 	}
 	return nil
 }
-
-// errFailed says that the report, already written, lists failures.
-var errFailed = errors.New("failures listed in the report")
 
 func (b *bench) bin(name string) string {
 	p, err := filepath.Abs(filepath.Join(b.o.bin, name))

@@ -26,16 +26,13 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/tiergate/tiergate/integration/benchkit"
@@ -110,20 +107,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, &o); err != nil {
-		switch {
-		case errors.Is(err, errFailed):
-			// The report ends with the failures and the JSON line; nothing follows.
-		case ctx.Err() != nil:
-			fmt.Fprintln(stderr, "bench-handshake: interrupted")
-		default:
-			fmt.Fprintf(stderr, "bench-handshake: %v\n", err)
-		}
-		return 1
-	}
-	return 0
+	return benchkit.Main("bench-handshake", stderr, func(ctx context.Context) error { return run(ctx, &o) })
 }
 
 // parseVersions parses "1.3,1.2", keeping the order given.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -165,17 +164,7 @@ func (b *bench) report() {
 		fmt.Fprintf(w, "with the key on keyserverd, a TLS 1.3 handshake costs l7d %.3f ms and keyserverd %.3f ms (SoftHSM RSA-2048 signature, mutual-TLS framing): %.3f ms on this machine, vs %.3f ms in l7d with the key local\n",
 			*s.L7OffloadMs, *s.KeyserverdMs, *s.L7OffloadMs+*s.KeyserverdMs, *s.L7LocalMs)
 	}
-	if len(b.failures) > 0 {
-		fmt.Fprintf(w, "FAILURES (%d):\n", len(b.failures))
-		for _, m := range b.failures {
-			fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(m, "\n", "\n    "))
-		}
-	}
-	js, err := json.Marshal(s)
-	if err != nil {
-		js = fmt.Appendf(nil, `{"failures":[%q]}`, err.Error())
-	}
-	fmt.Fprintf(w, "%s\n", js)
+	benchkit.WriteReportEnd(w, b.failures, s)
 }
 
 // header describes the set-up.

@@ -121,13 +121,10 @@ func run(ctx context.Context, o *options) error {
 	}
 	b.report()
 	if len(b.failures) > 0 {
-		return errFailed
+		return benchkit.ErrFailed
 	}
 	return nil
 }
-
-// errFailed says that the report, already written, lists failures.
-var errFailed = errors.New("failures listed in the report")
 
 // clientConns is the number of connections the client keeps to keyserverd (the
 // client's default).

@@ -13,17 +13,16 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/tiergate/tiergate/integration/benchkit"
 )
 
 func main() {
@@ -76,20 +75,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		o.opensslSeconds = int((o.duration + time.Second - 1) / time.Second)
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, &o); err != nil {
-		switch {
-		case errors.Is(err, errFailed):
-			// The report ends with the failures and the JSON line; nothing follows.
-		case ctx.Err() != nil:
-			fmt.Fprintln(stderr, "bench-keyserver: interrupted")
-		default:
-			fmt.Fprintf(stderr, "bench-keyserver: %v\n", err)
-		}
-		return 1
-	}
-	return 0
+	return benchkit.Main("bench-keyserver", stderr, func(ctx context.Context) error { return run(ctx, &o) })
 }
 
 func parseLevels(s string) ([]int, error) {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -259,17 +258,7 @@ func (b *bench) report() {
 			100*s.KeyserverVsOpenSSL, 100*s.PKCS11VsOpenSSL, s.KeyserverSignsPerS/float64(s.Cores),
 			s.PKCS11DirectPerS/float64(s.Cores), s.OpenSSLSignsPerS/float64(s.Cores))
 	}
-	if len(b.failures) > 0 {
-		fmt.Fprintf(w, "FAILURES (%d):\n", len(b.failures))
-		for _, m := range b.failures {
-			fmt.Fprintf(w, "  %s\n", m)
-		}
-	}
-	js, err := json.Marshal(s)
-	if err != nil {
-		js = []byte(fmt.Sprintf(`{"failures":[%q]}`, err.Error()))
-	}
-	fmt.Fprintf(w, "%s\n", js)
+	benchkit.WriteReportEnd(w, b.failures, s)
 }
 
 // header describes the set-up.

@@ -24,14 +24,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
+
+	"github.com/tiergate/tiergate/integration/benchkit"
 )
 
 func main() {
@@ -91,20 +90,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, &o); err != nil {
-		switch {
-		case errors.Is(err, errFailed):
-			// The report ends with the failures and the JSON line; nothing follows.
-		case ctx.Err() != nil:
-			fmt.Fprintln(stderr, "bench-l4: interrupted")
-		default:
-			fmt.Fprintf(stderr, "bench-l4: %v\n", err)
-		}
-		return 1
-	}
-	return 0
+	return benchkit.Main("bench-l4", stderr, func(ctx context.Context) error { return run(ctx, &o) })
 }
 
 // maxTable bounds -table: 64 bytes per entry must fit this machine's memory easily.

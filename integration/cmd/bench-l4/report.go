@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -205,17 +204,7 @@ func report(o *options, r *results) {
 	if len(r.skipped) > 0 {
 		fmt.Fprintf(w, "skipped: %s\n", strings.Join(r.skipped, "; "))
 	}
-	if len(r.failures) > 0 {
-		fmt.Fprintf(w, "FAILURES (%d):\n", len(r.failures))
-		for _, m := range r.failures {
-			fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(m, "\n", "\n    "))
-		}
-	}
-	js, err := json.Marshal(s)
-	if err != nil {
-		js = fmt.Appendf(nil, `{"failures":[%q]}`, err.Error())
-	}
-	fmt.Fprintf(w, "%s\n", js)
+	benchkit.WriteReportEnd(w, r.failures, s)
 }
 
 // header describes the set-up.

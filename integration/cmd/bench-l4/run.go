@@ -13,9 +13,6 @@ import (
 	"github.com/tiergate/tiergate/integration/benchkit"
 )
 
-// errFailed is returned by run when a measurement failed; the report lists why.
-var errFailed = errors.New("a measurement failed")
-
 // errNoCgo is why a build without cgo cannot measure DPDK.
 var errNoCgo = errors.New("built without cgo: the DPDK measurements need cgo and libdpdk (pkg-config libdpdk)")
 
@@ -90,7 +87,7 @@ func run(ctx context.Context, o *options) error {
 	}
 	report(o, res)
 	if len(res.failures) > 0 {
-		return errFailed
+		return benchkit.ErrFailed
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -103,13 +102,10 @@ func run(ctx context.Context, o *options) error {
 	}
 	b.report()
 	if len(b.failures) > 0 {
-		return errFailed
+		return benchkit.ErrFailed
 	}
 	return nil
 }
-
-// errFailed says that the report, already written, lists failures.
-var errFailed = errors.New("failures listed in the report")
 
 func (b *bench) wants(phase string) bool { return slices.Contains(b.o.phases, phase) }
 

@@ -24,16 +24,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/tiergate/tiergate/integration/benchkit"
@@ -109,20 +106,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, &o); err != nil {
-		switch {
-		case errors.Is(err, errFailed):
-			// The report ends with the failures and the JSON line; nothing follows.
-		case ctx.Err() != nil:
-			fmt.Fprintln(stderr, "bench-policy: interrupted")
-		default:
-			fmt.Fprintf(stderr, "bench-policy: %v\n", err)
-		}
-		return 1
-	}
-	return 0
+	return benchkit.Main("bench-policy", stderr, func(ctx context.Context) error { return run(ctx, &o) })
 }
 
 // maxBlacklistSize bounds -bl-sizes: the sets, their probes and their builders must

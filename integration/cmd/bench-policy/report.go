@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -151,17 +150,7 @@ func (b *bench) report() {
 		fmt.Fprintf(w, "warning: other processes used up to %.2f of the %d cores during a measurement: the machine was shared, figures are noisy\n",
 			maxOther, runtime.NumCPU())
 	}
-	if len(b.failures) > 0 {
-		fmt.Fprintf(w, "FAILURES (%d):\n", len(b.failures))
-		for _, m := range b.failures {
-			fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(m, "\n", "\n    "))
-		}
-	}
-	js, err := json.Marshal(s)
-	if err != nil {
-		js = fmt.Appendf(nil, `{"failures":[%q]}`, err.Error())
-	}
-	fmt.Fprintf(w, "%s\n", js)
+	benchkit.WriteReportEnd(w, b.failures, s)
 }
 
 // header describes the set-up.
