@@ -1,14 +1,17 @@
 package benchkit
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tiergate/tiergate/l7/l7d"
@@ -63,4 +66,65 @@ func ParseList(s string, known []string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// ProfiledL7d is how a benchmark program starts the profiling variant of l7d (its
+// own executable with ServeL7dCommand) on the configuration file cfg: the path and
+// arguments to run, and the URL of its pprof endpoint, ending in "/".
+func ProfiledL7d(cfg string) (path string, args []string, pprofURL string, err error) {
+	pp, err := FreeAddr()
+	if err != nil {
+		return "", nil, "", err
+	}
+	if path, err = os.Executable(); err != nil {
+		return "", nil, "", err
+	}
+	return path, []string{ServeL7dCommand, "-config", cfg, "-pprof", pp}, "http://" + pp + "/debug/pprof/", nil
+}
+
+// FetchProfiles collects, after delay, a CPU profile and an allocation profile of
+// seconds each from the pprof endpoint at pprofURL, into base+".pprof" and
+// base+".allocs.pprof", and calls report with what each is ("CPU", "allocation"),
+// its file and its error. The returned function waits for both.
+func FetchProfiles(ctx context.Context, pprofURL, base string, delay time.Duration, seconds int,
+	report func(what, path string, err error)) (wait func()) {
+	var wg sync.WaitGroup
+	for _, p := range []struct{ what, url, path string }{
+		{"CPU", fmt.Sprintf("%sprofile?seconds=%d", pprofURL, seconds), base + ".pprof"},
+		{"allocation", fmt.Sprintf("%sallocs?seconds=%d", pprofURL, seconds), base + ".allocs.pprof"},
+	} {
+		wg.Go(func() {
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+				return
+			}
+			report(p.what, p.path, fetchProfile(ctx, p.url, p.path))
+		})
+	}
+	return wg.Wait
+}
+
+func fetchProfile(ctx context.Context, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Timeout: 2 * time.Minute}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/tiergate/tiergate/integration/benchkit"
+
 	"context"
 	"crypto/tls"
 	"encoding/hex"
@@ -117,47 +119,11 @@ func (b *bench) startProfile(ctx context.Context, s *server, version uint16, mod
 	}
 	seconds := int((b.o.duration + time.Second - 1) / time.Second)
 	base := filepath.Join(b.o.profileDir, fmt.Sprintf("%s-%s-%s", s.id, strings.ReplaceAll(strings.ToLower(tls.VersionName(version)), " ", ""), mode))
-	var wg sync.WaitGroup
-	for _, p := range []struct{ what, url, path string }{
-		{"CPU", fmt.Sprintf("%sprofile?seconds=%d", s.pprofURL, seconds), base + ".pprof"},
-		{"allocation", fmt.Sprintf("%sallocs?seconds=%d", s.pprofURL, seconds), base + ".allocs.pprof"},
-	} {
-		wg.Go(func() {
-			select {
-			case <-time.After(b.o.warmup):
-			case <-ctx.Done():
-				return
-			}
-			if err := fetchProfile(ctx, p.url, p.path); err != nil {
-				b.progress("  %s profile of %s: %v", p.what, s.id, err)
-				return
-			}
-			b.progress("  %s profile of %s written to %s", p.what, s.id, p.path)
-		})
-	}
-	return wg.Wait
-}
-
-func fetchProfile(ctx context.Context, url, path string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := (&http.Client{Timeout: 2 * time.Minute}).Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return benchkit.FetchProfiles(ctx, s.pprofURL, base, b.o.warmup, seconds, func(what, path string, err error) {
+		if err != nil {
+			b.progress("  %s profile of %s: %v", what, s.id, err)
+			return
+		}
+		b.progress("  %s profile of %s written to %s", what, s.id, path)
+	})
 }

@@ -163,15 +163,10 @@ func (b *bench) startL7d(ctx context.Context, id, backendAddr string) (*server, 
 	path, args := b.bin("l7d"), []string{"run", "-config", cfg}
 	if b.o.profileDir != "" {
 		// The profiling variant: l7d's own code in a copy of this program, with pprof.
-		pp, err := benchkit.FreeAddr()
-		if err != nil {
+		var err error
+		if path, args, s.pprofURL, err = benchkit.ProfiledL7d(cfg); err != nil {
 			return nil, err
 		}
-		if path, err = os.Executable(); err != nil {
-			return nil, err
-		}
-		args = []string{benchkit.ServeL7dCommand, "-config", cfg, "-pprof", pp}
-		s.pprofURL = "http://" + pp + "/debug/pprof/"
 		s.label += " (pprof variant)"
 	}
 	if s.proc, err = benchkit.StartProcess(id, path, args, nil, filepath.Join(b.f.dir, id+".log")); err != nil {

@@ -188,26 +188,13 @@ func (b *bench) startProfile(ctx context.Context, s *endpoint, round int) (wait 
 	}
 	seconds := int((b.o.duration + time.Second - 1) / time.Second)
 	base := fmt.Sprintf("%s/%s-round%d", b.o.profileDir, s.id, round+1)
-	done := make(chan struct{}, 2)
-	for _, p := range []struct{ what, url, path string }{
-		{"CPU", fmt.Sprintf("%sprofile?seconds=%d", s.pprofURL, seconds), base + ".pprof"},
-		{"allocation", fmt.Sprintf("%sallocs?seconds=%d", s.pprofURL, seconds), base + ".allocs.pprof"},
-	} {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			select {
-			case <-time.After(b.o.warmup):
-			case <-ctx.Done():
-				return
-			}
-			if err := fetchProfile(ctx, p.url, p.path); err != nil {
-				b.progress("  %s profile of %s: %v", p.what, s.id, err)
-				return
-			}
-			b.progress("  %s profile of %s written to %s", p.what, s.id, p.path)
-		}()
-	}
-	return func() { <-done; <-done }
+	return benchkit.FetchProfiles(ctx, s.pprofURL, base, b.o.warmup, seconds, func(what, path string, err error) {
+		if err != nil {
+			b.progress("  %s profile of %s: %v", what, s.id, err)
+			return
+		}
+		b.progress("  %s profile of %s written to %s", what, s.id, path)
+	})
 }
 
 // backendRequests reads the backend's count of requests: nginx's stub_status

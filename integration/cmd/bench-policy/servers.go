@@ -257,15 +257,10 @@ func (b *bench) startL7d(ctx context.Context, fx *fixture, backend string) (*end
 	s := &endpoint{id: srvL7d, label: "l7d", addr: addr, metricsURL: "http://" + admin + "/metrics"}
 	path, args := b.bin("l7d"), []string{"run", "-config", cfg}
 	if b.o.profileDir != "" {
-		pp, err := benchkit.FreeAddr()
-		if err != nil {
+		var err error
+		if path, args, s.pprofURL, err = benchkit.ProfiledL7d(cfg); err != nil {
 			return nil, err
 		}
-		if path, err = os.Executable(); err != nil {
-			return nil, err
-		}
-		args = []string{benchkit.ServeL7dCommand, "-config", cfg, "-pprof", pp}
-		s.pprofURL = "http://" + pp + "/debug/pprof/"
 		s.label = "l7d (pprof variant)"
 	}
 	if s.proc, err = benchkit.StartProcess(srvL7d, path, args, nil, filepath.Join(b.dir, "l7d.log")); err != nil {
