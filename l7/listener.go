@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -292,7 +291,7 @@ func (l *listener) acceptLoop() {
 			continue
 		}
 		backoff = 0
-		if f := l.s.state.Load().filter; f != nil && !f(l.cfg.Name, addrPort(nc.RemoteAddr())) {
+		if f := l.s.state.Load().filter; f != nil && !f(l.cfg.Name, clientip.AddrPortOf(nc.RemoteAddr())) {
 			l.rejectedFilter.Inc()
 			reset(nc)
 			continue
@@ -549,20 +548,6 @@ func reset(c net.Conn) {
 		x = u.NetConn()
 	}
 	c.Close()
-}
-
-// addrPort returns a connection address as a netip.AddrPort, IPv4 unmapped.
-func addrPort(a net.Addr) netip.AddrPort {
-	var ap netip.AddrPort
-	switch a := a.(type) {
-	case *net.TCPAddr:
-		ap = a.AddrPort()
-	case *net.UDPAddr:
-		ap = a.AddrPort()
-	default:
-		return netip.AddrPort{}
-	}
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
 // connQueue is the net.Listener the HTTP/2 server accepts from: connections whose

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+
+	"github.com/tiergate/tiergate/policy/clientip"
 )
 
 var (
@@ -25,7 +27,7 @@ func (l *listener) quicConnContext(ctx context.Context, ci *quic.ClientInfo) (co
 	if l.s.draining.Load() {
 		return nil, errShuttingDown
 	}
-	if f := l.s.state.Load().filter; f != nil && !f(l.cfg.Name, addrPort(ci.RemoteAddr)) {
+	if f := l.s.state.Load().filter; f != nil && !f(l.cfg.Name, clientip.AddrPortOf(ci.RemoteAddr)) {
 		l.rejectedFilter.Inc()
 		return nil, errFiltered
 	}
@@ -66,6 +68,6 @@ func (a quicAccepter) Close() error   { return a.l.qln.Close() }
 // h3ConnContext attaches the connection's ConnInfo to the context of its requests.
 func (l *listener) h3ConnContext(ctx context.Context, c *quic.Conn) context.Context {
 	st := c.ConnectionState().TLS
-	info := &ConnInfo{Listener: l.cfg.Name, Proto: ProtoHTTP3, Remote: addrPort(c.RemoteAddr()), TLS: &st}
+	info := &ConnInfo{Listener: l.cfg.Name, Proto: ProtoHTTP3, Remote: clientip.AddrPortOf(c.RemoteAddr()), TLS: &st}
 	return context.WithValue(ctx, connInfoKey{}, info)
 }

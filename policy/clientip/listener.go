@@ -271,7 +271,7 @@ func (l *Listener) acceptLoop() {
 				return
 			}
 		}
-		peer := addrPort(c.RemoteAddr())
+		peer := AddrPortOf(c.RemoteAddr())
 		if !l.r.ProxyTrusted(peer.Addr()) {
 			l.reject(c, peer, rUntrusted, nil)
 			continue
@@ -360,9 +360,9 @@ func (l *Listener) reject(c net.Conn, peer netip.AddrPort, why reason, err error
 	}
 }
 
-// addrPort returns a connection address as a netip.AddrPort, IPv4 unmapped; the zero
-// AddrPort when it is not an IP address (a Unix socket).
-func addrPort(a net.Addr) netip.AddrPort {
+// AddrPortOf returns a connection address as a netip.AddrPort, IPv4 unmapped; the
+// zero AddrPort when it is not an IP address (a Unix socket).
+func AddrPortOf(a net.Addr) netip.AddrPort {
 	var ap netip.AddrPort
 	switch a := a.(type) {
 	case *net.TCPAddr:
@@ -470,7 +470,7 @@ func ConnPeer(c net.Conn) (netip.AddrPort, Source) {
 	if c == nil {
 		return netip.AddrPort{}, SourcePacket
 	}
-	return addrPort(c.RemoteAddr()), SourcePacket
+	return AddrPortOf(c.RemoteAddr()), SourcePacket
 }
 
 var (
