@@ -12,7 +12,7 @@ import (
 
 // benchWorker is a worker of a distributor that is not running, with static
 // neighbours, so handle can be called directly.
-func benchWorker(b *testing.B, capacity int) (*worker, *snapshot) {
+func benchWorker(b testing.TB, capacity int) (*worker, *snapshot) {
 	cfg := testConfig()
 	cfg.External.GatewayMAC = packet.MAC(gwMAC)
 	p := cfg.Pools["l7"]
