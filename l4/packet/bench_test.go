@@ -99,7 +99,10 @@ func BenchmarkEncapWrite(b *testing.B) {
 	}
 }
 
-func BenchmarkDecap(b *testing.B) {
+// returnFrame is a member's reply as the LD receives it: a TCP segment from the VIP
+// to the client in GRE from the member to the LD.
+func returnFrame(b *testing.B) []byte {
+	b.Helper()
 	inner := tcpIP(b, vip4, client4, 443, 40000, false, nil, bytes.Repeat([]byte{1}, 64))
 	buf := withHeadroom(inner, 128)
 	e := &Encap{Src: member4, Dst: ld4}
@@ -111,6 +114,11 @@ func BenchmarkDecap(b *testing.B) {
 		b.Fatal(err)
 	}
 	f := buf[start:]
+	return f
+}
+
+func BenchmarkDecap(b *testing.B) {
+	f := returnFrame(b)
 	var p Packet
 	if err := Parse(f, &p); err != nil {
 		b.Fatal(err)
@@ -126,17 +134,7 @@ func BenchmarkDecap(b *testing.B) {
 // BenchmarkReturnPath is the whole per-packet work of the return path: parse the
 // outer packet, decapsulate, parse the inner one, rewrite Ethernet, decrement TTL.
 func BenchmarkReturnPath(b *testing.B) {
-	inner := tcpIP(b, vip4, client4, 443, 40000, false, nil, bytes.Repeat([]byte{1}, 64))
-	buf := withHeadroom(inner, 128)
-	e := &Encap{Src: member4, Dst: ld4}
-	if err := e.Prepare(); err != nil {
-		b.Fatal(err)
-	}
-	start, err := e.Write(buf, 128, len(inner), 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	f := buf[start:]
+	f := returnFrame(b)
 	orig := clone(f[:38+IPv4Len]) // outer headers and inner IPv4 header
 	var p, q Packet
 	b.ReportAllocs()
