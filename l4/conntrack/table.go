@@ -161,7 +161,23 @@ func (t *Table) Prefetch(hash uint64) {
 // new timeout of its state when a packet next refreshes it or it changes state; until
 // then it keeps the expiry it has. On error nothing changes.
 func (t *Table) SetTimeouts(to Timeouts) error {
-	var next [numStates]uint32
+	next, err := to.seconds()
+	if err != nil {
+		return err
+	}
+	t.timeouts = next
+	return nil
+}
+
+// Check reports whether the timeouts are usable (none negative or above MaxTimeout).
+func (to Timeouts) Check() error {
+	_, err := to.seconds()
+	return err
+}
+
+// seconds converts the timeouts, defaults filled in, to whole seconds per state.
+func (to Timeouts) seconds() ([numStates]uint32, error) {
+	var out [numStates]uint32
 	for _, s := range []struct {
 		state State
 		name  string
@@ -175,12 +191,11 @@ func (t *Table) SetTimeouts(to Timeouts) error {
 		{StateUDP, "udp", to.UDP, DefaultUDPTimeout},
 	} {
 		var err error
-		if next[s.state], err = seconds(s.name, s.d, s.def); err != nil {
-			return err
+		if out[s.state], err = seconds(s.name, s.d, s.def); err != nil {
+			return out, err
 		}
 	}
-	t.timeouts = next
-	return nil
+	return out, nil
 }
 
 // PrefetchBurst does what Prefetch does for every hash of a burst (a zero hash is

@@ -593,3 +593,14 @@ func TestSetTimeouts(t *testing.T) {
 		t.Fatal("a refused SetTimeouts changed the timeouts")
 	}
 }
+
+func TestTimeoutsCheck(t *testing.T) {
+	if err := (Timeouts{Established: time.Hour}).Check(); err != nil {
+		t.Fatal(err)
+	}
+	for _, to := range []Timeouts{{UDP: -time.Second}, {Fin: MaxTimeout + time.Hour}} {
+		if err := to.Check(); err == nil {
+			t.Errorf("%+v: no error", to)
+		}
+	}
+}

@@ -252,7 +252,7 @@ func (c *Config) Validate() error {
 	if d.Conntrack.Capacity < 0 {
 		bad("conntrack.capacity", "%d is negative", d.Conntrack.Capacity)
 	}
-	if _, err := conntrack.New(conntrack.Config{Capacity: 1, Timeouts: d.Conntrack.Timeouts}); err != nil {
+	if err := d.Conntrack.Timeouts.Check(); err != nil {
 		bad("conntrack.timeouts", "%v", err)
 	}
 	names := map[string]bool{}
