@@ -2,9 +2,12 @@ package l7d
 
 import (
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // simpleForm turns the sample configuration into its simple form: the routing
@@ -82,6 +85,7 @@ func TestParseConfig(t *testing.T) {
 		{"unknown field", minimal + "listen: x\n", "field listen not found"},
 		{"bad log level", minimal + "log_level: chatty\n", `log_level "chatty"`},
 		{"bad gc percent", minimal + "gc_percent: -5\n", "gc_percent -5"},
+		{"bad gomaxprocs", minimal + "gomaxprocs: -2\n", "gomaxprocs -2"},
 		{"admin loopback", minimal + "admin_listen: \"127.0.0.2:9241\"\n", ""},
 		{"admin IPv6 loopback", minimal + "admin_listen: \"[::1]:9241\"\n", ""},
 		{"admin localhost", minimal + "admin_listen: \"localhost:9241\"\n", ""},
@@ -155,5 +159,25 @@ func TestDefaultsAndSample(t *testing.T) {
 	}
 	if c.Routing != nil || len(c.Backends["web"].Members) != 2 || c.Listeners[0].Pool != "web" {
 		t.Errorf("the sample's simple form parsed as %+v", c)
+	}
+}
+
+func TestSetProcs(t *testing.T) {
+	orig := runtime.GOMAXPROCS(0)
+	defer runtime.GOMAXPROCS(orig)
+	reg := prometheus.NewRegistry()
+	c, err := setProcs(0, reg, nil)
+	if err != nil || c == nil {
+		t.Fatalf("gomaxprocs 0: %v, %v; want a controller", c, err)
+	}
+	if c, err := setProcs(-1, reg, nil); c != nil || err != nil || runtime.GOMAXPROCS(0) != orig {
+		t.Fatalf("gomaxprocs -1: %v, %v, GOMAXPROCS %d; want the runtime's %d left alone", c, err, runtime.GOMAXPROCS(0), orig)
+	}
+	if c, err := setProcs(3, reg, nil); c != nil || err != nil || runtime.GOMAXPROCS(0) != 3 {
+		t.Fatalf("gomaxprocs 3: %v, %v, GOMAXPROCS %d; want 3 fixed", c, err, runtime.GOMAXPROCS(0))
+	}
+	t.Setenv("GOMAXPROCS", "2")
+	if c, err := setProcs(0, reg, nil); c != nil || err != nil || runtime.GOMAXPROCS(0) != 3 {
+		t.Fatalf("GOMAXPROCS set: %v, %v; want the environment to win", c, err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"reflect"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tiergate/tiergate/certs"
+	"github.com/tiergate/tiergate/internal/autoprocs"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver/client"
 	"github.com/tiergate/tiergate/l7"
@@ -72,6 +74,20 @@ type Daemon struct {
 	reload        chan chan error
 
 	reloads *prometheus.CounterVec
+	procs   *autoprocs.Controller // nil unless GOMAXPROCS is sized to the load
+}
+
+// setProcs applies the gomaxprocs setting: a Controller to run for 0, nil otherwise.
+// A GOMAXPROCS environment variable wins.
+func setProcs(n int, reg prometheus.Registerer, log *slog.Logger) (*autoprocs.Controller, error) {
+	switch {
+	case os.Getenv("GOMAXPROCS") != "" || n == -1:
+		return nil, nil
+	case n > 0:
+		runtime.GOMAXPROCS(n)
+		return nil, nil
+	}
+	return autoprocs.New(autoprocs.Config{Registerer: reg, Logger: log})
 }
 
 func (d *Daemon) setup() error {
@@ -94,6 +110,9 @@ func (d *Daemon) setup() error {
 	}
 	d.reg = prometheus.NewRegistry()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if d.procs, err = setProcs(cfg.GOMAXPROCS, d.reg, d.log); err != nil {
+		return err
+	}
 	d.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tiergate_l7_reloads_total", Help: "Configuration reloads, by result.",
 	}, []string{"result"})
@@ -274,6 +293,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	d.srv = srv
+	if d.procs != nil {
+		pctx, stopProcs := context.WithCancel(context.Background())
+		procsDone := make(chan struct{})
+		go func() { d.procs.Run(pctx); close(procsDone) }()
+		defer func() { stopProcs(); <-procsDone }()
+	}
 	for name, a := range srv.Addrs() {
 		d.log.Info("listening", "listener", name, "addr", a.String())
 	}
@@ -393,6 +418,9 @@ func (d *Daemon) Reload() (err error) {
 	}
 	if cfg.StateDir != d.cfg.StateDir {
 		return errors.New("state_dir changed: restart l7d to apply")
+	}
+	if cfg.GOMAXPROCS != d.cfg.GOMAXPROCS || cfg.GCPercent != d.cfg.GCPercent {
+		return errors.New("gomaxprocs or gc_percent changed: restart l7d to apply")
 	}
 	if err := checkProxyProtocol(d.cfg, cfg); err != nil {
 		return err

@@ -313,14 +313,16 @@ func (r *row) resumedFraction() float64 {
 // scrapeDelta is what l7d's own metrics counted during a row, warm-up included:
 // handshakes and keyserver operations by result, and the Go runtime's allocation and
 // garbage collections.
+// procs is GOMAXPROCS as l7d sized it, at the end (not a difference).
 type scrapeDelta struct {
 	hsOK, hsFailed, ksOK, ksFailed float64
 	allocBytes, gcCycles           float64
+	procs, procChanges             float64
 }
 
 func (d *scrapeDelta) minus(o *scrapeDelta) *scrapeDelta {
 	return &scrapeDelta{d.hsOK - o.hsOK, d.hsFailed - o.hsFailed, d.ksOK - o.ksOK, d.ksFailed - o.ksFailed,
-		d.allocBytes - o.allocBytes, d.gcCycles - o.gcCycles}
+		d.allocBytes - o.allocBytes, d.gcCycles - o.gcCycles, d.procs, d.procChanges - o.procChanges}
 }
 
 // perHandshake returns l7d's bytes allocated per handshake and GC cycles per 1000
@@ -350,8 +352,9 @@ func (b *bench) scrape(s *server) (*scrapeDelta, error) {
 }
 
 // parseMetrics sums tiergate_tls_handshakes_total and tiergate_keyserver_ops_total
-// by result (ok or not), and reads go_memstats_alloc_bytes_total and
-// go_gc_duration_seconds_count, from the Prometheus text format.
+// by result (ok or not), and reads go_memstats_alloc_bytes_total,
+// go_gc_duration_seconds_count and the GOMAXPROCS sizing, from the Prometheus text
+// format.
 func parseMetrics(r io.Reader) (*scrapeDelta, error) {
 	d := &scrapeDelta{}
 	err := benchkit.ScanMetrics(r, func(name, labels string, v float64) {
@@ -362,6 +365,12 @@ func parseMetrics(r io.Reader) (*scrapeDelta, error) {
 			return
 		case "go_gc_duration_seconds_count":
 			d.gcCycles = v
+			return
+		case "tiergate_runtime_gomaxprocs":
+			d.procs = v
+			return
+		case "tiergate_runtime_gomaxprocs_changes_total":
+			d.procChanges += v
 			return
 		case "tiergate_tls_handshakes_total":
 			ok, failed = &d.hsOK, &d.hsFailed

@@ -85,12 +85,14 @@ tiergate_keyserver_ops_total{op="sign",result="timeout"} 1
 tiergate_tls_handshake_seconds_bucket{listener="bench",resumed="false",le="0.001"} 5
 go_gc_duration_seconds_count 7
 go_memstats_alloc_bytes_total 1.2345e+07
+tiergate_runtime_gomaxprocs 1
+tiergate_runtime_gomaxprocs_changes_total{direction="up"} 4
 `
 	d, err := parseMetrics(strings.NewReader(in))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if *d != (scrapeDelta{hsOK: 150, hsFailed: 2, ksOK: 118, ksFailed: 1, allocBytes: 12345000, gcCycles: 7}) {
+	if *d != (scrapeDelta{hsOK: 150, hsFailed: 2, ksOK: 118, ksFailed: 1, allocBytes: 12345000, gcCycles: 7, procs: 1, procChanges: 4}) {
 		t.Errorf("got %+v", *d)
 	}
 	if kb, gc, ok := d.perHandshake(); !ok || math.Abs(gc-46.667) > 0.001 || math.Abs(kb-80.371) > 0.001 {

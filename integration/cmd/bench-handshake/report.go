@@ -67,6 +67,8 @@ type rowSum struct {
 	BytesPerConn    float64  `json:"server_bytes_per_conn"`
 	L7AllocKBPerHS  *float64 `json:"l7d_alloc_kb_per_hs,omitempty"`
 	L7GCPer1000HS   *float64 `json:"l7d_gc_cycles_per_1000_hs,omitempty"`
+	L7Procs         *float64 `json:"l7d_gomaxprocs_end,omitempty"`
+	L7ProcChanges   *float64 `json:"l7d_gomaxprocs_changes,omitempty"`
 	Errors          int      `json:"errors"`
 	Verified        int64    `json:"chains_verified"`
 	OtherCores      float64  `json:"other_processes_cores"`
@@ -176,7 +178,7 @@ func (b *bench) header(w io.Writer) {
 		fmt.Fprintf(w, "; nginx %s with %s", b.nginxVersion, b.nginxOpenSSL)
 	}
 	fmt.Fprintln(w)
-	l7 := "bin/l7d (GOMAXPROCS = cores)"
+	l7 := "bin/l7d (GOMAXPROCS sized to the load, up to the cores)"
 	if o.profileDir != "" {
 		l7 = "the profiling variant of l7d (l7d's code in this program, with net/http/pprof; -profile)"
 	}
@@ -227,6 +229,9 @@ func (b *bench) table(w io.Writer) ([]rowSum, float64) {
 		}
 		if kb, gc, ok := r.scrape.perHandshake(); ok {
 			rs.L7AllocKBPerHS, rs.L7GCPer1000HS = ptr(round(kb, 1)), ptr(round(gc, 2))
+			if r.scrape.procs > 0 {
+				rs.L7Procs, rs.L7ProcChanges = ptr(r.scrape.procs), ptr(r.scrape.procChanges)
+			}
 		}
 		ksText := "-"
 		if d, ok := r.keyserverCPUPerHS(); ok {
@@ -248,13 +253,17 @@ func (b *bench) table(w io.Writer) ([]rowSum, float64) {
 	var gcNotes []string
 	for _, rs := range out {
 		if rs.L7AllocKBPerHS != nil {
-			gcNotes = append(gcNotes, fmt.Sprintf("%s %s %s %.0f KB, %.1f GC", rs.Server, strings.TrimPrefix(rs.TLS, "TLS "), rs.Mode, *rs.L7AllocKBPerHS, *rs.L7GCPer1000HS))
+			note := fmt.Sprintf("%s %s %s %.0f KB, %.1f GC", rs.Server, strings.TrimPrefix(rs.TLS, "TLS "), rs.Mode, *rs.L7AllocKBPerHS, *rs.L7GCPer1000HS)
+			if rs.L7Procs != nil {
+				note += fmt.Sprintf(", %.0f Ps at the end (%.0f changes)", *rs.L7Procs, *rs.L7ProcChanges)
+			}
+			gcNotes = append(gcNotes, note)
 		}
 	}
 	if len(gcNotes) > 0 {
-		fmt.Fprintf(w, "l7d's Go runtime (its /metrics, warm-up included), allocated per handshake and GC cycles per 1000 handshakes:\n")
-		for i := 0; i < len(gcNotes); i += 4 {
-			fmt.Fprintf(w, "  %s\n", strings.Join(gcNotes[i:min(i+4, len(gcNotes))], "; "))
+		fmt.Fprintf(w, "l7d's Go runtime (its /metrics, warm-up included), allocated per handshake, GC cycles per 1000 handshakes, and GOMAXPROCS as sized to the load:\n")
+		for i := 0; i < len(gcNotes); i += 2 {
+			fmt.Fprintf(w, "  %s\n", strings.Join(gcNotes[i:min(i+2, len(gcNotes))], "; "))
 		}
 	}
 	for _, r := range b.rows {

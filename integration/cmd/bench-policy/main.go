@@ -70,7 +70,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.rounds, "rounds", 2, "rounds over the proxies, in alternating order (l7d, nginx, haproxy, then the reverse)")
 	fs.IntVar(&o.maxOps, "max-ops", 10_000_000, "end a proxy row early after this many requests")
 	fs.DurationVar(&o.opTimeout, "op-timeout", 5*time.Second, "bound on one request, and on connecting")
-	fs.IntVar(&o.workers, "workers", runtime.NumCPU(), "nginx worker_processes and haproxy nbthread (l7d's GOMAXPROCS is the number of cores)")
+	fs.IntVar(&o.workers, "workers", runtime.NumCPU(), "nginx worker_processes and haproxy nbthread (l7d sizes GOMAXPROCS to its load, up to the number of cores)")
 	fs.StringVar(&o.backend, "backend", backendNginx, "the shared backend: "+backendNginx+" (a fixed answer from nginx) or "+backendGo+" (fasthttp in a child process)")
 	fs.IntVar(&o.backendWorkers, "backend-workers", 1, "worker processes of the nginx backend")
 	fs.Float64Var(&o.quietCores, "quiet-cores", 0.2, "before each measurement, wait for other processes to use fewer `cores` than this (the machines are shared)")

@@ -162,15 +162,21 @@ tiergate_http_requests_total{code="404",route="-"} 1
 go_memstats_alloc_bytes_total 1.048576e+06
 go_gc_duration_seconds_count 7
 go_gc_duration_seconds_sum 0.01
+tiergate_runtime_gomaxprocs 2
+tiergate_runtime_gomaxprocs_changes_total{direction="down"} 1
+tiergate_runtime_gomaxprocs_changes_total{direction="up"} 2
 `
 	c, err := parseL7Metrics(strings.NewReader(text))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.ok != 1500 || c.other != 3 || c.allocBytes != 1<<20 || c.gcCycles != 7 {
+	if c.ok != 1500 || c.other != 3 || c.allocBytes != 1<<20 || c.gcCycles != 7 || c.procs != 2 || c.procChanges != 3 {
 		t.Errorf("got %+v", *c)
 	}
-	d := c.minus(&l7Counters{ok: 500, allocBytes: 1 << 19, gcCycles: 2})
+	d := c.minus(&l7Counters{ok: 500, allocBytes: 1 << 19, gcCycles: 2, procs: 1, procChanges: 1})
+	if d.procs != 2 || d.procChanges != 2 {
+		t.Errorf("GOMAXPROCS over the row: %v at the end, %v changes; want 2 and 2", d.procs, d.procChanges)
+	}
 	if kb, gc, ok := d.perRequest(); !ok || kb != 0.512 || gc != 5 {
 		t.Errorf("per request: %v KB, %v GC per 1000, %v", kb, gc, ok)
 	}

@@ -238,13 +238,16 @@ func parseStubStatus(text string) (float64, error) {
 
 // l7Counters is what l7d's own metrics counted: requests answered 200 and
 // otherwise, and the Go runtime's allocation and garbage collections.
+// procs is GOMAXPROCS as l7d sized it, at the end (not a difference).
 type l7Counters struct {
 	ok, other            float64
 	allocBytes, gcCycles float64
+	procs, procChanges   float64
 }
 
 func (c *l7Counters) minus(o *l7Counters) *l7Counters {
-	return &l7Counters{c.ok - o.ok, c.other - o.other, c.allocBytes - o.allocBytes, c.gcCycles - o.gcCycles}
+	return &l7Counters{c.ok - o.ok, c.other - o.other, c.allocBytes - o.allocBytes, c.gcCycles - o.gcCycles,
+		c.procs, c.procChanges - o.procChanges}
 }
 
 // perRequest returns l7d's bytes allocated per request and GC cycles per 1000
@@ -269,8 +272,8 @@ func scrapeL7(s *endpoint) (*l7Counters, error) {
 }
 
 // parseL7Metrics sums tiergate_http_requests_total by code (200 or not) and reads
-// go_memstats_alloc_bytes_total and go_gc_duration_seconds_count, from the
-// Prometheus text format.
+// go_memstats_alloc_bytes_total, go_gc_duration_seconds_count and the GOMAXPROCS
+// sizing, from the Prometheus text format.
 func parseL7Metrics(r io.Reader) (*l7Counters, error) {
 	c := &l7Counters{}
 	err := benchkit.ScanMetrics(r, func(name, labels string, v float64) {
@@ -279,6 +282,10 @@ func parseL7Metrics(r io.Reader) (*l7Counters, error) {
 			c.allocBytes = v
 		case "go_gc_duration_seconds_count":
 			c.gcCycles = v
+		case "tiergate_runtime_gomaxprocs":
+			c.procs = v
+		case "tiergate_runtime_gomaxprocs_changes_total":
+			c.procChanges += v
 		case "tiergate_http_requests_total":
 			if strings.Contains(labels, `code="200"`) {
 				c.ok += v

@@ -97,6 +97,8 @@ type rowSum struct {
 	Errors        int      `json:"errors"`
 	L7AllocKB     *float64 `json:"l7d_alloc_kb_per_req,omitempty"`
 	L7GCPer1000   *float64 `json:"l7d_gc_cycles_per_1000_req,omitempty"`
+	L7Procs       *float64 `json:"l7d_gomaxprocs_end,omitempty"`
+	L7ProcChanges *float64 `json:"l7d_gomaxprocs_changes,omitempty"`
 	OtherCores    float64  `json:"other_processes_cores"`
 }
 
@@ -350,6 +352,9 @@ func (b *bench) proxyTable(w io.Writer, s *summary) float64 {
 		}
 		if kb, gc, ok := r.l7.perRequest(); ok {
 			rs.L7AllocKB, rs.L7GCPer1000 = ptr(round(kb, 2)), ptr(round(gc, 3))
+			if r.l7.procs > 0 {
+				rs.L7Procs, rs.L7ProcChanges = ptr(r.l7.procs), ptr(r.l7.procChanges)
+			}
 		}
 		s.Proxy = append(s.Proxy, rs)
 		maxOther = max(maxOther, rs.OtherCores)
@@ -394,11 +399,15 @@ func (b *bench) proxyTable(w io.Writer, s *summary) float64 {
 	var gcNotes []string
 	for _, rs := range s.Proxy {
 		if rs.L7AllocKB != nil {
-			gcNotes = append(gcNotes, fmt.Sprintf("round %d: %.2f KB, %.3f GC", rs.Round, *rs.L7AllocKB, *rs.L7GCPer1000))
+			note := fmt.Sprintf("round %d: %.2f KB, %.3f GC", rs.Round, *rs.L7AllocKB, *rs.L7GCPer1000)
+			if rs.L7Procs != nil {
+				note += fmt.Sprintf(", %.0f Ps at the end (%.0f changes)", *rs.L7Procs, *rs.L7ProcChanges)
+			}
+			gcNotes = append(gcNotes, note)
 		}
 	}
 	if len(gcNotes) > 0 {
-		fmt.Fprintf(w, "l7d's Go runtime (its /metrics, warm-up included), allocated per request and GC cycles per 1000 requests: %s\n", strings.Join(gcNotes, "; "))
+		fmt.Fprintf(w, "l7d's Go runtime (its /metrics, warm-up included), allocated per request, GC cycles per 1000 requests, and GOMAXPROCS as sized to the load: %s\n", strings.Join(gcNotes, "; "))
 	}
 	return maxOther
 }

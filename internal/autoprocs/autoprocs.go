@@ -1,0 +1,347 @@
+// Package autoprocs sizes GOMAXPROCS to the load of a server process. Every idle P
+// costs the Go scheduler work: a goroutine made runnable while a P is idle wakes a
+// thread (futex) to run it, the thread spins looking for more, steals, and parks again,
+// and sysmon keeps polling; at moderate load this costs a proxy more CPU per request
+// than its own code does. A Controller keeps as few Ps as the load needs, adding Ps
+// as soon as those in use are busy or goroutines wait to run, and removing one only
+// after the load has fit in one fewer for a while.
+//
+// The signals are the process's CPU time (getrusage: user + system, all threads) and
+// the scheduler's own distribution of the time runnable goroutines waited for a P
+// (runtime/metrics /sched/latencies:seconds), both read once per interval.
+package autoprocs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"runtime"
+	"runtime/metrics"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tiergate/tiergate/internal/promreg"
+)
+
+// Config tunes a Controller. The zero value is the documented defaults.
+type Config struct {
+	// Min is the fewest Ps kept. Default 1.
+	Min int
+	// Max is the most Ps used. Default: GOMAXPROCS when the Controller is made, which
+	// the runtime sets from the CPUs the process may use (affinity and cgroup limit).
+	Max int
+	// Interval is how often the load is sampled. Default 100ms.
+	Interval time.Duration
+	// UpBusy: when the process used more than UpBusy CPUs per P in an interval, the Ps
+	// in use are saturated and their number is doubled (up to Max). Default 0.9.
+	UpBusy float64
+	// UpWait: when the 99th percentile of the time runnable goroutines waited for a P
+	// exceeded UpWait in an interval (with at least MinWaits waits seen), and the
+	// machine had at least UpIdle CPUs idle, one P is added. Default 1ms.
+	UpWait time.Duration
+	// UpIdle is the idle CPUs (all processes, /proc/stat) an interval needs for its
+	// waits to add a P: with the CPUs full, goroutines wait because the threads
+	// running them wait for a CPU, and one more P would only add to that. Default 0.5.
+	UpIdle float64
+	// MinWaits is the fewest waits an interval needs for its percentile to count.
+	// Default 50.
+	MinWaits uint64
+	// DownBusy: when, for DownAfter intervals in a row, the load would have kept one
+	// P fewer under DownBusy CPUs per P, and no interval saw goroutines waiting over
+	// UpWait/4, one P is removed. Default 0.6.
+	DownBusy float64
+	// DownAfter is how many quiet intervals in a row remove one P. Default 20 (two
+	// seconds at the default interval).
+	DownAfter int
+	// Registerer receives the metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Logger logs each change at debug level; nil logs nothing.
+	Logger *slog.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultInterval  = 100 * time.Millisecond
+	DefaultUpBusy    = 0.9
+	DefaultUpWait    = time.Millisecond
+	DefaultUpIdle    = 0.5
+	DefaultMinWaits  = 50
+	DefaultDownBusy  = 0.6
+	DefaultDownAfter = 20
+)
+
+// ErrConfig is wrapped by every error New returns for a bad Config.
+var ErrConfig = errors.New("autoprocs: bad config")
+
+// Sample is the load seen over one interval.
+type Sample struct {
+	// Busy is the CPUs the process used: CPU time over wall time.
+	Busy float64
+	// Idle is the machine's idle CPUs: its idle time over wall time; NaN if unknown.
+	Idle float64
+	// WaitP99 is the 99th percentile of the time runnable goroutines waited for a P
+	// (an upper bucket bound).
+	WaitP99 time.Duration
+	// Waits is how many waits the percentile is over.
+	Waits uint64
+}
+
+// Controller resizes GOMAXPROCS; see the package comment.
+type Controller struct {
+	cfg   Config
+	quiet int // quiet intervals in a row
+
+	procs   prometheus.Gauge
+	changes *prometheus.CounterVec
+	busy    prometheus.Gauge
+	wait    prometheus.Gauge
+
+	// set and read are runtime.GOMAXPROCS and readLoad outside tests.
+	set  func(int) int
+	read func() reading
+}
+
+// reading is the process's cumulative load at one time.
+type reading struct {
+	at    time.Time
+	cpu   time.Duration             // user + system CPU time of all threads
+	idle  time.Duration             // the machine's idle time, all CPUs; -1 if unknown
+	waits *metrics.Float64Histogram // runnable goroutines' waits for a P; nil if unknown
+}
+
+// New validates cfg, fills its defaults and returns a Controller; Run starts it.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Min == 0 {
+		cfg.Min = 1
+	}
+	if cfg.Max == 0 {
+		cfg.Max = runtime.GOMAXPROCS(0)
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.UpBusy == 0 {
+		cfg.UpBusy = DefaultUpBusy
+	}
+	if cfg.UpWait == 0 {
+		cfg.UpWait = DefaultUpWait
+	}
+	if cfg.UpIdle == 0 {
+		cfg.UpIdle = DefaultUpIdle
+	}
+	if cfg.MinWaits == 0 {
+		cfg.MinWaits = DefaultMinWaits
+	}
+	if cfg.DownBusy == 0 {
+		cfg.DownBusy = DefaultDownBusy
+	}
+	if cfg.DownAfter == 0 {
+		cfg.DownAfter = DefaultDownAfter
+	}
+	switch {
+	case cfg.Min < 1 || cfg.Max < cfg.Min:
+		return nil, fmt.Errorf("%w: min %d, max %d: want 1 ≤ min ≤ max", ErrConfig, cfg.Min, cfg.Max)
+	case cfg.Interval < time.Millisecond:
+		return nil, fmt.Errorf("%w: interval %v: want at least 1ms", ErrConfig, cfg.Interval)
+	case !(cfg.DownBusy > 0 && cfg.DownBusy < cfg.UpBusy && cfg.UpBusy <= 1):
+		return nil, fmt.Errorf("%w: down busy %v, up busy %v: want 0 < down < up ≤ 1", ErrConfig, cfg.DownBusy, cfg.UpBusy)
+	case cfg.UpWait <= 0 || cfg.DownAfter < 1 || cfg.UpIdle < 0:
+		return nil, fmt.Errorf("%w: up wait %v, up idle %v, down after %d: want positive figures", ErrConfig, cfg.UpWait, cfg.UpIdle, cfg.DownAfter)
+	}
+	c := &Controller{cfg: cfg, set: runtime.GOMAXPROCS, read: readLoad}
+	c.procs = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tiergate_runtime_gomaxprocs",
+		Help: "Ps the Go scheduler runs goroutines on (GOMAXPROCS), as sized to the load.",
+	})
+	c.changes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tiergate_runtime_gomaxprocs_changes_total",
+		Help: "Changes of GOMAXPROCS, by direction (up, down).",
+	}, []string{"direction"})
+	c.busy = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tiergate_runtime_busy_cpus",
+		Help: "CPUs the process used (user + system) over the last sampling interval of the GOMAXPROCS sizing.",
+	})
+	c.wait = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tiergate_runtime_sched_wait_p99_seconds",
+		Help: "99th percentile of the time runnable goroutines waited for a P over the last sampling interval.",
+	})
+	if cfg.Registerer != nil {
+		var err error
+		if c.procs, err = promreg.Register(cfg.Registerer, c.procs); err == nil {
+			if c.changes, err = promreg.Register(cfg.Registerer, c.changes); err == nil {
+				if c.busy, err = promreg.Register(cfg.Registerer, c.busy); err == nil {
+					c.wait, err = promreg.Register(cfg.Registerer, c.wait)
+				}
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("autoprocs: registering metrics: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// Run sizes GOMAXPROCS until ctx ends, then puts back Max. It starts from Min.
+func (c *Controller) Run(ctx context.Context) {
+	n := c.cfg.Min
+	c.set(n)
+	c.procs.Set(float64(n))
+	defer func() {
+		c.set(c.cfg.Max)
+		c.procs.Set(float64(c.cfg.Max))
+	}()
+	t := time.NewTicker(c.cfg.Interval)
+	defer t.Stop()
+	last := c.read()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r := c.read()
+			s := makeSample(r.cpu-last.cpu, r.at.Sub(last.at), last.waits, r.waits)
+			s.Idle = math.NaN()
+			if wall := r.at.Sub(last.at); r.idle >= 0 && last.idle >= 0 && wall > 0 {
+				s.Idle = (r.idle - last.idle).Seconds() / wall.Seconds()
+			}
+			last = r
+			c.busy.Set(s.Busy)
+			c.wait.Set(s.WaitP99.Seconds())
+			if next := c.Next(n, s); next != n {
+				c.set(next)
+				c.procs.Set(float64(next))
+				dir := "up"
+				if next < n {
+					dir = "down"
+				}
+				c.changes.WithLabelValues(dir).Inc()
+				if c.cfg.Logger != nil {
+					c.cfg.Logger.Debug("gomaxprocs", "from", n, "to", next, "busy_cpus", s.Busy, "wait_p99", s.WaitP99, "waits", s.Waits)
+				}
+				n = next
+			}
+		}
+	}
+}
+
+// Next is the number of Ps to run after an interval with load s on n Ps.
+func (c *Controller) Next(n int, s Sample) int {
+	cfg := &c.cfg
+	waited := s.Waits >= cfg.MinWaits
+	switch {
+	case s.Busy > cfg.UpBusy*float64(n):
+		c.quiet = 0
+		return min(2*n, cfg.Max)
+	case waited && s.WaitP99 > cfg.UpWait && !(s.Idle < cfg.UpIdle):
+		c.quiet = 0
+		return min(n+1, cfg.Max)
+	case n > cfg.Min && s.Busy < cfg.DownBusy*float64(n-1) && !(waited && s.WaitP99 > cfg.UpWait/4):
+		c.quiet++
+		if c.quiet >= cfg.DownAfter {
+			c.quiet = 0
+			return n - 1
+		}
+	default:
+		c.quiet = 0
+	}
+	return n
+}
+
+// waitMetric is the scheduler's distribution of runnable goroutines' waits for a P.
+const waitMetric = "/sched/latencies:seconds"
+
+// readLoad reads the process's CPU time and the scheduler's wait distribution.
+func readLoad() reading {
+	r := reading{at: time.Now(), idle: machineIdle()}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		r.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	s := []metrics.Sample{{Name: waitMetric}}
+	metrics.Read(s)
+	if s[0].Value.Kind() == metrics.KindFloat64Histogram {
+		r.waits = s[0].Value.Float64Histogram()
+	}
+	return r
+}
+
+// makeSample is the load over one interval of wall time: CPU time used and the waits
+// between two reads of the cumulative wait distribution.
+func makeSample(cpu, wall time.Duration, prev, cur *metrics.Float64Histogram) Sample {
+	var s Sample
+	if wall > 0 {
+		s.Busy = cpu.Seconds() / wall.Seconds()
+	}
+	if cur == nil {
+		return s
+	}
+	var total uint64
+	for i, c := range cur.Counts {
+		total += c - prevCount(prev, i)
+	}
+	s.Waits = total
+	if total == 0 {
+		return s
+	}
+	rank := uint64(math.Ceil(0.99 * float64(total)))
+	var seen uint64
+	for i, c := range cur.Counts {
+		seen += c - prevCount(prev, i)
+		if seen >= rank {
+			hi := cur.Buckets[i+1]
+			if math.IsInf(hi, 1) {
+				hi = cur.Buckets[i]
+			}
+			s.WaitP99 = time.Duration(hi * float64(time.Second))
+			break
+		}
+	}
+	return s
+}
+
+func prevCount(h *metrics.Float64Histogram, i int) uint64 {
+	if h == nil || i >= len(h.Counts) {
+		return 0
+	}
+	return h.Counts[i]
+}
+
+// machineIdle is the machine's idle time (idle and iowait, all CPUs) from /proc/stat,
+// or -1.
+func machineIdle() time.Duration {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	var buf [256]byte
+	n, _ := io.ReadFull(f, buf[:])
+	return parseStatIdle(buf[:n])
+}
+
+// parseStatIdle reads the idle and iowait fields of /proc/stat's first line, in
+// USER_HZ (1/100 s) ticks; -1 if they are not there.
+func parseStatIdle(b []byte) time.Duration {
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	f := bytes.Fields(line)
+	if len(f) < 6 || string(f[0]) != "cpu" {
+		return -1
+	}
+	var ticks uint64
+	for _, v := range f[4:6] {
+		t, err := strconv.ParseUint(string(v), 10, 64)
+		if err != nil {
+			return -1
+		}
+		ticks += t
+	}
+	return time.Duration(ticks) * (time.Second / 100)
+}

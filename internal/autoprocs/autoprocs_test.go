@@ -1,0 +1,266 @@
+package autoprocs
+
+import (
+	"context"
+	"errors"
+	"math"
+	"runtime"
+	"runtime/metrics"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestNewValidates(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"max under min", Config{Min: 3, Max: 2}, "min 3, max 2"},
+		{"negative min", Config{Min: -1, Max: 2}, "min -1"},
+		{"tiny interval", Config{Max: 2, Interval: time.Microsecond}, "interval 1µs"},
+		{"down over up", Config{Max: 2, UpBusy: 0.5, DownBusy: 0.7}, "down busy 0.7, up busy 0.5"},
+		{"up over one", Config{Max: 2, UpBusy: 1.5}, "up busy 1.5"},
+		{"negative wait", Config{Max: 2, UpWait: -time.Second}, "up wait -1s"},
+		{"negative idle", Config{Max: 2, UpIdle: -1}, "up idle -1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := New(tc.cfg)
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New(%+v) = %v, want ErrConfig naming %q", tc.cfg, err, tc.want)
+			}
+		})
+	}
+	c, err := New(Config{Max: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{Min: 1, Max: 4, Interval: DefaultInterval, UpBusy: DefaultUpBusy, UpWait: DefaultUpWait, UpIdle: DefaultUpIdle,
+		MinWaits: DefaultMinWaits, DownBusy: DefaultDownBusy, DownAfter: DefaultDownAfter}
+	if c.cfg != want {
+		t.Fatalf("defaults %+v, want %+v", c.cfg, want)
+	}
+}
+
+func TestNext(t *testing.T) {
+	const ms = time.Millisecond
+	type step struct {
+		n    int
+		s    Sample
+		want int
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"saturated doubles", []step{
+			{1, Sample{Busy: 0.95}, 2},
+			{2, Sample{Busy: 1.9}, 4},
+			{4, Sample{Busy: 3.7}, 6}, // capped at Max
+			{6, Sample{Busy: 5.9}, 6},
+		}},
+		{"waits add one", []step{
+			{1, Sample{Busy: 0.5, Idle: 1, WaitP99: 2 * ms, Waits: 100}, 2},
+			{2, Sample{Busy: 0.5, Idle: 0.5, WaitP99: 2 * ms, Waits: 100}, 3},
+			{3, Sample{Busy: 0.5, Idle: math.NaN(), WaitP99: 2 * ms, Waits: 100}, 4}, // idle unknown
+		}},
+		{"waits with the CPUs full hold", []step{
+			{1, Sample{Busy: 0.8, Idle: 0.3, WaitP99: 3 * ms, Waits: 1000}, 1},
+			{1, Sample{Busy: 0.8, Idle: 0, WaitP99: 9 * ms, Waits: 1000}, 1},
+		}},
+		{"too few waits do not count", []step{
+			{1, Sample{Busy: 0.5, Idle: 1, WaitP99: 50 * ms, Waits: 10}, 1},
+		}},
+		{"busy but not saturated holds", []step{
+			{2, Sample{Busy: 1.2}, 2},
+			{2, Sample{Busy: 1.7}, 2},
+		}},
+		{"quiet intervals remove one after DownAfter", []step{
+			{3, Sample{Busy: 0.5}, 3},
+			{3, Sample{Busy: 0.5}, 3},
+			{3, Sample{Busy: 0.5}, 2},
+			{2, Sample{Busy: 0.5}, 2}, // 0.5 < 0.6×1, but the count starts again
+			{2, Sample{Busy: 0.5}, 2},
+			{2, Sample{Busy: 0.5}, 1},
+			{1, Sample{Busy: 0.1}, 1}, // at Min
+		}},
+		{"a busy interval restarts the count", []step{
+			{2, Sample{Busy: 0.3}, 2},
+			{2, Sample{Busy: 0.3}, 2},
+			{2, Sample{Busy: 1.0}, 2},
+			{2, Sample{Busy: 0.3}, 2},
+			{2, Sample{Busy: 0.3}, 2},
+			{2, Sample{Busy: 0.3}, 1},
+		}},
+		{"waits over a quarter of UpWait hold", []step{
+			{2, Sample{Busy: 0.2, WaitP99: ms / 2, Waits: 100}, 2},
+			{2, Sample{Busy: 0.2, WaitP99: ms / 2, Waits: 100}, 2},
+			{2, Sample{Busy: 0.2, WaitP99: ms / 2, Waits: 100}, 2},
+			{2, Sample{Busy: 0.2, WaitP99: ms / 2, Waits: 100}, 2},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := New(Config{Max: 6, DownAfter: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, st := range tc.steps {
+				if got := c.Next(st.n, st.s); got != st.want {
+					t.Fatalf("step %d: Next(%d, %+v) = %d, want %d", i, st.n, st.s, got, st.want)
+				}
+			}
+		})
+	}
+}
+
+func TestMakeSample(t *testing.T) {
+	buckets := []float64{0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2}
+	prev := &metrics.Float64Histogram{Buckets: buckets, Counts: []uint64{5, 5, 5, 5, 5}}
+	// 100 new waits: 98 under 1µs, one in [10µs, 100µs), one in [1ms, 10ms).
+	cur := &metrics.Float64Histogram{Buckets: buckets, Counts: []uint64{103, 5, 6, 5, 6}}
+	s := makeSample(300*time.Millisecond, time.Second/2, prev, cur)
+	if s.Busy != 0.6 {
+		t.Errorf("busy %v, want 0.6", s.Busy)
+	}
+	if s.Waits != 100 || s.WaitP99 != 100*time.Microsecond {
+		t.Errorf("waits %d, p99 %v; want 100 and 100µs (the 99th wait's upper bound)", s.Waits, s.WaitP99)
+	}
+	cur.Counts[4] += 10 // now 11 of 110 waits in the last bucket
+	if s := makeSample(0, time.Second, prev, cur); s.WaitP99 != 10*time.Millisecond || s.Waits != 110 {
+		t.Errorf("waits %d, p99 %v; want 110 and 10ms", s.Waits, s.WaitP99)
+	}
+	inf := &metrics.Float64Histogram{Buckets: []float64{0, 1e-3, posInf()}, Counts: []uint64{0, 4}}
+	if s := makeSample(0, time.Second, nil, inf); s.WaitP99 != time.Millisecond {
+		t.Errorf("p99 in the open last bucket %v, want its lower bound 1ms", s.WaitP99)
+	}
+	if s := makeSample(0, 0, nil, nil); s != (Sample{}) {
+		t.Errorf("empty sample %+v", s)
+	}
+}
+
+func posInf() float64 { return math.Inf(1) }
+
+// TestRunFollowsLoad drives Run with a scripted load and checks what it sets, the
+// metrics, and that Max is put back at the end.
+func TestRunFollowsLoad(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c, err := New(Config{Max: 4, Interval: time.Millisecond, DownAfter: 2, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy := []float64{0.95, 1.95, 3.9, 3.9, 1, 1, 1, 1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1}
+	var (
+		mu   sync.Mutex
+		sets []int
+		r    = reading{at: time.Unix(1e9, 0)}
+		i    int
+	)
+	ctx, cancel := context.WithCancel(context.Background())
+	c.set = func(n int) int { mu.Lock(); sets = append(sets, n); mu.Unlock(); return 0 }
+	c.read = func() reading {
+		// Each reading is a second after the last, with the CPU time the script says.
+		if i > 0 && i <= len(busy) {
+			r.at = r.at.Add(time.Second)
+			r.cpu += time.Duration(busy[i-1] * float64(time.Second))
+		}
+		if i == len(busy) {
+			cancel()
+		}
+		i++
+		return r
+	}
+	c.Run(ctx)
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []int{1, 2, 4, 3, 2, 1, 4}; !slices.Equal(sets, want) {
+		t.Fatalf("GOMAXPROCS set to %v, want %v", sets, want)
+	}
+	if v := testutil.ToFloat64(c.changes.WithLabelValues("up")); v != 2 {
+		t.Errorf("up changes %v, want 2", v)
+	}
+	if v := testutil.ToFloat64(c.changes.WithLabelValues("down")); v != 3 {
+		t.Errorf("down changes %v, want 3", v)
+	}
+	if v := testutil.ToFloat64(c.procs); v != 4 {
+		t.Errorf("gauge after Run %v, want Max 4", v)
+	}
+}
+
+// TestRunRealLoad runs the Controller on this process: spinning goroutines make it
+// add Ps, and when they stop it goes back to one.
+func TestRunRealLoad(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs two CPUs")
+	}
+	orig := runtime.GOMAXPROCS(0)
+	defer runtime.GOMAXPROCS(orig)
+	c, err := New(Config{Max: 2, Interval: 20 * time.Millisecond, DownAfter: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { c.Run(ctx); close(stopped) }()
+	waitProcs(t, 1)
+
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			deadline := time.Now().Add(10 * time.Second)
+			for !stop.Load() && time.Now().Before(deadline) {
+				for i := 0; i < 1e5; i++ {
+					_ = i * i
+				}
+			}
+		})
+	}
+	waitProcs(t, 2)
+	stop.Store(true)
+	wg.Wait()
+	waitProcs(t, 1)
+	cancel()
+	<-stopped
+	if n := runtime.GOMAXPROCS(0); n != 2 {
+		t.Fatalf("GOMAXPROCS after Run %d, want Max 2", n)
+	}
+}
+
+func waitProcs(t *testing.T, want int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.GOMAXPROCS(0) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("GOMAXPROCS %d, want %d within 10s", runtime.GOMAXPROCS(0), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestParseStatIdle(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+	}{
+		{"cpu  1613985 0 564303 1397654 5165 0 48688 0 0 0\ncpu0 1 2 3 4 5\n", (1397654 + 5165) * 10 * time.Millisecond},
+		{"cpu  1 2 3 4 5", 9 * 10 * time.Millisecond},
+		{"cpu  1 2 3 4", -1},
+		{"cpu0 1 2 3 4 5 6\n", -1},
+		{"cpu  1 2 3 x 5 6\n", -1},
+		{"", -1},
+	} {
+		if got := parseStatIdle([]byte(tc.in)); got != tc.want {
+			t.Errorf("parseStatIdle(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+	if d := machineIdle(); d < 0 {
+		t.Errorf("machineIdle() = %v on Linux, want a reading", d)
+	}
+}
