@@ -13,6 +13,15 @@ DEB_PACKAGES := softhsm2 opensc libdpdk-dev pkg-config openssl iproute2 curl pro
 DEMO_DIR   ?= $(CURDIR)/.demo
 TEST_TIMEOUT ?= 40m
 
+# Patches to the standard library (stdpatch/, see its doc.go): a `go build -overlay`
+# file and the build tag whose test requires it, passed to every go command below when
+# the Go in use is the one the patches were made from. Otherwise the build goes on
+# with the standard library as it is, and says so.
+STDPATCH_OVERLAY := $(shell stdpatch/overlay.sh $(GO) $(CURDIR)/.build/stdpatch-overlay.json)
+ifneq ($(STDPATCH_OVERLAY),)
+export GOFLAGS := $(strip $(GOFLAGS) -overlay=$(STDPATCH_OVERLAY) -tags=tiergate_stdpatch)
+endif
+
 .PHONY: all build deps test vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 demo clean
 
 all: build

@@ -56,10 +56,12 @@ type Config struct {
 	MinWaits uint64
 	// DownBusy: when, for DownAfter intervals in a row, the load would have kept one
 	// P fewer under DownBusy CPUs per P, and no interval saw goroutines waiting over
-	// UpWait/4, one P is removed. Default 0.6.
+	// UpWait/4 with UpIdle CPUs idle, one P is removed. Default 0.6.
 	DownBusy float64
 	// DownAfter is how many quiet intervals in a row remove one P. Default 20 (two
-	// seconds at the default interval).
+	// seconds at the default interval). When a removed P has to be added back within
+	// that many intervals, the next removal waits twice as long, up to 30 times
+	// DownAfter; a removal that holds that long puts it back to DownAfter.
 	DownAfter int
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer
@@ -98,6 +100,8 @@ type Sample struct {
 type Controller struct {
 	cfg   Config
 	quiet int // quiet intervals in a row
+	hold  int // quiet intervals a removal needs: DownAfter, doubled by each flap
+	since int // intervals since the last removal; -1 when none is recent
 
 	procs   prometheus.Gauge
 	changes *prometheus.CounterVec
@@ -156,7 +160,7 @@ func New(cfg Config) (*Controller, error) {
 	case cfg.UpWait <= 0 || cfg.DownAfter < 1 || cfg.UpIdle < 0:
 		return nil, fmt.Errorf("%w: up wait %v, up idle %v, down after %d: want positive figures", ErrConfig, cfg.UpWait, cfg.UpIdle, cfg.DownAfter)
 	}
-	c := &Controller{cfg: cfg, set: runtime.GOMAXPROCS, read: readLoad}
+	c := &Controller{cfg: cfg, hold: cfg.DownAfter, since: -1, set: runtime.GOMAXPROCS, read: readLoad}
 	c.procs = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "tiergate_runtime_gomaxprocs",
 		Help: "Ps the Go scheduler runs goroutines on (GOMAXPROCS), as sized to the load.",
@@ -235,24 +239,38 @@ func (c *Controller) Run(ctx context.Context) {
 // Next is the number of Ps to run after an interval with load s on n Ps.
 func (c *Controller) Next(n int, s Sample) int {
 	cfg := &c.cfg
-	waited := s.Waits >= cfg.MinWaits
+	maxHold := 30 * cfg.DownAfter
+	if c.since >= 0 {
+		c.since++
+		if c.since >= maxHold {
+			c.since, c.hold = -1, cfg.DownAfter
+		}
+	}
+	// Goroutines waiting for a P tell of too few Ps only when there are CPUs to run
+	// more on; with the CPUs full, they wait for a CPU.
+	waited := s.Waits >= cfg.MinWaits && !(s.Idle < cfg.UpIdle)
+	up := 0
 	switch {
 	case s.Busy > cfg.UpBusy*float64(n):
-		c.quiet = 0
-		return min(2*n, cfg.Max)
-	case waited && s.WaitP99 > cfg.UpWait && !(s.Idle < cfg.UpIdle):
-		c.quiet = 0
-		return min(n+1, cfg.Max)
+		up = min(2*n, cfg.Max)
+	case waited && s.WaitP99 > cfg.UpWait:
+		up = min(n+1, cfg.Max)
 	case n > cfg.Min && s.Busy < cfg.DownBusy*float64(n-1) && !(waited && s.WaitP99 > cfg.UpWait/4):
 		c.quiet++
-		if c.quiet >= cfg.DownAfter {
-			c.quiet = 0
+		if c.quiet >= c.hold {
+			c.quiet, c.since = 0, 0
 			return n - 1
 		}
+		return n
 	default:
 		c.quiet = 0
+		return n
 	}
-	return n
+	c.quiet = 0
+	if up > n && c.since >= 0 && c.since < c.hold {
+		c.hold = min(2*c.hold, maxHold) // the last removal did not hold: wait longer
+	}
+	return up
 }
 
 // waitMetric is the scheduler's distribution of runnable goroutines' waits for a P.

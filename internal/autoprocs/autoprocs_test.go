@@ -100,10 +100,40 @@ func TestNext(t *testing.T) {
 			{2, Sample{Busy: 0.3}, 1},
 		}},
 		{"waits over a quarter of UpWait hold", []step{
-			{2, Sample{Busy: 0.2, WaitP99: ms / 2, Waits: 100}, 2},
-			{2, Sample{Busy: 0.2, WaitP99: ms / 2, Waits: 100}, 2},
-			{2, Sample{Busy: 0.2, WaitP99: ms / 2, Waits: 100}, 2},
-			{2, Sample{Busy: 0.2, WaitP99: ms / 2, Waits: 100}, 2},
+			{2, Sample{Busy: 0.2, Idle: 1, WaitP99: ms / 2, Waits: 100}, 2},
+			{2, Sample{Busy: 0.2, Idle: 1, WaitP99: ms / 2, Waits: 100}, 2},
+			{2, Sample{Busy: 0.2, Idle: 1, WaitP99: ms / 2, Waits: 100}, 2},
+			{2, Sample{Busy: 0.2, Idle: 1, WaitP99: ms / 2, Waits: 100}, 2},
+		}},
+		{"waits with the CPUs full do not hold", []step{
+			{2, Sample{Busy: 0.2, Idle: 0.1, WaitP99: 5 * ms, Waits: 100}, 2},
+			{2, Sample{Busy: 0.2, Idle: 0.1, WaitP99: 5 * ms, Waits: 100}, 2},
+			{2, Sample{Busy: 0.2, Idle: 0.1, WaitP99: 5 * ms, Waits: 100}, 1},
+		}},
+		{"a removal undone at once makes the next wait twice as long", []step{
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 1},
+			{1, Sample{Busy: 0.5, Idle: 1, WaitP99: 2 * ms, Waits: 100}, 2}, // flap: hold 3 → 6
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 1},
+			{1, Sample{Busy: 0.95}, 2}, // flap again: hold 6 → 12
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 2},
+			{2, Sample{Busy: 0.2}, 1},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -262,5 +292,34 @@ func TestParseStatIdle(t *testing.T) {
 	}
 	if d := machineIdle(); d < 0 {
 		t.Errorf("machineIdle() = %v on Linux, want a reading", d)
+	}
+}
+
+// TestHoldResets checks that a removal which holds for 30 × DownAfter intervals
+// puts the wait before the next one back to DownAfter.
+func TestHoldResets(t *testing.T) {
+	c, err := New(Config{Max: 4, DownAfter: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet, busy := Sample{Busy: 0.1}, Sample{Busy: 0.95}
+	n := 2
+	for range 2 {
+		n = c.Next(n, quiet)
+	}
+	if n = c.Next(n, busy); n != 2 || c.hold != 4 {
+		t.Fatalf("after a flap: %d Ps, hold %d; want 2 and 4", n, c.hold)
+	}
+	for range 4 {
+		n = c.Next(n, quiet)
+	}
+	if n != 1 {
+		t.Fatalf("%d Ps after 4 quiet intervals, want 1", n)
+	}
+	for range 60 {
+		n = c.Next(n, quiet)
+	}
+	if n != 1 || c.hold != 2 || c.since != -1 {
+		t.Fatalf("after 60 intervals: %d Ps, hold %d, since %d; want 1, 2, -1", n, c.hold, c.since)
 	}
 }
