@@ -52,6 +52,7 @@ type listener struct {
 	closed bool
 	connWG sync.WaitGroup // one per tracked TCP connection
 	bg     sync.WaitGroup // accept loop and protocol servers
+	work   *workers       // goroutines serving TCP connections
 
 	gTLS, gHTTP1, gH2, gH3      prometheus.Gauge
 	rejectedMax, rejectedFilter prometheus.Counter
@@ -250,6 +251,7 @@ func (l *listener) start() error {
 			l.log.Error("HTTP/2 server stopped", "err", err)
 		}
 	})
+	l.work = newWorkers(l.serveTCP, workerIdle)
 	l.bg.Go(l.acceptLoop)
 	l.log.Info("serving", "addr", l.tcpLn.Addr().String(), "http3", l.udp != nil)
 	return nil
@@ -307,7 +309,7 @@ func (l *listener) acceptLoop() {
 			continue
 		}
 		c.gauge.Inc()
-		go l.serveTCP(c)
+		l.work.run(c)
 	}
 }
 
@@ -524,6 +526,9 @@ func (l *listener) shutdown(ctx context.Context) error {
 		l.udp.Close()
 	}
 	l.bg.Wait()
+	if l.work != nil {
+		l.work.close()
+	}
 	if err == nil && h2Err != nil {
 		err = fmt.Errorf("l7: listener %q: HTTP/2 shutdown: %w", l.cfg.Name, h2Err)
 	}
