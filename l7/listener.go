@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -180,9 +181,29 @@ func (l *listener) bind() error {
 }
 
 // listenTCP listens on addr; accepted connections get TCP keepalive after
-// keepAlive of idle time, or none when it is 0 (Go's default would turn it on).
-func listenTCP(addr string, keepAlive time.Duration) (net.Listener, error) {
+// keepAlive of idle time, or none when it is 0 (Go's default would turn it on), and
+// are accepted once they have sent something or deferAccept has passed (none when
+// it is negative, one second when it is 0).
+func listenTCP(addr string, keepAlive, deferAccept time.Duration) (net.Listener, error) {
 	lc := net.ListenConfig{KeepAlive: -1}
+	if deferAccept == 0 {
+		deferAccept = time.Second
+	}
+	if deferAccept > 0 {
+		secs := int((deferAccept + time.Second - 1) / time.Second)
+		lc.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_DEFER_ACCEPT, secs)
+			}); err != nil {
+				return err
+			}
+			if serr != nil {
+				return fmt.Errorf("setting TCP_DEFER_ACCEPT: %w", serr)
+			}
+			return nil
+		}
+	}
 	if keepAlive > 0 {
 		lc.KeepAlive = keepAlive
 	}
@@ -194,7 +215,7 @@ func listenTCP(addr string, keepAlive time.Duration) (net.Listener, error) {
 func (l *listener) bindSockets() error {
 	_, port, _ := net.SplitHostPort(l.cfg.Addr)
 	for attempt := 1; ; attempt++ {
-		tln, err := listenTCP(l.cfg.Addr, l.cfg.TCPKeepAlive)
+		tln, err := listenTCP(l.cfg.Addr, l.cfg.TCPKeepAlive, l.cfg.DeferAccept)
 		if err != nil {
 			return fmt.Errorf("l7: listener %q: listening on tcp %s: %w", l.cfg.Name, l.cfg.Addr, err)
 		}

@@ -136,6 +136,11 @@ type ListenerFile struct {
 	// TCPKeepAlive turns TCP keepalive on for accepted connections, probing after
 	// this much idle time. Default 0: off (idle_timeout closes idle connections).
 	TCPKeepAlive time.Duration `yaml:"tcp_keepalive"`
+	// DeferAccept: a new TCP connection reaches l7d once its first bytes (the
+	// ClientHello) have arrived, saving a read and a wakeup per connection; one that
+	// sends nothing for this long is dropped by the kernel (TCP_DEFER_ACCEPT).
+	// Default 1s; a negative value turns it off.
+	DeferAccept time.Duration `yaml:"defer_accept"`
 	// Limits; zero means the default named.
 	HandshakeTimeout     time.Duration `yaml:"handshake_timeout"`      // 10s
 	ReadHeaderTimeout    time.Duration `yaml:"read_header_timeout"`    // 10s

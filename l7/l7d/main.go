@@ -221,6 +221,7 @@ func (d *Daemon) l7Config(cfg *FileConfig, pol *policy) l7.Config {
 			Pool:                 l.Pool,
 			DisableHTTP3:         l.DisableHTTP3,
 			TCPKeepAlive:         l.TCPKeepAlive,
+			DeferAccept:          l.DeferAccept,
 			QUICServerID:         l.QUICServerID,
 			HandshakeTimeout:     l.HandshakeTimeout,
 			ReadHeaderTimeout:    l.ReadHeaderTimeout,

@@ -112,7 +112,7 @@ func TestNginxConfig(t *testing.T) {
 	}
 	conf := nginxConfig(dir, "127.0.0.1:8443", f.siteCert, f.siteKey, 2)
 	for _, want := range []string{
-		"daemon off;", "master_process on;", "worker_processes 2;", "listen 127.0.0.1:8443 ssl;",
+		"daemon off;", "master_process on;", "worker_processes 2;", "listen 127.0.0.1:8443 ssl deferred;",
 		"ssl_protocols TLSv1.2 TLSv1.3;", "ssl_session_cache off;", "ssl_session_tickets on;", "access_log off;",
 		"pid " + filepath.Join(dir, "nginx.pid") + ";",
 	} {

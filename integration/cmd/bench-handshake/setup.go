@@ -222,7 +222,7 @@ log_level: warn
 func nginxConfig(dir, addr, cert, key string, workers int) string {
 	return benchkit.NginxHTTPTop(dir, workers) + fmt.Sprintf(`
     server {
-        listen %s ssl;
+        listen %s ssl deferred;
         ssl_certificate %s;
         ssl_certificate_key %s;
         ssl_protocols TLSv1.2 TLSv1.3;
