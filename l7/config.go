@@ -99,12 +99,12 @@ type ListenerConfig struct {
 	TCPKeepAlive time.Duration
 
 	// DeferAccept is how long the kernel keeps a new TCP connection that has sent
-	// nothing from accept (TCP_DEFER_ACCEPT, rounded up to its SYN-ACK retransmits): a
-	// connection reaches l7d with its ClientHello (or PROXY header) already there, so
-	// the first read never waits, which saves a read and a wakeup per connection. A
-	// connection silent for longer is dropped by the kernel; a client that connects
-	// and sends nothing (a TCP health check) still sees the connection open. Default
-	// 0: one second; negative turns it off.
+	// nothing from accept (TCP_DEFER_ACCEPT, in whole seconds): a connection reaches
+	// l7d with its ClientHello (or PROXY header) already there, so the first read
+	// never waits, which saves a read and a wakeup per connection. A connection still
+	// silent after it is accepted then, and HandshakeTimeout runs from there; the
+	// client sees its connection open from the start either way. Default 0: one
+	// second; negative turns it off.
 	DeferAccept time.Duration
 
 	// QUICServerID, when not 0, makes the QUIC side issue 8-byte connection IDs that

@@ -119,7 +119,12 @@ func TestGarbage(t *testing.T) {
 				if halfClose {
 					_ = c.(*net.TCPConn).CloseWrite()
 				}
-				if err := readClosed(c, handshakeTimeout+time.Second); err != nil {
+				wait := handshakeTimeout + time.Second
+				if len(p) == 0 && !halfClose {
+					// Accepted only when the default DeferAccept (1s) has passed.
+					wait += time.Second
+				}
+				if err := readClosed(c, wait); err != nil {
 					t.Errorf("TCP payload %d (%d bytes, half-closed %v): %v", i, len(p), halfClose, err)
 				}
 			})

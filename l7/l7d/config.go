@@ -137,8 +137,8 @@ type ListenerFile struct {
 	// this much idle time. Default 0: off (idle_timeout closes idle connections).
 	TCPKeepAlive time.Duration `yaml:"tcp_keepalive"`
 	// DeferAccept: a new TCP connection reaches l7d once its first bytes (the
-	// ClientHello) have arrived, saving a read and a wakeup per connection; one that
-	// sends nothing for this long is dropped by the kernel (TCP_DEFER_ACCEPT).
+	// ClientHello) have arrived, or after this long without any (TCP_DEFER_ACCEPT),
+	// saving a read and a wakeup per connection; handshake_timeout runs from then.
 	// Default 1s; a negative value turns it off.
 	DeferAccept time.Duration `yaml:"defer_accept"`
 	// Limits; zero means the default named.
