@@ -353,13 +353,15 @@ func parseStatIdle(b []byte) time.Duration {
 	if len(f) < 6 || string(f[0]) != "cpu" {
 		return -1
 	}
+	const tick = time.Second / 100
+	const maxTicks = uint64(math.MaxInt64 / tick)
 	var ticks uint64
 	for _, v := range f[4:6] {
 		t, err := strconv.ParseUint(string(v), 10, 64)
-		if err != nil {
-			return -1
+		if err != nil || t > maxTicks-ticks {
+			return -1 // not a number, or more than a Duration holds
 		}
 		ticks += t
 	}
-	return time.Duration(ticks) * (time.Second / 100)
+	return time.Duration(ticks) * tick
 }

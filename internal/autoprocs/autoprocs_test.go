@@ -323,3 +323,16 @@ func TestHoldResets(t *testing.T) {
 		t.Fatalf("after 60 intervals: %d Ps, hold %d, since %d; want 1, 2, -1", n, c.hold, c.since)
 	}
 }
+
+// FuzzParseStatIdle: any bytes give a reading or -1, never a panic or a negative
+// duration other than -1.
+func FuzzParseStatIdle(f *testing.F) {
+	for _, s := range []string{"cpu  1 2 3 4 5 6 7\n", "cpu  1 2 3 4", "cpu0 1 2 3 4 5\n", "", "cpu  18446744073709551615 0 0 18446744073709551615 1\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if d := parseStatIdle(b); d < 0 && d != -1 {
+			t.Fatalf("parseStatIdle(%q) = %v", b, d)
+		}
+	})
+}
