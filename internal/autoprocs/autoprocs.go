@@ -236,7 +236,9 @@ func (c *Controller) Run(ctx context.Context) {
 	}
 }
 
-// Next is the number of Ps to run after an interval with load s on n Ps.
+// Next is the number of Ps to run after an interval with load s on n Ps. It counts
+// the quiet intervals and flaps that the next decisions depend on, so one goroutine
+// calls it, once per interval: Run, or a test in its place.
 func (c *Controller) Next(n int, s Sample) int {
 	cfg := &c.cfg
 	maxHold := 30 * cfg.DownAfter
