@@ -177,18 +177,21 @@ func New(cfg Config) (*Controller, error) {
 		Name: "tiergate_runtime_sched_wait_p99_seconds",
 		Help: "99th percentile of the time runnable goroutines waited for a P over the last sampling interval.",
 	})
-	if cfg.Registerer != nil {
-		var err error
-		if c.procs, err = promreg.Register(cfg.Registerer, c.procs); err == nil {
-			if c.changes, err = promreg.Register(cfg.Registerer, c.changes); err == nil {
-				if c.busy, err = promreg.Register(cfg.Registerer, c.busy); err == nil {
-					c.wait, err = promreg.Register(cfg.Registerer, c.wait)
-				}
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("autoprocs: registering metrics: %w", err)
-		}
+	if cfg.Registerer == nil {
+		return c, nil
+	}
+	var err error
+	if c.procs, err = promreg.Register(cfg.Registerer, c.procs); err != nil {
+		return nil, fmt.Errorf("autoprocs: registering metrics: %w", err)
+	}
+	if c.changes, err = promreg.Register(cfg.Registerer, c.changes); err != nil {
+		return nil, fmt.Errorf("autoprocs: registering metrics: %w", err)
+	}
+	if c.busy, err = promreg.Register(cfg.Registerer, c.busy); err != nil {
+		return nil, fmt.Errorf("autoprocs: registering metrics: %w", err)
+	}
+	if c.wait, err = promreg.Register(cfg.Registerer, c.wait); err != nil {
+		return nil, fmt.Errorf("autoprocs: registering metrics: %w", err)
 	}
 	return c, nil
 }
@@ -211,11 +214,7 @@ func (c *Controller) Run(ctx context.Context) {
 			return
 		case <-t.C:
 			r := c.read()
-			s := makeSample(r.cpu-last.cpu, r.at.Sub(last.at), last.waits, r.waits)
-			s.Idle = math.NaN()
-			if wall := r.at.Sub(last.at); r.idle >= 0 && last.idle >= 0 && wall > 0 {
-				s.Idle = (r.idle - last.idle).Seconds() / wall.Seconds()
-			}
+			s := makeSample(last, r)
 			last = r
 			c.busy.Set(s.Busy)
 			c.wait.Set(s.WaitP99.Seconds())
@@ -293,19 +292,24 @@ func readLoad() reading {
 	return r
 }
 
-// makeSample is the load over one interval of wall time: CPU time used and the waits
-// between two reads of the cumulative wait distribution.
-func makeSample(cpu, wall time.Duration, prev, cur *metrics.Float64Histogram) Sample {
-	var s Sample
-	if wall > 0 {
-		s.Busy = cpu.Seconds() / wall.Seconds()
+// makeSample is the load between two readings: the CPUs the process used and the
+// machine left idle, and the waits between the two reads of the cumulative wait
+// distribution.
+func makeSample(prev, last reading) Sample {
+	s := Sample{Idle: math.NaN()}
+	if wall := last.at.Sub(prev.at); wall > 0 {
+		s.Busy = (last.cpu - prev.cpu).Seconds() / wall.Seconds()
+		if prev.idle >= 0 && last.idle >= 0 {
+			s.Idle = (last.idle - prev.idle).Seconds() / wall.Seconds()
+		}
 	}
+	cur := last.waits
 	if cur == nil {
 		return s
 	}
 	var total uint64
 	for i, c := range cur.Counts {
-		total += c - prevCount(prev, i)
+		total += c - prevCount(prev.waits, i)
 	}
 	s.Waits = total
 	if total == 0 {
@@ -314,7 +318,7 @@ func makeSample(cpu, wall time.Duration, prev, cur *metrics.Float64Histogram) Sa
 	rank := uint64(math.Ceil(0.99 * float64(total)))
 	var seen uint64
 	for i, c := range cur.Counts {
-		seen += c - prevCount(prev, i)
+		seen += c - prevCount(prev.waits, i)
 		if seen >= rank {
 			hi := cur.Buckets[i+1]
 			if math.IsInf(hi, 1) {

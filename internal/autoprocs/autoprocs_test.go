@@ -152,25 +152,27 @@ func TestNext(t *testing.T) {
 
 func TestMakeSample(t *testing.T) {
 	buckets := []float64{0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2}
+	t0 := time.Unix(1e9, 0)
 	prev := &metrics.Float64Histogram{Buckets: buckets, Counts: []uint64{5, 5, 5, 5, 5}}
 	// 100 new waits: 98 under 1µs, one in [10µs, 100µs), one in [1ms, 10ms).
 	cur := &metrics.Float64Histogram{Buckets: buckets, Counts: []uint64{103, 5, 6, 5, 6}}
-	s := makeSample(300*time.Millisecond, time.Second/2, prev, cur)
-	if s.Busy != 0.6 {
-		t.Errorf("busy %v, want 0.6", s.Busy)
+	s := makeSample(reading{at: t0, cpu: time.Second, idle: 0, waits: prev},
+		reading{at: t0.Add(time.Second / 2), cpu: time.Second + 300*time.Millisecond, idle: 250 * time.Millisecond, waits: cur})
+	if s.Busy != 0.6 || s.Idle != 0.5 {
+		t.Errorf("busy %v, idle %v; want 0.6 and 0.5", s.Busy, s.Idle)
 	}
 	if s.Waits != 100 || s.WaitP99 != 100*time.Microsecond {
 		t.Errorf("waits %d, p99 %v; want 100 and 100µs (the 99th wait's upper bound)", s.Waits, s.WaitP99)
 	}
 	cur.Counts[4] += 10 // now 11 of 110 waits in the last bucket
-	if s := makeSample(0, time.Second, prev, cur); s.WaitP99 != 10*time.Millisecond || s.Waits != 110 {
-		t.Errorf("waits %d, p99 %v; want 110 and 10ms", s.Waits, s.WaitP99)
+	if s := makeSample(reading{at: t0, idle: -1, waits: prev}, reading{at: t0.Add(time.Second), idle: 5, waits: cur}); s.WaitP99 != 10*time.Millisecond || s.Waits != 110 || !math.IsNaN(s.Idle) {
+		t.Errorf("waits %d, p99 %v, idle %v; want 110, 10ms and unknown", s.Waits, s.WaitP99, s.Idle)
 	}
 	inf := &metrics.Float64Histogram{Buckets: []float64{0, 1e-3, posInf()}, Counts: []uint64{0, 4}}
-	if s := makeSample(0, time.Second, nil, inf); s.WaitP99 != time.Millisecond {
+	if s := makeSample(reading{at: t0}, reading{at: t0.Add(time.Second), waits: inf}); s.WaitP99 != time.Millisecond {
 		t.Errorf("p99 in the open last bucket %v, want its lower bound 1ms", s.WaitP99)
 	}
-	if s := makeSample(0, 0, nil, nil); s != (Sample{}) {
+	if s := makeSample(reading{}, reading{}); s.Busy != 0 || s.Waits != 0 || s.WaitP99 != 0 || !math.IsNaN(s.Idle) {
 		t.Errorf("empty sample %+v", s)
 	}
 }
