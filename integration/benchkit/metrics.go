@@ -43,3 +43,36 @@ func ScanMetrics(r io.Reader, sample func(name, labels string, value float64)) e
 	}
 	return sc.Err()
 }
+
+// Procs is l7d's GOMAXPROCS sizing (internal/autoprocs) as its metrics show it: the
+// Ps at the time of a scrape and the changes so far. In a report's JSON it is two
+// fields, l7d_gomaxprocs_end and l7d_gomaxprocs_changes.
+type Procs struct {
+	N       float64 `json:"l7d_gomaxprocs_end"`
+	Changes float64 `json:"l7d_gomaxprocs_changes"`
+}
+
+// Scan takes one sample from ScanMetrics and reports whether it was one of Procs'.
+func (p *Procs) Scan(name string, v float64) bool {
+	switch name {
+	case "tiergate_runtime_gomaxprocs":
+		p.N = v
+	case "tiergate_runtime_gomaxprocs_changes_total":
+		p.Changes += v // summed over directions
+	default:
+		return false
+	}
+	return true
+}
+
+// Since is p for a row that began when o was scraped: the Ps at its end and the
+// changes during it.
+func (p Procs) Since(o Procs) Procs { return Procs{N: p.N, Changes: p.Changes - o.Changes} }
+
+// Note is ", N Ps at the end (K changes)" for a report line; "" for nil.
+func (p *Procs) Note() string {
+	if p == nil {
+		return ""
+	}
+	return fmt.Sprintf(", %.0f Ps at the end (%.0f changes)", p.N, p.Changes)
+}

@@ -40,3 +40,33 @@ tiergate_tls_handshakes_total{listener="a",result="timeout"} 1.5 1700000000000
 		}
 	}
 }
+
+func TestProcs(t *testing.T) {
+	in := `tiergate_runtime_gomaxprocs 2
+tiergate_runtime_gomaxprocs_changes_total{direction="down"} 1
+tiergate_runtime_gomaxprocs_changes_total{direction="up"} 2
+go_gc_duration_seconds_count 7
+`
+	var p Procs
+	var others int
+	if err := ScanMetrics(strings.NewReader(in), func(n, _ string, v float64) {
+		if !p.Scan(n, v) {
+			others++
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if p != (Procs{N: 2, Changes: 3}) || others != 1 {
+		t.Fatalf("got %+v and %d other samples, want {2 3} and 1", p, others)
+	}
+	d := p.Since(Procs{N: 1, Changes: 1})
+	if d != (Procs{N: 2, Changes: 2}) {
+		t.Errorf("over the row: %+v, want 2 Ps at the end and 2 changes", d)
+	}
+	if got := d.Note(); got != ", 2 Ps at the end (2 changes)" {
+		t.Errorf("note %q", got)
+	}
+	if got := (*Procs)(nil).Note(); got != "" {
+		t.Errorf("note without Ps %q", got)
+	}
+}

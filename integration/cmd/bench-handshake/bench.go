@@ -312,17 +312,16 @@ func (r *row) resumedFraction() float64 {
 
 // scrapeDelta is what l7d's own metrics counted during a row, warm-up included:
 // handshakes and keyserver operations by result, and the Go runtime's allocation and
-// garbage collections.
-// procs is GOMAXPROCS as l7d sized it, at the end (not a difference).
+// garbage collections, and its GOMAXPROCS sizing.
 type scrapeDelta struct {
 	hsOK, hsFailed, ksOK, ksFailed float64
 	allocBytes, gcCycles           float64
-	procs, procChanges             float64
+	procs                          benchkit.Procs
 }
 
 func (d *scrapeDelta) minus(o *scrapeDelta) *scrapeDelta {
 	return &scrapeDelta{d.hsOK - o.hsOK, d.hsFailed - o.hsFailed, d.ksOK - o.ksOK, d.ksFailed - o.ksFailed,
-		d.allocBytes - o.allocBytes, d.gcCycles - o.gcCycles, d.procs, d.procChanges - o.procChanges}
+		d.allocBytes - o.allocBytes, d.gcCycles - o.gcCycles, d.procs.Since(o.procs)}
 }
 
 // perHandshake returns l7d's bytes allocated per handshake and GC cycles per 1000
@@ -358,6 +357,9 @@ func (b *bench) scrape(s *server) (*scrapeDelta, error) {
 func parseMetrics(r io.Reader) (*scrapeDelta, error) {
 	d := &scrapeDelta{}
 	err := benchkit.ScanMetrics(r, func(name, labels string, v float64) {
+		if d.procs.Scan(name, v) {
+			return
+		}
 		var ok, failed *float64
 		switch name {
 		case "go_memstats_alloc_bytes_total":
@@ -365,12 +367,6 @@ func parseMetrics(r io.Reader) (*scrapeDelta, error) {
 			return
 		case "go_gc_duration_seconds_count":
 			d.gcCycles = v
-			return
-		case "tiergate_runtime_gomaxprocs":
-			d.procs = v
-			return
-		case "tiergate_runtime_gomaxprocs_changes_total":
-			d.procChanges += v
 			return
 		case "tiergate_tls_handshakes_total":
 			ok, failed = &d.hsOK, &d.hsFailed

@@ -67,8 +67,7 @@ type rowSum struct {
 	BytesPerConn    float64  `json:"server_bytes_per_conn"`
 	L7AllocKBPerHS  *float64 `json:"l7d_alloc_kb_per_hs,omitempty"`
 	L7GCPer1000HS   *float64 `json:"l7d_gc_cycles_per_1000_hs,omitempty"`
-	L7Procs         *float64 `json:"l7d_gomaxprocs_end,omitempty"`
-	L7ProcChanges   *float64 `json:"l7d_gomaxprocs_changes,omitempty"`
+	*benchkit.Procs          // l7d's Ps at the end of the row and its changes; nil for nginx
 	Errors          int      `json:"errors"`
 	Verified        int64    `json:"chains_verified"`
 	OtherCores      float64  `json:"other_processes_cores"`
@@ -229,8 +228,8 @@ func (b *bench) table(w io.Writer) ([]rowSum, float64) {
 		}
 		if kb, gc, ok := r.scrape.perHandshake(); ok {
 			rs.L7AllocKBPerHS, rs.L7GCPer1000HS = ptr(round(kb, 1)), ptr(round(gc, 2))
-			if r.scrape.procs > 0 {
-				rs.L7Procs, rs.L7ProcChanges = ptr(r.scrape.procs), ptr(r.scrape.procChanges)
+			if p := r.scrape.procs; p.N > 0 {
+				rs.Procs = &p
 			}
 		}
 		ksText := "-"
@@ -253,11 +252,7 @@ func (b *bench) table(w io.Writer) ([]rowSum, float64) {
 	var gcNotes []string
 	for _, rs := range out {
 		if rs.L7AllocKBPerHS != nil {
-			note := fmt.Sprintf("%s %s %s %.0f KB, %.1f GC", rs.Server, strings.TrimPrefix(rs.TLS, "TLS "), rs.Mode, *rs.L7AllocKBPerHS, *rs.L7GCPer1000HS)
-			if rs.L7Procs != nil {
-				note += fmt.Sprintf(", %.0f Ps at the end (%.0f changes)", *rs.L7Procs, *rs.L7ProcChanges)
-			}
-			gcNotes = append(gcNotes, note)
+			gcNotes = append(gcNotes, fmt.Sprintf("%s %s %s %.0f KB, %.1f GC", rs.Server, strings.TrimPrefix(rs.TLS, "TLS "), rs.Mode, *rs.L7AllocKBPerHS, *rs.L7GCPer1000HS)+rs.Procs.Note())
 		}
 	}
 	if len(gcNotes) > 0 {

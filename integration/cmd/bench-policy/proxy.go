@@ -237,17 +237,17 @@ func parseStubStatus(text string) (float64, error) {
 }
 
 // l7Counters is what l7d's own metrics counted: requests answered 200 and
-// otherwise, and the Go runtime's allocation and garbage collections.
-// procs is GOMAXPROCS as l7d sized it, at the end (not a difference).
+// otherwise, the Go runtime's allocation and garbage collections, and its GOMAXPROCS
+// sizing.
 type l7Counters struct {
 	ok, other            float64
 	allocBytes, gcCycles float64
-	procs, procChanges   float64
+	procs                benchkit.Procs
 }
 
 func (c *l7Counters) minus(o *l7Counters) *l7Counters {
 	return &l7Counters{c.ok - o.ok, c.other - o.other, c.allocBytes - o.allocBytes, c.gcCycles - o.gcCycles,
-		c.procs, c.procChanges - o.procChanges}
+		c.procs.Since(o.procs)}
 }
 
 // perRequest returns l7d's bytes allocated per request and GC cycles per 1000
@@ -277,15 +277,14 @@ func scrapeL7(s *endpoint) (*l7Counters, error) {
 func parseL7Metrics(r io.Reader) (*l7Counters, error) {
 	c := &l7Counters{}
 	err := benchkit.ScanMetrics(r, func(name, labels string, v float64) {
+		if c.procs.Scan(name, v) {
+			return
+		}
 		switch name {
 		case "go_memstats_alloc_bytes_total":
 			c.allocBytes = v
 		case "go_gc_duration_seconds_count":
 			c.gcCycles = v
-		case "tiergate_runtime_gomaxprocs":
-			c.procs = v
-		case "tiergate_runtime_gomaxprocs_changes_total":
-			c.procChanges += v
 		case "tiergate_http_requests_total":
 			if strings.Contains(labels, `code="200"`) {
 				c.ok += v

@@ -82,24 +82,23 @@ type summary struct {
 
 // rowSum is one row of the proxy table.
 type rowSum struct {
-	Server        string   `json:"server"`
-	Round         int      `json:"round"`
-	ReqPerS       float64  `json:"req_per_s"`
-	Requests      int      `json:"requests"`
-	P50Ms         float64  `json:"p50_ms"`
-	P99Ms         float64  `json:"p99_ms"`
-	ServerCPUUs   float64  `json:"server_cpu_us_per_req"`
-	ServerUserUs  float64  `json:"server_user_cpu_us_per_req"`
-	ServerCores   float64  `json:"server_cores"`
-	BackendCPUUs  float64  `json:"backend_cpu_us_per_req"`
-	LoadGenCPUUs  float64  `json:"loadgen_cpu_us_per_req"`
-	DialsInWindow int      `json:"conns_opened_in_window"`
-	Errors        int      `json:"errors"`
-	L7AllocKB     *float64 `json:"l7d_alloc_kb_per_req,omitempty"`
-	L7GCPer1000   *float64 `json:"l7d_gc_cycles_per_1000_req,omitempty"`
-	L7Procs       *float64 `json:"l7d_gomaxprocs_end,omitempty"`
-	L7ProcChanges *float64 `json:"l7d_gomaxprocs_changes,omitempty"`
-	OtherCores    float64  `json:"other_processes_cores"`
+	Server          string   `json:"server"`
+	Round           int      `json:"round"`
+	ReqPerS         float64  `json:"req_per_s"`
+	Requests        int      `json:"requests"`
+	P50Ms           float64  `json:"p50_ms"`
+	P99Ms           float64  `json:"p99_ms"`
+	ServerCPUUs     float64  `json:"server_cpu_us_per_req"`
+	ServerUserUs    float64  `json:"server_user_cpu_us_per_req"`
+	ServerCores     float64  `json:"server_cores"`
+	BackendCPUUs    float64  `json:"backend_cpu_us_per_req"`
+	LoadGenCPUUs    float64  `json:"loadgen_cpu_us_per_req"`
+	DialsInWindow   int      `json:"conns_opened_in_window"`
+	Errors          int      `json:"errors"`
+	L7AllocKB       *float64 `json:"l7d_alloc_kb_per_req,omitempty"`
+	L7GCPer1000     *float64 `json:"l7d_gc_cycles_per_1000_req,omitempty"`
+	*benchkit.Procs          // l7d's Ps at the end of the row and its changes; nil for the others
+	OtherCores      float64  `json:"other_processes_cores"`
 }
 
 func (b *bench) report() {
@@ -352,8 +351,8 @@ func (b *bench) proxyTable(w io.Writer, s *summary) float64 {
 		}
 		if kb, gc, ok := r.l7.perRequest(); ok {
 			rs.L7AllocKB, rs.L7GCPer1000 = ptr(round(kb, 2)), ptr(round(gc, 3))
-			if r.l7.procs > 0 {
-				rs.L7Procs, rs.L7ProcChanges = ptr(r.l7.procs), ptr(r.l7.procChanges)
+			if p := r.l7.procs; p.N > 0 {
+				rs.Procs = &p
 			}
 		}
 		s.Proxy = append(s.Proxy, rs)
@@ -399,11 +398,7 @@ func (b *bench) proxyTable(w io.Writer, s *summary) float64 {
 	var gcNotes []string
 	for _, rs := range s.Proxy {
 		if rs.L7AllocKB != nil {
-			note := fmt.Sprintf("round %d: %.2f KB, %.3f GC", rs.Round, *rs.L7AllocKB, *rs.L7GCPer1000)
-			if rs.L7Procs != nil {
-				note += fmt.Sprintf(", %.0f Ps at the end (%.0f changes)", *rs.L7Procs, *rs.L7ProcChanges)
-			}
-			gcNotes = append(gcNotes, note)
+			gcNotes = append(gcNotes, fmt.Sprintf("round %d: %.2f KB, %.3f GC", rs.Round, *rs.L7AllocKB, *rs.L7GCPer1000)+rs.Procs.Note())
 		}
 	}
 	if len(gcNotes) > 0 {
