@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"context"
 	"net"
 	"net/netip"
 	"testing"
@@ -55,22 +54,7 @@ type rig struct {
 
 func newRig(t *testing.T, cfg Config) *rig {
 	t.Helper()
-	ext := port.NewMem("ext", extMAC, 2, 1024, 2048)
-	in := port.NewMem("int", intMAC, 2, 1024, 2048)
-	d, err := NewDistributor(cfg, Options{External: ext, Internal: in, IdleSleep: 20 * time.Microsecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return &rig{t: t, d: d, ext: ext, int: in}
+	return startRig(t, cfg, Options{})
 }
 
 // resolve answers the distributor's ARP requests on both sides until every
