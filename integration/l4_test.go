@@ -237,7 +237,7 @@ pools:
 	if err != nil {
 		t.Fatal(err)
 	}
-	capErr := &lockedBuffer{}
+	capErr := &testenv.LockedBuffer{}
 	capture.Stderr = capErr
 	if err := capture.Start(); err != nil {
 		t.Fatal(err)
@@ -484,24 +484,6 @@ func sendGarbage(t *testing.T, ns *netns.NS, dev string, count int) int {
 		return nil
 	})
 	return sent
-}
-
-// lockedBuffer is a strings.Builder that a process may write while a test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // sendSYNFlood writes count TCP SYNs to the VIP from spoofed sources in

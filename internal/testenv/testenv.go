@@ -1,5 +1,6 @@
 // Package testenv lets tests say what they need from the machine (root, a Debian
-// package's command or library) and skip with a clear message when it is missing.
+// package's command or library) and skip with a clear message when it is missing,
+// and holds small helpers tests share.
 //
 // Under `make test` TIERGATE_REQUIRE_ALL=1 is set: a missing requirement then fails the
 // test instead of skipping it, so CI can never pass by silently skipping the tests that
@@ -7,8 +8,10 @@
 package testenv
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
 )
 
@@ -57,4 +60,25 @@ func SkipShort(t testing.TB, why string) {
 	if testing.Short() {
 		t.Skip("slow test skipped in -short mode: " + why)
 	}
+}
+
+// LockedBuffer collects what a process or an in-process daemon writes (its log, say)
+// for a test to read while the writer still runs.
+type LockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (l *LockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns everything written so far.
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

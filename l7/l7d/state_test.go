@@ -21,27 +21,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tiergate/tiergate/internal/testenv"
 	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/policy/blacklist"
 )
-
-// lockedBuffer collects a daemon's log for a test to read while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // freeAddr returns a loopback TCP address nothing listens on.
 func freeAddr(t *testing.T) string {
@@ -125,9 +108,9 @@ func (c adminClient) call(method, path, body string) (int, map[string]any, strin
 // setupDaemon builds a Daemon from path as Run does, without serving, and its admin
 // handler on a test server; it is the first half of a start and may be repeated on
 // the same files to play a restart.
-func setupDaemon(t *testing.T, path string) (*Daemon, adminClient, *lockedBuffer) {
+func setupDaemon(t *testing.T, path string) (*Daemon, adminClient, *testenv.LockedBuffer) {
 	t.Helper()
-	var log lockedBuffer
+	var log testenv.LockedBuffer
 	d := &Daemon{Path: path, Stderr: &log}
 	if err := d.setup(); err != nil {
 		t.Fatalf("setup: %v", err)
@@ -145,9 +128,9 @@ func setupDaemon(t *testing.T, path string) (*Daemon, adminClient, *lockedBuffer
 
 // runDaemon runs a Daemon from path until the test ends, once its admin endpoint at
 // admin answers /healthz.
-func runDaemon(t *testing.T, path, admin string) *lockedBuffer {
+func runDaemon(t *testing.T, path, admin string) *testenv.LockedBuffer {
 	t.Helper()
-	var log lockedBuffer
+	var log testenv.LockedBuffer
 	d := &Daemon{Path: path, Stderr: &log}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
