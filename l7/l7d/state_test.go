@@ -37,23 +37,31 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// testCert writes the certificate "www" (www.example.com) and its key into dir as
+// www.pem and www.key, unless they are there already.
+func testCert(t *testing.T, dir string) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(dir, "www.pem")); err == nil {
+		return
+	}
+	ca, err := testpki.NewCA("test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Leaf("www", "www.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.WriteFiles(dir, "t", leaf); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // testConfig writes a certificate and an l7d configuration (one listener "web",
 // admin on admin, then extra) into dir, and returns the configuration's path.
 func testConfig(t *testing.T, dir, admin, extra string) string {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(dir, "www.pem")); err != nil {
-		ca, err := testpki.NewCA("test CA")
-		if err != nil {
-			t.Fatal(err)
-		}
-		leaf, err := ca.Leaf("www", "www.example.com")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := ca.WriteFiles(dir, "t", leaf); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testCert(t, dir)
 	cfg := `
 listeners: [{name: web, addr: "127.0.0.1:0", pool: app, disable_http3: true}]
 backends: {app: {members: ["127.0.0.1:9"]}}

@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tiergate/tiergate/internal/netns"
-	"github.com/tiergate/tiergate/internal/testpki"
 )
 
 // TestRunWithTunnel runs l7d with a tunnel section in an "l7" namespace; the test plays
@@ -30,17 +29,7 @@ func TestRunWithTunnel(t *testing.T) {
 	l7NS.Addr("eth0", "198.18.1.11/24")
 
 	dir := t.TempDir()
-	ca, err := testpki.NewCA("test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := ca.Leaf("www", "www.example.com")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ca.WriteFiles(dir, "t", leaf); err != nil {
-		t.Fatal(err)
-	}
+	testCert(t, dir)
 	cfg := `
 listeners: [{name: web, addr: "203.0.113.10:8443", pool: app, quic_server_id: 7}]
 backends: {app: {members: ["127.0.0.1:9"]}}
