@@ -433,22 +433,33 @@ func h3Get(t *testing.T, ns *netns.NS, tlsCfg *tls.Config, url string) (node, re
 	return l4Get(&http.Client{Transport: h3, Timeout: 10 * time.Second}, url)
 }
 
+// packetSocket opens a raw packet socket and the address that sends on dev (in the
+// calling thread's namespace), which carries dev's MAC.
+func packetSocket(dev string) (int, *unix.SockaddrLinklayer, error) {
+	ifi, err := net.InterfaceByName(dev)
+	if err != nil {
+		return -1, nil, err
+	}
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+	if err != nil {
+		return -1, nil, err
+	}
+	addr := &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6}
+	copy(addr.Addr[:], ifi.HardwareAddr)
+	return fd, addr, nil
+}
+
 // sendGarbage writes count random, truncated and corrupted Ethernet frames on dev
 // in ns through a packet socket, and returns how many it sent.
 func sendGarbage(t *testing.T, ns *netns.NS, dev string, count int) int {
 	t.Helper()
 	sent := 0
 	ns.MustDo(func() error {
-		ifi, err := net.InterfaceByName(dev)
-		if err != nil {
-			return err
-		}
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		fd, addr, err := packetSocket(dev)
 		if err != nil {
 			return err
 		}
 		defer unix.Close(fd)
-		addr := &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6}
 		rng := mrand.New(mrand.NewPCG(uint64(count), 7))
 		// A valid TCP SYN to the VIP to cut and corrupt.
 		valid := []byte{
@@ -456,7 +467,7 @@ func sendGarbage(t *testing.T, ns *netns.NS, dev string, count int) int {
 			0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0, 198, 18, 0, 1, 203, 0, 113, 10,
 			0x9c, 0x40, 0x01, 0xbb, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0,
 		}
-		copy(valid[0:6], ifi.HardwareAddr) // any MAC: the LD's port reads every frame
+		copy(valid[0:6], addr.Addr[:6]) // any MAC: the LD's port reads every frame
 		for i := range count {
 			var f []byte
 			switch i % 4 {
@@ -491,16 +502,11 @@ func sendGarbage(t *testing.T, ns *netns.NS, dev string, count int) int {
 func sendSYNFlood(t *testing.T, ns *netns.NS, dev string, count int) {
 	t.Helper()
 	ns.MustDo(func() error {
-		ifi, err := net.InterfaceByName(dev)
-		if err != nil {
-			return err
-		}
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		fd, addr, err := packetSocket(dev)
 		if err != nil {
 			return err
 		}
 		defer unix.Close(fd)
-		addr := &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6}
 		f := []byte{
 			0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00,
 			0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0, 192, 0, 2, 0, 203, 0, 113, 10,
