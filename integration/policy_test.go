@@ -465,15 +465,7 @@ admin_listen: "%[2]s"
 `+siteCert(t, s))
 	push := func(method, path, body string) (int, map[string]any) {
 		t.Helper()
-		req, _ := http.NewRequest(method, "http://"+l7.admin+path, strings.NewReader(body))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		json.NewDecoder(resp.Body).Decode(&out)
-		return resp.StatusCode, out
+		return adminCall(t, l7.admin, method, path, body, "")
 	}
 	served := func(ip string) bool {
 		t.Helper()
@@ -666,18 +658,7 @@ admin_listen: "%[2]s"
 `+siteCert(t, s))
 	admin := func(method, path, body, tok string) (int, map[string]any) {
 		t.Helper()
-		req, _ := http.NewRequest(method, "http://"+l7.admin+path, strings.NewReader(body))
-		if tok != "" {
-			req.Header.Set("Authorization", "Bearer "+tok)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		json.NewDecoder(resp.Body).Decode(&out)
-		return resp.StatusCode, out
+		return adminCall(t, l7.admin, method, path, body, tok)
 	}
 	// refused reports, for each address, whether a connection from it is refused
 	// before its handshake.
@@ -750,4 +731,22 @@ admin_listen: "%[2]s"
 	if got := refused("127.0.0.5", "127.0.0.7", "127.0.0.8"); got != want {
 		t.Errorf("after DELETE state and a restart: %s, want %s", got, want)
 	}
+}
+
+// adminCall sends body to an l7d admin endpoint (with a bearer token unless tok is
+// empty) and returns the status and the decoded JSON answer.
+func adminCall(t *testing.T, admin, method, path, body, tok string) (int, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest(method, "http://"+admin+path, strings.NewReader(body))
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
 }
