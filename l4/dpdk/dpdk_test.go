@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os/exec"
 	"runtime"
 	"slices"
 	"sync"
@@ -517,13 +518,14 @@ func TestTxBurstPanicsOnFrameOutsideBuffer(t *testing.T) {
 	p.TxBurst(0, bufs)
 }
 
-// TestAFPacket exchanges frames between the DPDK port on one end of the veth pair and
-// a raw socket on the other.
+// TestAFPacket exchanges frames between the DPDK port on one end of a veth pair and a
+// raw socket on the other. The pair is its own: on net_af_packet0's interface the
+// device would be refused (TestAFPacketSharedInterface).
 func TestAFPacket(t *testing.T) {
 	requireEAL(t)
 	pool := newPool(t, 1024)
-	p := attach(t, "net_af_packet", "iface="+env.vethDPDK, PortConfig{Promiscuous: true, MTU: 1500}, pool)
-	ifc, err := net.InterfaceByName(env.vethDPDK)
+	p := attach(t, "net_af_packet", "iface="+env.vethAF, PortConfig{Promiscuous: true, MTU: 1500}, pool)
+	ifc, err := net.InterfaceByName(env.vethAF)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,7 +539,7 @@ func TestAFPacket(t *testing.T) {
 	if err := p.SetMTU(1400); err != nil {
 		t.Fatal(err)
 	}
-	if ifc, _ := net.InterfaceByName(env.vethDPDK); ifc.MTU != 1400 {
+	if ifc, _ := net.InterfaceByName(env.vethAF); ifc.MTU != 1400 {
 		t.Fatalf("interface MTU %d after SetMTU(1400)", ifc.MTU)
 	}
 	if err := p.SetMTU(1500); err != nil {
@@ -546,7 +548,7 @@ func TestAFPacket(t *testing.T) {
 	if err := p.SetMTU(0); err == nil {
 		t.Fatal("SetMTU(0) accepted")
 	}
-	sock := rawSocket(t, env.vethPeer)
+	sock := rawSocket(t, env.vethAFP)
 
 	marker := uint32(seq.Add(1))
 	ours := func(f []byte) bool {
@@ -608,6 +610,62 @@ func TestAFPacket(t *testing.T) {
 	}
 	if st.TxPackets != 2 || st.TxBytes != 60+1000 || st.RxPackets < 2 || st.RxBytes < 60+1514 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestAFPacketSharedInterface checks that a second af_packet device on an interface
+// that one already binds is refused (it would split the interface's frames with the
+// first by a per-boot hash), and that the interface is free again once the device that
+// bound it is closed.
+func TestAFPacketSharedInterface(t *testing.T) {
+	requireEAL(t)
+	name := unique("net_af_packet_t")
+	err := AttachDevice(name + ",iface=" + env.vethDPDK)
+	if !errors.Is(err, ErrSharedInterface) {
+		t.Fatalf("second device on net_af_packet0's interface: %v, want ErrSharedInterface", err)
+	}
+	if _, err := PortByName(name); err == nil {
+		t.Fatalf("refused device %s exists", name)
+	}
+
+	pool := newPool(t, 256)
+	ifc := "tgdz" + env.vethAF[4:]
+	if out, err := exec.Command("ip", "link", "add", ifc, "type", "veth", "peer", "name", ifc+"p").CombinedOutput(); err != nil {
+		t.Fatalf("creating veth %s: %v: %s", ifc, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", ifc).Run() })
+	first := unique("net_af_packet_t")
+	if err := AttachDevice(first + ",iface=" + ifc); err != nil {
+		t.Fatal(err)
+	}
+	id, err := PortByName(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := OpenPort(id, "renamed", PortConfig{}, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := AttachDevice(unique("net_af_packet_t") + ",iface=" + ifc); !errors.Is(err, ErrSharedInterface) {
+		t.Fatalf("second device on %s: %v, want ErrSharedInterface", ifc, err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again := unique("net_af_packet_t")
+	if err := AttachDevice(again + ",iface=" + ifc); err != nil {
+		t.Fatalf("after closing %s: %v", first, err)
+	}
+	id, err = PortByName(again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err = OpenPort(id, "", PortConfig{}, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
 

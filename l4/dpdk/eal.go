@@ -58,6 +58,9 @@ var eal struct {
 	argv  **C.char    // given to rte_eal_init, which may keep pointers into it
 	strs  []*C.char   // the strings, in their original order (EAL may permute argv)
 	calls chan func() // run on the main lcore's thread
+	// ifaces maps each interface a net_af_packet device binds to that device's name
+	// (see ErrSharedInterface).
+	ifaces map[string]string
 }
 
 type ealState int
@@ -90,6 +93,13 @@ func Init(args []string) error {
 	if err := checkLayout(); err != nil {
 		return err
 	}
+	ifaces := map[string]string{}
+	for _, d := range vdevArgs(args) {
+		if err := bindIface(ifaces, d); err != nil {
+			return fmt.Errorf("dpdk: initialising the EAL with %q: %w", args, err)
+		}
+	}
+	eal.ifaces = ifaces
 	eal.state = ealFailed
 	argv := append([]string{"tiergate"}, args...)
 	cargv := (**C.char)(C.calloc(C.size_t(len(argv)+1), C.size_t(unsafe.Sizeof((*C.char)(nil)))))
@@ -152,16 +162,37 @@ func Cleanup() error {
 // AttachDevice probes and attaches a device while the EAL runs (rte_dev_probe), for
 // example "net_af_packet1,iface=eth1" or a PCI address; OpenPort can then open its port.
 // A device closed with Port.Close cannot be attached again under the same name.
+//
+// A net_af_packet device on an interface that another one already binds is refused
+// with ErrSharedInterface.
 func AttachDevice(devargs string) error {
-	if err := ready(); err != nil {
-		return err
+	eal.mu.Lock()
+	defer eal.mu.Unlock()
+	if eal.state != ealReady {
+		return ErrNotInitialized
+	}
+	ifc := AFPacketInterface(devargs)
+	if err := bindIface(eal.ifaces, devargs); err != nil {
+		return fmt.Errorf("dpdk: attaching device %q: %w", devargs, err)
 	}
 	cargs := C.CString(devargs)
 	defer C.free(unsafe.Pointer(cargs))
 	if rc := C.rte_dev_probe(cargs); rc < 0 {
+		delete(eal.ifaces, ifc)
 		return fmt.Errorf("dpdk: attaching device %q: %w", devargs, errno(rc))
 	}
 	return nil
+}
+
+// releaseIface forgets the interface the device named dev bound, once it is closed.
+func releaseIface(dev string) {
+	eal.mu.Lock()
+	defer eal.mu.Unlock()
+	for ifc, d := range eal.ifaces {
+		if d == dev {
+			delete(eal.ifaces, ifc)
+		}
+	}
 }
 
 // ready returns ErrNotInitialized unless Init succeeded and Cleanup has not run.

@@ -335,9 +335,11 @@ func (p *Port) Close() error {
 	open.mu.Lock()
 	delete(open.ports, p.id)
 	open.mu.Unlock()
+	dev, _ := PortName(p.id)
 	if rc := C.rte_eth_dev_close(C.uint16_t(p.id)); rc < 0 {
 		return fmt.Errorf("dpdk: closing port %q: %w", p.name, errno(rc))
 	}
+	releaseIface(dev)
 	return nil
 }
 

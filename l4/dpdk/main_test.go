@@ -24,10 +24,16 @@ import (
 //   - net_null0..2: null devices: RX makes 64-byte packets, TX frees.
 //   - net_af_packet0: an AF_PACKET socket on one end of a veth pair made for the run,
 //     with nothing attached and no addresses, so nothing leaves it.
+//
+// TestAFPacket attaches its af_packet device to a second veth pair: two devices on one
+// interface would share a fanout group and each see a boot-dependent share of the
+// frames (ErrSharedInterface).
 var env struct {
 	skip     string // why the DPDK tests cannot run here ("" if they can)
 	vethDPDK string // the veth end net_af_packet0 binds
 	vethPeer string // the other end, for raw sockets
+	vethAF   string // the veth end TestAFPacket's device binds
+	vethAFP  string // its other end
 }
 
 func TestMain(m *testing.M) {
@@ -61,16 +67,24 @@ func setUp() (cleanup func(), err error) {
 	_, _ = rand.Read(rnd[:])
 	env.vethDPDK = "tgdp" + hex.EncodeToString(rnd[:])
 	env.vethPeer = env.vethDPDK + "p"
-	delVeth := func() { _ = exec.Command("ip", "link", "del", env.vethDPDK).Run() }
-	if out, err := exec.Command("ip", "link", "add", env.vethDPDK, "type", "veth", "peer", "name", env.vethPeer).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("creating veth %s: %v: %s", env.vethDPDK, err, out)
+	env.vethAF = "tgda" + hex.EncodeToString(rnd[:])
+	env.vethAFP = env.vethAF + "p"
+	delVeth := func() {
+		_ = exec.Command("ip", "link", "del", env.vethDPDK).Run()
+		_ = exec.Command("ip", "link", "del", env.vethAF).Run()
 	}
-	for _, ifc := range []string{env.vethDPDK, env.vethPeer} {
-		// No IPv6 autoconfiguration chatter on the pair.
-		_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+ifc+"/disable_ipv6", []byte("1"), 0)
-		if out, err := exec.Command("ip", "link", "set", ifc, "up").CombinedOutput(); err != nil {
+	for _, pair := range [][2]string{{env.vethDPDK, env.vethPeer}, {env.vethAF, env.vethAFP}} {
+		if out, err := exec.Command("ip", "link", "add", pair[0], "type", "veth", "peer", "name", pair[1]).CombinedOutput(); err != nil {
 			delVeth()
-			return nil, fmt.Errorf("ip link set %s up: %v: %s", ifc, err, out)
+			return nil, fmt.Errorf("creating veth %s: %v: %s", pair[0], err, out)
+		}
+		for _, ifc := range pair {
+			// No IPv6 autoconfiguration chatter on the pair.
+			_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+ifc+"/disable_ipv6", []byte("1"), 0)
+			if out, err := exec.Command("ip", "link", "set", ifc, "up").CombinedOutput(); err != nil {
+				delVeth()
+				return nil, fmt.Errorf("ip link set %s up: %v: %s", ifc, err, out)
+			}
 		}
 	}
 	// --in-memory does not go with --no-huge; --no-shconf keeps EAL from writing its

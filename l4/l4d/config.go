@@ -18,6 +18,7 @@ import (
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/l4/conntrack"
 	"github.com/tiergate/tiergate/l4/datapath"
+	"github.com/tiergate/tiergate/l4/dpdk"
 	"github.com/tiergate/tiergate/l4/packet"
 )
 
@@ -350,6 +351,9 @@ func (c *FileConfig) validate() error {
 		if a == "" {
 			bad(fmt.Sprintf("dpdk.eal_args[%d]", i), "empty")
 		}
+	}
+	if err := dpdk.CheckEALArgs(p.EALArgs); err != nil {
+		bad("dpdk.eal_args", "%v", err)
 	}
 	if c.Ports.External.Device == "" {
 		bad("ports.external.device", "required")

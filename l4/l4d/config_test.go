@@ -51,6 +51,7 @@ func TestParseConfig(t *testing.T) {
 		{"rx desc", minimal + "dpdk: {rx_desc: 8}\n", "dpdk.rx_desc: 8 is outside 64..32768"},
 		{"few mbufs", minimal + "dpdk: {mbufs: 100}\n", "dpdk.mbufs: 100 is too few: the queues' descriptors and bursts need 2112"},
 		{"empty eal arg", minimal + "dpdk: {eal_args: [\"\"]}\n", "dpdk.eal_args[0]: empty"},
+		{"af_packet interface twice", minimal + "dpdk: {eal_args: [\"--vdev=net_af_packet0,iface=x0\", \"--vdev=net_af_packet1,iface=x0\"]}\n", "dpdk.eal_args: dpdk: interface already bound by another net_af_packet device: net_af_packet0 and net_af_packet1 both on \"x0\""},
 		{"no device", repl(minimal, "device: net_null0, ", ""), "ports.external.device: required"},
 		{"no address", repl(minimal, ", addr: 198.18.0.2/24", ""), "ports.external: an address (addr or addr6) is required"},
 		{"bad prefix", repl(minimal, "198.18.0.2/24", "198.18.0.2"), `ports.external.addr: "198.18.0.2" is not an address with its prefix length`},
