@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // Config is the routing policy of an l7d node: the virtual hosts and routes of each
@@ -326,26 +327,7 @@ type Ejection struct {
 }
 
 // Duration is a time.Duration written as text ("1.5s", "300ms") in YAML and JSON.
-type Duration time.Duration
-
-// D returns d as a time.Duration.
-func (d Duration) D() time.Duration { return time.Duration(d) }
-
-// String returns d in time.Duration's form.
-func (d Duration) String() string { return time.Duration(d).String() }
-
-// MarshalText writes d as time.Duration.String does.
-func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
-
-// UnmarshalText reads a duration as time.ParseDuration does.
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	if err != nil {
-		return err
-	}
-	*d = Duration(v)
-	return nil
-}
+type Duration = config.Duration
 
 // Parse decodes a Config from YAML or JSON (JSON being YAML), rejecting fields the
 // model does not have, and validates it.

@@ -12,18 +12,13 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // FieldError is a problem with one field of a Config, named by its path in the
 // YAML/JSON form: "listeners[0].vhosts[2].routes[1].match.path_regex".
-type FieldError struct {
-	Path string
-	Err  error
-}
-
-func (e *FieldError) Error() string { return e.Path + ": " + e.Err.Error() }
-
-func (e *FieldError) Unwrap() error { return e.Err }
+type FieldError = config.FieldError
 
 // Limits of the model, beyond which a Config is refused.
 const (
