@@ -69,16 +69,16 @@ fuzz:
 bench: bench-keyserver bench-handshake bench-policy bench-l4
 
 bench-keyserver: deps build
-	$(GO) run ./integration/cmd/bench-keyserver
+	$(GO) run ./bench/keyserver
 
 bench-handshake: deps build
-	$(GO) run ./integration/cmd/bench-handshake
+	$(GO) run ./bench/handshake
 
 bench-policy: deps build
-	$(GO) run ./integration/cmd/bench-policy
+	$(GO) run ./bench/policy
 
 bench-l4: deps build
-	$(GO) run ./integration/cmd/bench-l4
+	$(GO) run ./bench/l4
 
 demo: deps build
 	$(BIN)/tgdemo -dir $(DEMO_DIR) -bin $(BIN)

@@ -1,5 +1,5 @@
 // Package integration holds end-to-end tests that start real Tiergate processes (and,
-// later, network namespaces), and the benchmark harnesses under integration/cmd.
+// later, network namespaces). The benchmark programs live in bench/.
 package integration
 
 import (
@@ -44,7 +44,7 @@ func binaries(t *testing.T) string {
 		if buildErr != nil {
 			return
 		}
-		out, err := exec.Command("go", "build", "-o", binDir+"/", "github.com/tiergate/tiergate/cmd/...", "github.com/tiergate/tiergate/integration/cmd/hsload").CombinedOutput()
+		out, err := exec.Command("go", "build", "-o", binDir+"/", "github.com/tiergate/tiergate/cmd/...", "github.com/tiergate/tiergate/bench/hsload").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}

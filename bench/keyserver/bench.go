@@ -19,7 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 	"github.com/tiergate/tiergate/keyserver"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/client"

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
 // defaultConns is the load's concurrency: enough requests in flight to keep two

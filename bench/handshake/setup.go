@@ -12,7 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 	"github.com/tiergate/tiergate/internal/softhsm"
 	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver/backend"

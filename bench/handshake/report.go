@@ -8,7 +8,7 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
 // Targets from the issue, on TLS 1.3 full handshakes. They are reported, never tuned

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
 // Targets from the issue. They are reported, never tuned for.

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
 // Targets from the issue. They are reported, never tuned for.

@@ -20,7 +20,7 @@
 // land in DIR; -servers may then add go-tls, a plain crypto/tls server, to tell what
 // l7d adds to crypto/tls.
 //
-//	make build && go run ./integration/cmd/bench-handshake [-duration 5s] [-workers 32]
+//	make build && go run ./bench/handshake [-duration 5s] [-workers 32]
 package main
 
 import (
@@ -35,7 +35,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
 func main() {

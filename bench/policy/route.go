@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 	"github.com/tiergate/tiergate/policy/route"
 )
 

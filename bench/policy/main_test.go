@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 	"github.com/tiergate/tiergate/l7/l7d"
 	"github.com/tiergate/tiergate/policy/blacklist"
 	"github.com/tiergate/tiergate/policy/route"

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
 type options struct {

@@ -19,7 +19,7 @@
 // removed at the end. The last line of its output is one JSON object with the
 // headline figures.
 //
-//	make build && go run ./integration/cmd/bench-policy [-duration 5s] [-conns 32]
+//	make build && go run ./bench/policy [-duration 5s] [-conns 32]
 package main
 
 import (
@@ -33,7 +33,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
 func main() {

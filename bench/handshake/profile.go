@@ -1,7 +1,7 @@
 package main
 
 import (
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 
 	"context"
 	"crypto/tls"

@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
 // Servers, in the order each group of rows measures them.

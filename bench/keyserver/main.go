@@ -8,7 +8,7 @@
 // and certificates it creates in a temporary directory, all removed at the end. The
 // last line of its output is one JSON object with the headline figures.
 //
-//	make build && go run ./integration/cmd/bench-keyserver [-duration 5s] [-bin bin]
+//	make build && go run ./bench/keyserver [-duration 5s] [-bin bin]
 package main
 
 import (
@@ -22,7 +22,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
 func main() {

@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 	"github.com/tiergate/tiergate/internal/testpki"
 )
 

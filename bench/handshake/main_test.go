@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 	"github.com/tiergate/tiergate/internal/testpki"
 )
 

@@ -11,7 +11,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
 type options struct {

@@ -19,7 +19,7 @@
 // leaves the namespaces it makes, which it removes at the end, on SIGINT and SIGTERM,
 // and (left by a killed run) at the next start.
 //
-//	go run ./integration/cmd/bench-l4 [-flows 1000000] [-duration 3s] [-skip-dpdk] [-skip-veth]
+//	go run ./bench/l4 [-flows 1000000] [-duration 3s] [-skip-dpdk] [-skip-veth]
 package main
 
 import (
@@ -30,7 +30,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
 func main() {

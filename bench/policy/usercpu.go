@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tiergate/tiergate/integration/benchkit"
+	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
 // userCPU returns a clock of the user-mode CPU time of process pid (every thread)
