@@ -25,11 +25,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/client"
 	"github.com/tiergate/tiergate/keyserver/softkey"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 var quietLog = slog.New(slog.DiscardHandler)

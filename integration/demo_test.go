@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/internal/testenv"
+	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
 // demoResult matches one result line of tgdemo: protocol, serving node, client address.

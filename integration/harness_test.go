@@ -23,11 +23,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/internal/softhsm"
-	"github.com/tiergate/tiergate/internal/testenv"
-	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/protocol"
+	"github.com/tiergate/tiergate/testkit/softhsm"
+	"github.com/tiergate/tiergate/testkit/testenv"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 var (

@@ -20,8 +20,8 @@ import (
 	"github.com/quic-go/quic-go/http3"
 	"golang.org/x/sys/unix"
 
-	"github.com/tiergate/tiergate/internal/netns"
-	"github.com/tiergate/tiergate/internal/testenv"
+	"github.com/tiergate/tiergate/testkit/netns"
+	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
 // The L4 test network, all in namespaces:

@@ -27,8 +27,8 @@ import (
 
 	"github.com/quic-go/quic-go/http3"
 
-	"github.com/tiergate/tiergate/internal/testenv"
-	"github.com/tiergate/tiergate/internal/testpki"
+	"github.com/tiergate/tiergate/testkit/testenv"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 // echoBackend is an HTTP/1.1 server that answers with what it received.

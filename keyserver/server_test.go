@@ -24,10 +24,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 	"github.com/tiergate/tiergate/keyserver/softkey"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 type fixture struct {

@@ -23,7 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/quic-go/quic-go/http3"
 
-	"github.com/tiergate/tiergate/internal/testpki"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 // pki is the test certificate hierarchy: one CA, and a leaf for localhost and

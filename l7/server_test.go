@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/internal/testenv"
-	"github.com/tiergate/tiergate/internal/testpki"
+	"github.com/tiergate/tiergate/testkit/testenv"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 func TestProtocols(t *testing.T) {

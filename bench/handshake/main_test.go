@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/tiergate/tiergate/bench/benchkit"
-	"github.com/tiergate/tiergate/internal/testpki"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 func TestParseList(t *testing.T) {

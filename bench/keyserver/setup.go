@@ -13,10 +13,10 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/tiergate/tiergate/internal/softhsm"
-	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/protocol"
+	"github.com/tiergate/tiergate/testkit/softhsm"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 const (

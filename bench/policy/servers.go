@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/tiergate/tiergate/bench/benchkit"
-	"github.com/tiergate/tiergate/internal/testpki"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 // Proxies, in the order of the first round.

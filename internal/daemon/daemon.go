@@ -1,6 +1,7 @@
 // Package daemon holds what every Tiergate daemon shares: strict YAML configuration
-// files, log levels, the admin endpoint's /metrics and /healthz and its bearer-token
-// authentication, and state files written so that a crash never leaves half of one.
+// files, log levels, the command line, the admin endpoint's /metrics and /healthz, its
+// bearer-token authentication and its one error shape (APIError, WriteError, Handler),
+// the lame-duck stop, and state files written so that a crash never leaves half of one.
 package daemon
 
 import (

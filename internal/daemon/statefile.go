@@ -15,15 +15,34 @@ import (
 // and the directory synced so the rename itself is durable. On error the temporary
 // file is removed and path is left as it was, except when only the last step fails:
 // the error then wraps ErrNotDurable, and path holds the new content, which a power
-// loss may still undo. perm is the new file's mode.
-func WriteFileAtomic(path string, perm os.FileMode, write func(io.Writer) error) (err error) {
+// loss may still undo. perm is the new file's mode. It is PrepareFile then Commit.
+func WriteFileAtomic(path string, perm os.FileMode, write func(io.Writer) error) error {
+	p, err := PrepareFile(path, perm, write)
+	if err != nil {
+		return err
+	}
+	return p.Commit()
+}
+
+// PendingFile is a file written and synced beside the path it is for, not yet in
+// place: Commit renames it over that path, Abort removes it. Splitting the two lets
+// a daemon save a change before it applies it, and put the saved state in place only
+// once the change took.
+type PendingFile struct {
+	tmp, path, dir string
+}
+
+// PrepareFile writes what write produces to a temporary file beside path (named
+// "."+base(path)+TempSuffix+"<random>"), with mode perm, and syncs and closes it.
+// On error nothing is left behind.
+func PrepareFile(path string, perm os.FileMode, write func(io.Writer) error) (_ *PendingFile, err error) {
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
 	}
 	f, err := os.CreateTemp(dir, "."+base+TempSuffix+"*")
 	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
+		return nil, fmt.Errorf("writing %s: %w", path, err)
 	}
 	tmp := f.Name()
 	defer func() {
@@ -34,29 +53,44 @@ func WriteFileAtomic(path string, perm os.FileMode, write func(io.Writer) error)
 		}
 	}()
 	if err := f.Chmod(perm); err != nil {
-		return err
+		return nil, err
 	}
 	bw := bufio.NewWriterSize(f, 256<<10)
 	if err := write(bw); err != nil {
-		return err
+		return nil, err
 	}
 	if err := bw.Flush(); err != nil {
-		return err
+		return nil, err
 	}
 	if err := f.Sync(); err != nil {
-		return err
+		return nil, err
 	}
 	if err := f.Close(); err != nil {
-		return err
+		return nil, err
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
+	return &PendingFile{tmp: tmp, path: path, dir: dir}, nil
+}
+
+// Commit renames the pending file over its path and syncs the directory. If the
+// rename fails, the pending file is removed and the path left as it was. If only the
+// directory sync fails, the error wraps ErrNotDurable: the new content is in place,
+// but a power loss may still undo the rename.
+func (p *PendingFile) Commit() error {
+	if err := os.Rename(p.tmp, p.path); err != nil {
+		os.Remove(p.tmp)
+		return fmt.Errorf("writing %s: %w", p.path, err)
 	}
-	if err := SyncDir(dir); err != nil {
-		return fmt.Errorf("%w: %w", ErrNotDurable, err)
+	if err := syncDir(p.dir); err != nil {
+		return fmt.Errorf("writing %s: %w: %w", p.path, ErrNotDurable, err)
 	}
 	return nil
 }
+
+// Abort removes the pending file; the path is left as it was.
+func (p *PendingFile) Abort() { os.Remove(p.tmp) }
+
+// syncDir is SyncDir; tests replace it to see a failed sync reported.
+var syncDir = SyncDir
 
 // ErrNotDurable reports a file written and renamed into place whose directory could
 // not be synced: the new content is visible, but may not survive a power loss.
@@ -72,7 +106,7 @@ func RemoveFileDurably(path string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("removing %s: %w", path, err)
 	}
-	if err := SyncDir(filepath.Dir(path)); err != nil {
+	if err := syncDir(filepath.Dir(path)); err != nil {
 		return fmt.Errorf("removing %s: %w", path, err)
 	}
 	return nil

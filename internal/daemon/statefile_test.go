@@ -81,3 +81,86 @@ func TestWriteFileAtomic(t *testing.T) {
 		t.Errorf("syncing a missing directory succeeded")
 	}
 }
+
+func TestPrepareFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.json")
+	write := func(s string) func(io.Writer) error {
+		return func(w io.Writer) error { _, err := io.WriteString(w, s); return err }
+	}
+	if err := WriteFileAtomic(path, 0o600, write("old")); err != nil {
+		t.Fatal(err)
+	}
+
+	// Abort leaves the old file and nothing else.
+	p, err := PrepareFile(path, 0o600, write("aborted"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if names := entries(t, dir); len(names) != 2 {
+		t.Errorf("prepared: files %v, want the old one and the pending one", names)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "old" {
+		t.Errorf("prepare changed the file: %q", b)
+	}
+	p.Abort()
+	if names := entries(t, dir); len(names) != 1 || names[0] != "state.json" {
+		t.Errorf("aborted: files left %v", names)
+	}
+
+	// Commit puts the new content in place.
+	p, err = PrepareFile(path, 0o600, write("new"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "new" {
+		t.Errorf("committed content %q", b)
+	}
+
+	// A directory sync that fails is reported, never ignored: the content is in
+	// place but the error says it is not durable.
+	boom := errors.New("EIO")
+	var synced []string
+	syncDir = func(d string) error { synced = append(synced, d); return boom }
+	t.Cleanup(func() { syncDir = SyncDir })
+	p, err = PrepareFile(path, 0o600, write("newer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = p.Commit()
+	if !errors.Is(err, ErrNotDurable) || !errors.Is(err, boom) || !strings.Contains(err.Error(), path) {
+		t.Errorf("commit with a failing directory sync: %v, want ErrNotDurable and the cause", err)
+	}
+	if len(synced) != 1 || filepath.Clean(synced[0]) != dir {
+		t.Errorf("synced %v, want %s", synced, dir)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "newer" {
+		t.Errorf("content after a failed directory sync %q", b)
+	}
+	if err := WriteFileAtomic(path, 0o600, write("x")); !errors.Is(err, ErrNotDurable) {
+		t.Errorf("WriteFileAtomic with a failing directory sync: %v", err)
+	}
+	if err := RemoveFileDurably(path); !errors.Is(err, boom) {
+		t.Errorf("RemoveFileDurably with a failing directory sync: %v", err)
+	}
+
+	// A rename that fails (the path is a directory) removes the pending file.
+	syncDir = SyncDir
+	sub := filepath.Join(dir, "sub")
+	if err := os.MkdirAll(filepath.Join(sub, "taken"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	p, err = PrepareFile(filepath.Join(sub, "taken"), 0o600, write("y"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Commit(); err == nil || errors.Is(err, ErrNotDurable) {
+		t.Errorf("commit over a directory: %v", err)
+	}
+	if names := entries(t, sub); len(names) != 1 || names[0] != "taken" {
+		t.Errorf("failed commit left %v", names)
+	}
+}

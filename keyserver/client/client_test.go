@@ -26,8 +26,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver/protocol"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 	"github.com/tiergate/tiergate/keyserver/softkey"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 // TestRealServer runs the client against keyserver.Server with software keys

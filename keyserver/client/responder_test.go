@@ -20,9 +20,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/protocol"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 // testKeys are generated once per test binary: RSA key generation is slow under -race.

@@ -16,9 +16,9 @@ import (
 
 	"github.com/miekg/pkcs11"
 
-	"github.com/tiergate/tiergate/internal/softhsm"
-	"github.com/tiergate/tiergate/internal/testenv"
 	"github.com/tiergate/tiergate/keyserver/backend"
+	"github.com/tiergate/tiergate/testkit/softhsm"
+	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
 const (

@@ -12,7 +12,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/tiergate/tiergate/internal/testenv"
+	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
 // The EAL can be initialised once per process, so TestMain does it for every test,

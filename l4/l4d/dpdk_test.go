@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/internal/testenv"
+	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
 // dpdkConfig runs l4d on two net_null devices: they receive an endless stream of

@@ -21,9 +21,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/internal/testenv"
-	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/policy/blacklist"
+	"github.com/tiergate/tiergate/testkit/testenv"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 // freeAddr returns a loopback TCP address nothing listens on.

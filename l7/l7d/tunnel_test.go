@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tiergate/tiergate/internal/netns"
+	"github.com/tiergate/tiergate/testkit/netns"
 )
 
 // TestRunWithTunnel runs l7d with a tunnel section in an "l7" namespace; the test plays

@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
-	"github.com/tiergate/tiergate/internal/netns"
+	"github.com/tiergate/tiergate/testkit/netns"
 )
 
 // testbed is an "ld" namespace (198.18.1.1, plus 198.18.1.2 that is not an LD) and an

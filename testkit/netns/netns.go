@@ -24,7 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tiergate/tiergate/internal/nsenter"
-	"github.com/tiergate/tiergate/internal/testenv"
+	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
 // runDir is where iproute2 keeps the bind mounts of named namespaces.

@@ -28,11 +28,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tiergate/tiergate/internal/softhsm"
-	"github.com/tiergate/tiergate/internal/testpki"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 	"github.com/tiergate/tiergate/keyserver/softkey"
+	"github.com/tiergate/tiergate/testkit/softhsm"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 // The L4 modes of Options.L4.

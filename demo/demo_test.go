@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/internal/testenv"
 	"github.com/tiergate/tiergate/l7/l7d"
+	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
 func TestParseAnswer(t *testing.T) {
