@@ -4,8 +4,10 @@
 // L7 cluster shares so that a client resumes on any node.
 //
 // A Store holds an immutable Set behind an atomic pointer: handshakes read it without
-// a lock, and a reload (Store.Load) builds the next Set beside it and swaps it in
-// whole, or changes nothing when the new configuration is unusable.
+// a lock, and a reload builds the next Set beside it (Store.Prepare, which can fail
+// and changes nothing) and swaps it in whole with the ticket keys (Store.Commit,
+// which cannot fail), so a daemon commits certificates only once everything else of
+// its reload was good too. Store.Load does both.
 //
 // # Ticket keys and cloned configs
 //

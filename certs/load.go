@@ -36,7 +36,8 @@ type entry struct {
 }
 
 // Load reads and validates every configured certificate, builds a new Set of the
-// good ones and serves it; it also puts the ticket keys in use.
+// good ones and serves it; it also puts the ticket keys in use. It is Prepare then
+// Commit.
 //
 // A certificate that fails (unreadable file, bad PEM, chain out of order or with a
 // broken signature, a key that does not match, a remote key the keyservers do not
@@ -46,8 +47,32 @@ type entry struct {
 // is not among those loaded, when the Dir cannot be read, or when a ticket key file is
 // bad. The report is returned in every case.
 func (s *Store) Load(cfg Config) (*LoadReport, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	p, rep, err := s.Prepare(cfg)
+	if err != nil {
+		return rep, err
+	}
+	s.Commit(p)
+	return rep, nil
+}
+
+// Prepared is a certificate Set and ticket keys that Prepare built, ready for
+// Commit. Nothing of it is served until then.
+type Prepared struct {
+	set      *Set
+	keys     [][TicketKeyLen]byte
+	def      string
+	loaded   int
+	rejected int
+}
+
+// Set returns the Set that Commit would serve.
+func (p *Prepared) Set() *Set { return p.set }
+
+// Prepare does everything of Load that can fail, and serves nothing: it reads the
+// ticket key files and every certificate (reaching the keyservers for remote keys),
+// validates them and builds the Set. Its report and its errors are Load's. Prepare
+// may run at any time; what it returns is put in force by Commit.
+func (s *Store) Prepare(cfg Config) (*Prepared, *LoadReport, error) {
 	rep, set, keys, err := s.build(cfg)
 	for _, r := range rep.Rejected {
 		s.log.Warn("certificate rejected", "name", r.Name, "err", r.Err)
@@ -55,13 +80,23 @@ func (s *Store) Load(cfg Config) (*LoadReport, error) {
 	if err != nil {
 		s.m.failed()
 		s.log.Error("certificates not loaded; the previous set stays in use", "err", err)
-		return rep, err
+		return nil, rep, err
 	}
-	s.set.Store(set)
-	s.applyTickets(keys, cfg.TicketKeyFiles)
-	s.m.loaded(set, len(rep.Rejected))
-	s.log.Info("certificates loaded", "loaded", len(rep.Loaded), "rejected", len(rep.Rejected), "default", cfg.Default)
-	return rep, nil
+	if !s.tickets.Load().sameKeys(keys) {
+		warnTicketFileModes(cfg.TicketKeyFiles, s.log)
+	}
+	return &Prepared{set: set, keys: keys, def: cfg.Default, loaded: len(rep.Loaded), rejected: len(rep.Rejected)}, rep, nil
+}
+
+// Commit serves what Prepare built, certificates and ticket keys together; it cannot
+// fail. Handshakes that have begun finish with the Set they started with.
+func (s *Store) Commit(p *Prepared) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.set.Store(p.set)
+	s.applyTickets(p.keys)
+	s.m.loaded(p.set, p.rejected)
+	s.log.Info("certificates loaded", "loaded", p.loaded, "rejected", p.rejected, "default", p.def)
 }
 
 func (s *Store) build(cfg Config) (*LoadReport, *Set, [][TicketKeyLen]byte, error) {

@@ -331,3 +331,34 @@ func TestConcurrentReload(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// TestPrepareServesNothingUntilCommit: a Set and ticket keys that Prepare built are
+// not served, however long the caller waits, until Commit; then both at once.
+func TestPrepareServesNothingUntilCommit(t *testing.T) {
+	p := newPKI(t)
+	dir := t.TempDir()
+	a := p.files(t, dir, "a", leafSpec{cn: "a", names: []string{"a.example.com"}, key: ecKey(t)}, false)
+	b := p.files(t, dir, "b", leafSpec{cn: "b", names: []string{"b.example.com"}, key: ecKey(t)}, false)
+	k1 := randomKey(t)
+	keyFile := writeFile(t, filepath.Join(dir, "ticket1"), k1[:])
+	s := NewStore(Options{Logger: quietLog})
+	old := loadOK(t, s, Config{Certificates: []CertConfig{a}, Default: "a"})
+
+	prep, rep, err := s.Prepare(Config{Certificates: []CertConfig{b}, Default: "b", TicketKeyFiles: []string{keyFile}})
+	if err != nil || len(rep.Loaded) != 1 || prep.Set().Cert("b") == nil {
+		t.Fatalf("Prepare: %v %+v", err, rep)
+	}
+	if s.Set() != old || s.TicketKeys() != 0 {
+		t.Fatal("Prepare changed what is served")
+	}
+	if c, err := s.GetCertificate(&tls.ClientHelloInfo{ServerName: "b.example.com"}); err != nil || c != old.Cert("a").TLS {
+		t.Fatalf("before Commit, b.example.com gets %v, %v; want the default a", c, err)
+	}
+	s.Commit(prep)
+	if s.Set() != prep.Set() || s.TicketKeys() != 1 {
+		t.Fatal("Commit did not serve the prepared set and keys")
+	}
+	if _, _, err := s.Prepare(Config{Certificates: []CertConfig{b}, Default: "nope"}); err == nil || s.Set() != prep.Set() {
+		t.Fatalf("a failed Prepare: %v, or it changed the set", err)
+	}
+}

@@ -81,15 +81,19 @@ func (s *Store) unwrapSession(identity []byte, cs tls.ConnectionState) (*tls.Ses
 func (s *Store) TicketKeys() int { return len(s.tickets.Load().keys) }
 
 // applyTickets puts keys in use, keeping the current state when they are unchanged.
-func (s *Store) applyTickets(keys [][TicketKeyLen]byte, files []string) {
+func (s *Store) applyTickets(keys [][TicketKeyLen]byte) {
 	if s.tickets.Load().sameKeys(keys) {
 		return
 	}
 	s.tickets.Store(newTicketState(keys))
+	s.log.Info("session ticket keys changed", "keys", len(keys))
+}
+
+// warnTicketFileModes warns of ticket key files that others than their owner may read.
+func warnTicketFileModes(files []string, log *slog.Logger) {
 	for _, f := range files {
 		if fi, err := os.Stat(f); err == nil && fi.Mode().Perm()&0o077 != 0 {
-			s.log.Warn("ticket key file is readable by others than its owner; whoever reads it can decrypt recorded sessions", "file", f, "mode", fi.Mode().Perm().String())
+			log.Warn("ticket key file is readable by others than its owner; whoever reads it can decrypt recorded sessions", "file", f, "mode", fi.Mode().Perm().String())
 		}
 	}
-	s.log.Info("session ticket keys changed", "keys", len(keys))
 }

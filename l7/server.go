@@ -285,27 +285,61 @@ func (s *Server) Healthy() error {
 // must be the same, in the same order, with the same addresses, timeouts and limits:
 // changing those takes a restart, and Reload returns an error naming the first
 // difference, changing nothing. Registerer and Logger are not reloaded.
+//
+// Reload is Prepare then Commit; a caller that applies the server's configuration
+// together with other things (certificates, blacklists) prepares them all first and
+// commits only when every one was good.
 func (s *Server) Reload(cfg Config) error {
-	cfg, err := prepare(cfg)
+	p, err := s.Prepare(cfg)
 	if err != nil {
 		return err
 	}
+	s.Commit(p)
+	return nil
+}
+
+// Prepared is a configuration that Prepare checked, ready for Commit. Nothing of it
+// is in force until then.
+type Prepared struct {
+	cfg     Config
+	routing *route.Config
+}
+
+// Prepare does everything of Reload that can fail, and changes nothing: it validates
+// cfg and fills in its defaults, checks that its listeners are those the server runs
+// (see Reload) and validates its routing policy.
+func (s *Server) Prepare(cfg Config) (*Prepared, error) {
+	cfg, err := prepare(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cur := s.state.Load().cfg
+	if err := checkReload(cur.Listeners, cfg.Listeners); err != nil {
+		return nil, err
+	}
+	cfg.Registerer, cfg.Logger = cur.Registerer, cur.Logger
+	routing := routingOf(&cfg)
+	if err := routing.Validate(); err != nil {
+		return nil, fmt.Errorf("l7: routing: %w", err)
+	}
+	return &Prepared{cfg: cfg, routing: routing}, nil
+}
+
+// Commit puts a configuration Prepare returned in force, which cannot fail: the
+// routing policy to the Router, then one snapshot with the rest. Commits, and Start,
+// come from one goroutine at a time (the daemon's owner of its configuration).
+func (s *Server) Commit(p *Prepared) {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
 	old := s.state.Load()
-	if err := checkReload(old.cfg.Listeners, cfg.Listeners); err != nil {
-		return err
-	}
-	cfg.Registerer, cfg.Logger = old.cfg.Registerer, old.cfg.Logger
 	if old.table == nil {
 		// Not started: Start applies the routing.
-		s.state.Store(s.compile(cfg, routingOf(&cfg), nil, old))
-		return nil
+		s.state.Store(s.compile(p.cfg, p.routing, nil, old))
+		return
 	}
-	snap, err := s.applyRouting(cfg, old)
-	if err != nil {
-		return err
-	}
+	s.router.Commit(p.routing)
+	snap := s.compile(p.cfg, p.routing, s.router.Table(), old)
+	s.state.Store(snap)
+	old.upstreams.closeIdle(snap.upstreams)
 	s.log.Info("configuration reloaded", "pools", len(snap.routing.Pools), "listeners", len(snap.routing.Listeners))
-	return nil
 }

@@ -454,9 +454,15 @@ func TestReload(t *testing.T) {
 	}
 	next := baseConfig(t, b2.addr)
 	next.Listeners[0].TLS = &tls.Config{Certificates: []tls.Certificate{leaf}}
-	if err := ts.Reload(next); err != nil {
+	// Prepared, it changes nothing until committed.
+	prep, err := ts.Prepare(next)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if _, body := get(t, c, "GET", ts.url("/"), ""); decodeEcho(t, body).Backend != "b1" {
+		t.Fatalf("after Prepare, before Commit: %s", body)
+	}
+	ts.Commit(prep)
 	if _, body := get(t, c, "GET", ts.url("/"), ""); decodeEcho(t, body).Backend != "b2" {
 		t.Errorf("after reload, on the old connection: %s", body)
 	}

@@ -176,14 +176,9 @@ func (d *Daemon) setConfig(cfg *FileConfig) {
 func (d *Daemon) current() *FileConfig { return d.cur.Load() }
 
 func (d *Daemon) loadCerts(cfg *FileConfig) error {
-	rep, err := d.store.Load(cfg.Certificates)
-	if err != nil {
+	if _, err := d.store.Load(cfg.Certificates); err != nil {
 		return fmt.Errorf("certificates: %w", err)
 	}
-	for _, r := range rep.Rejected {
-		d.log.Warn("certificate rejected", "name", r.Name, "err", r.Err)
-	}
-	d.log.Info("certificates loaded", "loaded", len(rep.Loaded), "rejected", len(rep.Rejected))
 	return nil
 }
 
@@ -389,14 +384,9 @@ func (d *Daemon) AdminAddr() net.Addr {
 	return d.admin.Addr()
 }
 
-// Reload re-reads the configuration file and applies it. Everything that can fail is
-// done first: parsing and validating the file (routing and client-IP rules
-// included), reading the admin token, reading the blacklist state files and files
-// that changed, loading the certificates. Then the L7 server takes the routing,
-// client-IP rules and blacklist actions in one atomic swap (a routing policy the
-// router refuses aborts the reload, and the certificates in force are put back), and
-// the changed blacklists and the admin token are swapped in. A failure leaves the
-// running configuration in force. Pushes wait for a reload, and a reload for a push.
+// Reload re-reads the configuration file and applies it, all of it or nothing: see
+// prepare and commit. A failure leaves the running configuration in force. Pushes
+// wait for a reload, and a reload for a push.
 func (d *Daemon) Reload() (err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -407,52 +397,82 @@ func (d *Daemon) Reload() (err error) {
 		}
 		d.reloads.WithLabelValues(result).Inc()
 	}()
+	next, err := d.prepare()
+	if err != nil {
+		return err
+	}
+	d.commitReload(next)
+	d.log.Info("reloaded", "config", d.Path)
+	return nil
+}
+
+// reload is a configuration read, checked and built by prepare, ready for commit:
+// nothing of it is in force yet.
+type reload struct {
+	cfg     *FileConfig
+	token   []byte
+	certs   *certs.Prepared
+	server  *l7.Prepared
+	sets    map[string]*blacklist.Set // blacklists to swap in (nil: empty the list)
+	sources map[string]listSource
+}
+
+// prepare does everything of a reload that can fail, and changes nothing: it parses
+// and validates the file (routing and client-IP rules included), refuses changes that
+// take a restart, reads the admin token, reads the blacklist state files and the files
+// that changed, builds the certificate set and ticket keys (reaching the keyservers
+// for remote keys) and has the L7 server check its new configuration (listeners,
+// routing). d.mu is held.
+func (d *Daemon) prepare() (*reload, error) {
 	cfg, err := LoadConfig(d.Path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !sameKeyServers(cfg.KeyServers, d.cfg.KeyServers) {
-		return errors.New("keyservers changed: restart l7d to apply")
+		return nil, errors.New("keyservers changed: restart l7d to apply")
 	}
 	if !reflect.DeepEqual(cfg.Tunnel, d.cfg.Tunnel) {
-		return errors.New("tunnel changed: restart l7d to apply")
+		return nil, errors.New("tunnel changed: restart l7d to apply")
 	}
 	if cfg.StateDir != d.cfg.StateDir {
-		return errors.New("state_dir changed: restart l7d to apply")
+		return nil, errors.New("state_dir changed: restart l7d to apply")
 	}
 	if cfg.GOMAXPROCS != d.cfg.GOMAXPROCS || cfg.GCPercent != d.cfg.GCPercent {
-		return errors.New("gomaxprocs or gc_percent changed: restart l7d to apply")
+		return nil, errors.New("gomaxprocs or gc_percent changed: restart l7d to apply")
 	}
 	if err := checkProxyProtocol(d.cfg, cfg); err != nil {
-		return err
+		return nil, err
 	}
-	token, err := readAdminToken(cfg)
-	if err != nil {
-		return err
+	r := &reload{cfg: cfg}
+	if r.token, err = readAdminToken(cfg); err != nil {
+		return nil, err
 	}
 	pol, err := newPolicy(cfg, d.lists, d.log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	sets, sources, err := readBlacklists(cfg, d.sources())
-	if err != nil {
-		return err
+	if r.sets, r.sources, err = readBlacklists(cfg, d.sources()); err != nil {
+		return nil, err
 	}
-	if err := d.loadCerts(cfg); err != nil {
-		return err
+	if r.certs, _, err = d.store.Prepare(cfg.Certificates); err != nil {
+		return nil, fmt.Errorf("certificates: %w", err)
 	}
-	if err := d.srv.Reload(d.l7Config(cfg, pol)); err != nil {
-		// Put the certificates that went with the running configuration back.
-		if rerr := d.loadCerts(d.cfg); rerr != nil {
-			d.log.Error("restoring certificates after a failed reload", "err", rerr)
-		}
-		return err
+	if r.server, err = d.srv.Prepare(d.l7Config(cfg, pol)); err != nil {
+		return nil, err
 	}
-	d.swapBlacklists(sets, sources)
-	d.auth.SetToken(token)
-	d.setConfig(cfg)
-	d.log.Info("reloaded", "config", d.Path)
-	return nil
+	return r, nil
+}
+
+// commitReload puts a prepared reload in force, which cannot fail: the certificates
+// and ticket keys, then the L7 server's routing, client-IP rules and blacklist actions
+// in one snapshot, then the blacklists that changed, the admin token and the
+// configuration the admin API reports. d.mu is held.
+func (d *Daemon) commitReload(r *reload) {
+	d.store.Commit(r.certs)
+	d.srv.Commit(r.server)
+	d.swapBlacklists(r.sets, r.sources)
+	d.auth.SetToken(r.token)
+	d.setConfig(r.cfg)
 }
 
 // checkProxyProtocol refuses a reload that changes a listener's PROXY protocol

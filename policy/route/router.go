@@ -85,10 +85,21 @@ func (r *Router) Apply(c *Config) error {
 		r.rt.m.applies.WithLabelValues("invalid").Inc()
 		return err
 	}
+	if !r.Commit(c) {
+		return errors.New("route: apply on a closed router")
+	}
+	return nil
+}
+
+// Commit is Apply's second half, for a c that has passed Validate (and has not been
+// changed since): it compiles c and makes it the current Table, which cannot fail. A
+// caller that must apply several things together validates each first, then commits
+// them all. It returns false, changing nothing, once the Router is closed.
+func (r *Router) Commit(c *Config) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return errors.New("route: apply on a closed router")
+		return false
 	}
 	t, next := compile(c, r.rt, r.st, r.rt.current.Load())
 	r.rt.current.Store(t)
@@ -120,7 +131,7 @@ func (r *Router) Apply(c *Config) error {
 	r.rt.m.applies.WithLabelValues("ok").Inc()
 	r.rt.log.Info("routing configuration applied", "listeners", len(t.listeners),
 		"routes", len(t.routes), "pools", len(t.poolList), "members", len(next.members))
-	return nil
+	return true
 }
 
 // Pick picks a member of the current Table's pool named pool; see Balancer.Pick.

@@ -1,0 +1,118 @@
+package l7d
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"math/big"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tiergate/tiergate/testkit/testenv"
+	"github.com/tiergate/tiergate/testkit/testpki"
+)
+
+// writeLeaf issues a new www.example.com certificate from a CA of its own and writes
+// it, with its key, over dir/www.pem and dir/www.key. It returns the serial.
+func writeLeaf(t *testing.T, dir string) *big.Int {
+	t.Helper()
+	ca, err := testpki.NewCA("test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Leaf("www", "www.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.WriteFiles(dir, "t", leaf); err != nil {
+		t.Fatal(err)
+	}
+	return leaf.Leaf.SerialNumber
+}
+
+// servedSerial connects to addr with openssl s_client (SNI www.example.com) and
+// returns the serial of the leaf certificate it was sent.
+func servedSerial(t *testing.T, addr string) *big.Int {
+	t.Helper()
+	openssl := testenv.RequireCommand(t, "openssl", "openssl")
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, openssl, "s_client", "-connect", addr, "-servername", "www.example.com", "-showcerts")
+	cmd.Stdin = strings.NewReader("")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("openssl s_client -connect %s: %v\n%s", addr, err, out)
+	}
+	block, _ := pem.Decode(out[strings.Index(string(out), "-----BEGIN CERTIFICATE-----"):])
+	if block == nil {
+		t.Fatalf("openssl s_client -connect %s showed no certificate:\n%s", addr, out)
+	}
+	leaf, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leaf.SerialNumber
+}
+
+// TestReloadRefusedKeepsCertificate: a reload that brings a good new certificate (a
+// new serial in the same files) with something the L7 server refuses is refused
+// whole: the old certificate stays on the wire. Once the configuration is good again,
+// a reload serves the new one.
+func TestReloadRefusedKeepsCertificate(t *testing.T) {
+	testenv.RequireCommand(t, "openssl", "openssl")
+	for _, tc := range []struct {
+		name string
+		bad  string // the listener's and backends' lines of a refused configuration
+	}{
+		{"backend member without a port",
+			`listeners: [{name: web, addr: "LISTEN", pool: app, disable_http3: true}]
+backends: {app: {members: ["127.0.0.1"]}}`},
+		{"listener limit that takes a restart",
+			`listeners: [{name: web, addr: "LISTEN", pool: app, disable_http3: true, max_conns: 7}]
+backends: {app: {members: ["127.0.0.1:9"]}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			admin, listen := freeAddr(t), freeAddr(t)
+			certs := `certificates: {certificates: [{name: www, cert_file: ` + filepath.Join(dir, "www.pem") +
+				`, key_file: ` + filepath.Join(dir, "www.key") + `}]}
+admin_listen: "` + admin + `"
+log_level: error
+`
+			good := `listeners: [{name: web, addr: "LISTEN", pool: app, disable_http3: true}]
+backends: {app: {members: ["127.0.0.1:9"]}}
+`
+			path := filepath.Join(dir, "l7d.yaml")
+			write := func(listeners string) {
+				writeFile(t, path, strings.ReplaceAll(listeners, "LISTEN", listen)+"\n"+certs)
+			}
+			oldSerial := writeLeaf(t, dir)
+			write(good)
+			runDaemon(t, path, admin)
+			c := adminClient{t: t, base: "http://" + admin}
+			if got := servedSerial(t, listen); got.Cmp(oldSerial) != 0 {
+				t.Fatalf("serving serial %x, want %x", got, oldSerial)
+			}
+
+			newSerial := writeLeaf(t, dir)
+			write(tc.bad)
+			if code, _, body := c.call("POST", "/reload", ""); code != 422 {
+				t.Fatalf("the bad reload was answered %d %s, want 422", code, body)
+			}
+			if got := servedSerial(t, listen); got.Cmp(oldSerial) != 0 {
+				t.Errorf("after a refused reload the listener serves serial %x (the new certificate), want the old %x", got, oldSerial)
+			}
+
+			write(good)
+			if code, _, body := c.call("POST", "/reload", ""); code != 200 {
+				t.Fatalf("the good reload was answered %d %s", code, body)
+			}
+			if got := servedSerial(t, listen); got.Cmp(newSerial) != 0 {
+				t.Errorf("after a good reload the listener serves serial %x, want the new %x", got, newSerial)
+			}
+		})
+	}
+}
