@@ -1,9 +1,7 @@
 package l4d
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -17,56 +15,31 @@ import (
 // maxBody bounds an admin request body.
 const maxBody = 8 << 20
 
-// apiError is the one error shape of the admin API.
-type apiError struct {
-	Status  int    `json:"status"`
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
-func (e *apiError) Error() string { return e.Message }
-
-// Error codes of the admin API.
+// Error codes of the admin API (the shape is daemon.APIError).
 const (
-	codeBadRequest      = "bad_request"      // 400: the body is not the JSON expected
-	codeInvalidConfig   = "invalid_config"   // 400: the change does not validate; nothing changed
-	codeNotFound        = "not_found"        // 404: no such rule, pool or member
-	codeRestartRequired = "restart_required" // 409: a section fixed at start differs
-	codeStateFile       = "state_file"       // 500: the state file could not be written
-	codeUnavailable     = "unavailable"      // 503: the datapath is stopping
+	codeBadRequest      = daemon.CodeBadRequest  // 400: the body is not the JSON expected
+	codeInvalidConfig   = "invalid_config"       // 400: the change does not validate; nothing changed
+	codeNotFound        = daemon.CodeNotFound    // 404: no such rule, pool or member
+	codeRestartRequired = "restart_required"     // 409: a section fixed at start differs
+	codeStateFile       = "state_file"           // 500: the state file could not be written
+	codeUnavailable     = daemon.CodeUnavailable // 503: the datapath is stopping
 )
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+func notFound(format string, args ...any) *daemon.APIError {
+	return daemon.Errorf(http.StatusNotFound, codeNotFound, format, args...)
 }
 
-func writeError(w http.ResponseWriter, err error) {
-	var e *apiError
-	if !errors.As(err, &e) {
-		e = &apiError{Status: http.StatusInternalServerError, Code: "internal", Message: err.Error()}
-	}
-	writeJSON(w, e.Status, e)
+func badRequest(format string, args ...any) *daemon.APIError {
+	return daemon.Errorf(http.StatusBadRequest, codeBadRequest, format, args...)
 }
 
-func notFound(format string, args ...any) *apiError {
-	return &apiError{Status: http.StatusNotFound, Code: codeNotFound, Message: fmt.Sprintf(format, args...)}
-}
-
-func badRequest(format string, args ...any) *apiError {
-	return &apiError{Status: http.StatusBadRequest, Code: codeBadRequest, Message: fmt.Sprintf(format, args...)}
+func invalidConfig(err error) *daemon.APIError {
+	return daemon.Wrap(http.StatusBadRequest, codeInvalidConfig, "", err)
 }
 
 // decodeBody decodes the request's JSON body into v, refusing unknown fields.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
-	if err := decodeJSON(http.MaxBytesReader(w, r.Body, maxBody), v); err != nil {
-		writeError(w, badRequest("decoding the request body: %v", err))
-		return false
-	}
-	return true
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	return daemon.DecodeRequest(w, r, maxBody, v)
 }
 
 // configBody is the body of PUT /config: the forwarding configuration, optionally
@@ -103,47 +76,50 @@ type configBody struct {
 // datapath rejects is answered 400 with the reason and changes nothing.
 func (d *Daemon) adminHandler() http.Handler {
 	mux := daemon.AdminMux(d.reg, d.healthy)
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, d.dist.Status())
+	handle := func(pattern string, h daemon.Handler) { mux.Handle(pattern, h) }
+	handle("GET /status", func(w http.ResponseWriter, r *http.Request) error {
+		daemon.WriteJSON(w, http.StatusOK, d.dist.Status())
+		return nil
 	})
-	mux.HandleFunc("GET /config", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, d.forwarding())
+	handle("GET /config", func(w http.ResponseWriter, r *http.Request) error {
+		daemon.WriteJSON(w, http.StatusOK, d.forwarding())
+		return nil
 	})
-	mux.HandleFunc("PUT /config", d.putConfig)
-	mux.HandleFunc("POST /reload", func(w http.ResponseWriter, r *http.Request) {
+	handle("PUT /config", d.putConfig)
+	handle("POST /reload", func(w http.ResponseWriter, r *http.Request) error {
 		if err := d.Reload(); err != nil {
-			writeError(w, reloadError(err))
-			return
+			return reloadError(err)
 		}
-		writeJSON(w, http.StatusOK, d.forwarding())
+		daemon.WriteJSON(w, http.StatusOK, d.forwarding())
+		return nil
 	})
 
-	mux.HandleFunc("GET /rules", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, d.forwarding().Rules)
+	handle("GET /rules", func(w http.ResponseWriter, r *http.Request) error {
+		daemon.WriteJSON(w, http.StatusOK, d.forwarding().Rules)
+		return nil
 	})
-	mux.HandleFunc("GET /rules/{name}", func(w http.ResponseWriter, r *http.Request) {
+	handle("GET /rules/{name}", func(w http.ResponseWriter, r *http.Request) error {
 		f := d.forwarding()
 		name := r.PathValue("name")
 		i := ruleIndex(f.Rules, name)
 		if i < 0 {
-			writeError(w, notFound("no rule %q", name))
-			return
+			return notFound("no rule %q", name)
 		}
-		writeJSON(w, http.StatusOK, f.Rules[i])
+		daemon.WriteJSON(w, http.StatusOK, f.Rules[i])
+		return nil
 	})
-	mux.HandleFunc("PUT /rules/{name}", func(w http.ResponseWriter, r *http.Request) {
+	handle("PUT /rules/{name}", func(w http.ResponseWriter, r *http.Request) error {
 		name := r.PathValue("name")
 		var rule RuleFile
-		if !decodeBody(w, r, &rule) {
-			return
+		if err := decodeBody(w, r, &rule); err != nil {
+			return err
 		}
 		if rule.Name != "" && rule.Name != name {
-			writeError(w, badRequest("the body names rule %q, the path %q", rule.Name, name))
-			return
+			return badRequest("the body names rule %q, the path %q", rule.Name, name)
 		}
 		rule.Name = name
 		created := false
-		d.respond(w, r, func(f *Forwarding) (any, error) {
+		return d.respond(w, r, func(f *Forwarding) (any, error) {
 			if i := ruleIndex(f.Rules, name); i >= 0 {
 				f.Rules[i] = rule
 			} else {
@@ -153,9 +129,9 @@ func (d *Daemon) adminHandler() http.Handler {
 			return rule, nil
 		}, &created)
 	})
-	mux.HandleFunc("DELETE /rules/{name}", func(w http.ResponseWriter, r *http.Request) {
+	handle("DELETE /rules/{name}", func(w http.ResponseWriter, r *http.Request) error {
 		name := r.PathValue("name")
-		d.respond(w, r, func(f *Forwarding) (any, error) {
+		return d.respond(w, r, func(f *Forwarding) (any, error) {
 			i := ruleIndex(f.Rules, name)
 			if i < 0 {
 				return nil, notFound("no rule %q", name)
@@ -165,26 +141,27 @@ func (d *Daemon) adminHandler() http.Handler {
 		}, nil)
 	})
 
-	mux.HandleFunc("GET /pools", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, d.forwarding().Pools)
+	handle("GET /pools", func(w http.ResponseWriter, r *http.Request) error {
+		daemon.WriteJSON(w, http.StatusOK, d.forwarding().Pools)
+		return nil
 	})
-	mux.HandleFunc("GET /pools/{pool}", func(w http.ResponseWriter, r *http.Request) {
+	handle("GET /pools/{pool}", func(w http.ResponseWriter, r *http.Request) error {
 		name := r.PathValue("pool")
 		p, ok := d.forwarding().Pools[name]
 		if !ok {
-			writeError(w, notFound("no pool %q", name))
-			return
+			return notFound("no pool %q", name)
 		}
-		writeJSON(w, http.StatusOK, p)
+		daemon.WriteJSON(w, http.StatusOK, p)
+		return nil
 	})
-	mux.HandleFunc("PUT /pools/{pool}", func(w http.ResponseWriter, r *http.Request) {
+	handle("PUT /pools/{pool}", func(w http.ResponseWriter, r *http.Request) error {
 		name := r.PathValue("pool")
 		var pool PoolFile
-		if !decodeBody(w, r, &pool) {
-			return
+		if err := decodeBody(w, r, &pool); err != nil {
+			return err
 		}
 		created := false
-		d.respond(w, r, func(f *Forwarding) (any, error) {
+		return d.respond(w, r, func(f *Forwarding) (any, error) {
 			if f.Pools == nil {
 				f.Pools = map[string]PoolFile{}
 			}
@@ -194,9 +171,9 @@ func (d *Daemon) adminHandler() http.Handler {
 			return pool, nil
 		}, &created)
 	})
-	mux.HandleFunc("DELETE /pools/{pool}", func(w http.ResponseWriter, r *http.Request) {
+	handle("DELETE /pools/{pool}", func(w http.ResponseWriter, r *http.Request) error {
 		name := r.PathValue("pool")
-		d.respond(w, r, func(f *Forwarding) (any, error) {
+		return d.respond(w, r, func(f *Forwarding) (any, error) {
 			if _, ok := f.Pools[name]; !ok {
 				return nil, notFound("no pool %q", name)
 			}
@@ -205,19 +182,18 @@ func (d *Daemon) adminHandler() http.Handler {
 		}, nil)
 	})
 
-	mux.HandleFunc("PUT /pools/{pool}/members/{member}", func(w http.ResponseWriter, r *http.Request) {
+	handle("PUT /pools/{pool}/members/{member}", func(w http.ResponseWriter, r *http.Request) error {
 		pool, name := r.PathValue("pool"), r.PathValue("member")
 		var m MemberFile
-		if !decodeBody(w, r, &m) {
-			return
+		if err := decodeBody(w, r, &m); err != nil {
+			return err
 		}
 		if m.Name != "" && m.Name != name {
-			writeError(w, badRequest("the body names member %q, the path %q", m.Name, name))
-			return
+			return badRequest("the body names member %q, the path %q", m.Name, name)
 		}
 		m.Name = name
 		created := false
-		d.respond(w, r, func(f *Forwarding) (any, error) {
+		return d.respond(w, r, func(f *Forwarding) (any, error) {
 			p, ok := f.Pools[pool]
 			if !ok {
 				return nil, notFound("no pool %q", pool)
@@ -232,9 +208,9 @@ func (d *Daemon) adminHandler() http.Handler {
 			return m, nil
 		}, &created)
 	})
-	mux.HandleFunc("DELETE /pools/{pool}/members/{member}", func(w http.ResponseWriter, r *http.Request) {
+	handle("DELETE /pools/{pool}/members/{member}", func(w http.ResponseWriter, r *http.Request) error {
 		pool, name := r.PathValue("pool"), r.PathValue("member")
-		d.respond(w, r, func(f *Forwarding) (any, error) {
+		return d.respond(w, r, func(f *Forwarding) (any, error) {
 			p, i, err := findMember(f, pool, name)
 			if err != nil {
 				return nil, err
@@ -248,9 +224,9 @@ func (d *Daemon) adminHandler() http.Handler {
 		verb    string
 		drained bool
 	}{{"drain", true}, {"undrain", false}} {
-		mux.HandleFunc("POST /pools/{pool}/members/{member}/"+op.verb, func(w http.ResponseWriter, r *http.Request) {
+		handle("POST /pools/{pool}/members/{member}/"+op.verb, func(w http.ResponseWriter, r *http.Request) error {
 			pool, name := r.PathValue("pool"), r.PathValue("member")
-			d.respond(w, r, func(f *Forwarding) (any, error) {
+			return d.respond(w, r, func(f *Forwarding) (any, error) {
 				p, i, err := findMember(f, pool, name)
 				if err != nil {
 					return nil, err
@@ -265,40 +241,39 @@ func (d *Daemon) adminHandler() http.Handler {
 }
 
 // respond runs change and answers with its result.
-func (d *Daemon) respond(w http.ResponseWriter, r *http.Request, fn func(*Forwarding) (any, error), created *bool) {
+func (d *Daemon) respond(w http.ResponseWriter, r *http.Request, fn func(*Forwarding) (any, error), created *bool) error {
 	res, err := d.change(fn)
-	d.reply(w, r, res, err, created)
+	return d.reply(w, r, res, err, created)
 }
 
 // reply answers a change with its result: 200 (201 when *created), 204 when the
-// result is nil, or the error.
-func (d *Daemon) reply(w http.ResponseWriter, r *http.Request, res any, err error, created *bool) {
+// result is nil, or returns the error.
+func (d *Daemon) reply(w http.ResponseWriter, r *http.Request, res any, err error, created *bool) error {
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	d.log.Info("configuration changed through the admin API", "request", r.Method+" "+r.URL.Path, "from", r.RemoteAddr)
 	switch {
 	case res == nil:
 		w.WriteHeader(http.StatusNoContent)
 	case created != nil && *created:
-		writeJSON(w, http.StatusCreated, res)
+		daemon.WriteJSON(w, http.StatusCreated, res)
 	default:
-		writeJSON(w, http.StatusOK, res)
+		daemon.WriteJSON(w, http.StatusOK, res)
 	}
+	return nil
 }
 
-func (d *Daemon) putConfig(w http.ResponseWriter, r *http.Request) {
+func (d *Daemon) putConfig(w http.ResponseWriter, r *http.Request) error {
 	var body configBody
-	if !decodeBody(w, r, &body) {
-		return
+	if err := decodeBody(w, r, &body); err != nil {
+		return err
 	}
 	var level *slog.Level
 	if body.LogLevel != nil {
 		lvl, err := daemon.LogLevel(*body.LogLevel)
 		if err != nil {
-			writeError(w, &apiError{Status: http.StatusBadRequest, Code: codeInvalidConfig, Message: err.Error()})
-			return
+			return invalidConfig(err)
 		}
 		level = &lvl
 	}
@@ -328,8 +303,8 @@ func (d *Daemon) putConfig(w http.ResponseWriter, r *http.Request) {
 			diff = append(diff, "conntrack.capacity")
 		}
 		if len(diff) > 0 {
-			return nil, &apiError{Status: http.StatusConflict, Code: codeRestartRequired,
-				Message: (&restartError{sections: diff}).Error() + " (edit the configuration file; PUT /config changes tunnel, conntrack.timeouts, rules and pools)"}
+			return nil, daemon.Errorf(http.StatusConflict, codeRestartRequired, "%s (edit the configuration file; PUT /config changes tunnel, conntrack.timeouts, rules and pools)",
+				(&restartError{sections: diff}).Error())
 		}
 		*f = body.Forwarding
 		f.Conntrack.Capacity = cur.Conntrack.Capacity
@@ -339,16 +314,16 @@ func (d *Daemon) putConfig(w http.ResponseWriter, r *http.Request) {
 		// Until the next reload, which sets the file's.
 		d.level.Set(*level)
 	}
-	d.reply(w, r, res, err, nil)
+	return d.reply(w, r, res, err, nil)
 }
 
 // reloadError maps a failed reload to the API's error shape.
-func reloadError(err error) *apiError {
+func reloadError(err error) *daemon.APIError {
 	var re *restartError
 	if errors.As(err, &re) {
-		return &apiError{Status: http.StatusConflict, Code: codeRestartRequired, Message: "reload refused; the running configuration stays: " + err.Error()}
+		return daemon.Wrap(http.StatusConflict, codeRestartRequired, "reload refused; the running configuration stays", err)
 	}
-	return &apiError{Status: http.StatusBadRequest, Code: codeInvalidConfig, Message: "reload failed; the running configuration stays: " + err.Error()}
+	return daemon.Wrap(http.StatusBadRequest, codeInvalidConfig, "reload failed; the running configuration stays", err)
 }
 
 // forwarding returns a copy of the forwarding configuration in force.
@@ -365,7 +340,7 @@ func (d *Daemon) change(fn func(*Forwarding) (any, error)) (res any, err error) 
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	defer func() {
-		var e *apiError
+		var e *daemon.APIError
 		if !errors.As(err, &e) || e.Status != http.StatusNotFound {
 			d.count("api", err)
 		}
@@ -377,29 +352,32 @@ func (d *Daemon) change(fn func(*Forwarding) (any, error)) (res any, err error) 
 	}
 	dcfg, err := d.file.with(next).Datapath()
 	if err != nil {
-		return nil, &apiError{Status: http.StatusBadRequest, Code: codeInvalidConfig, Message: err.Error()}
+		return nil, invalidConfig(err)
 	}
-	var sw *stateWrite
+	var sw *daemon.PendingFile
 	if d.file.StateFile != "" {
 		if sw, err = prepareState(d.file.StateFile, next); err != nil {
-			return nil, &apiError{Status: http.StatusInternalServerError, Code: codeStateFile, Message: "nothing changed: " + err.Error()}
+			return nil, daemon.Wrap(http.StatusInternalServerError, codeStateFile, "nothing changed", err)
 		}
 	}
 	if err := d.dist.Apply(dcfg); err != nil {
 		if sw != nil {
-			sw.abort()
+			sw.Abort()
 		}
 		if errors.Is(err, datapath.ErrClosed) {
-			return nil, &apiError{Status: http.StatusServiceUnavailable, Code: codeUnavailable, Message: err.Error()}
+			return nil, daemon.Wrap(http.StatusServiceUnavailable, codeUnavailable, "", err)
 		}
-		return nil, &apiError{Status: http.StatusBadRequest, Code: codeInvalidConfig, Message: err.Error()}
+		return nil, invalidConfig(err)
 	}
 	d.fwd = next
 	if sw != nil {
-		if err := sw.commit(); err != nil {
-			d.log.Error("the change is in force but not saved", "err", err)
-			return nil, &apiError{Status: http.StatusInternalServerError, Code: codeStateFile,
-				Message: "the change is in force but was not saved (it will be lost at restart): " + err.Error()}
+		if err := sw.Commit(); err != nil {
+			msg := "the change is in force but was not saved (it will be lost at restart)"
+			if errors.Is(err, daemon.ErrNotDurable) {
+				msg = "the change is in force and saved, but the save may not survive a power loss"
+			}
+			d.log.Error(msg, "err", err)
+			return nil, daemon.Wrap(http.StatusInternalServerError, codeStateFile, msg, err)
 		}
 	}
 	return res, nil

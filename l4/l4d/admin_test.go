@@ -208,7 +208,11 @@ func brief(body string) string {
 // apiErr checks that body is the API's error shape with status and code.
 func apiErr(t *testing.T, body string, status int, code string) {
 	t.Helper()
-	var e apiError
+	var e struct {
+		Status  int    `json:"status"`
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}
 	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Status != status || e.Code != code || e.Message == "" {
 		t.Errorf("error body %s: want status %d, code %q and a message", body, status, code)
 	}
@@ -274,6 +278,45 @@ func TestHealthAndMetrics(t *testing.T) {
 		`tiergate_l4_connections 0`,
 		"go_goroutines")
 	td.want("GET", "/status", "", 200, `"name": "web"`, `"vip": "203.0.113.10"`)
+}
+
+// TestLameDuck stops l4d with a lame_duck delay: /healthz answers 503 "shutting
+// down" while the admin endpoint and the datapath still run, and the stop ends only
+// after the delay.
+func TestLameDuck(t *testing.T) {
+	const delay = 400 * time.Millisecond
+	td := startWith(t, testConfig+"lame_duck: 400ms\n")
+	td.want("GET", "/healthz", "", 200, "ok")
+	start := time.Now()
+	stopped := make(chan error, 1)
+	go func() { stopped <- td.stop() }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, body := td.do("GET", "/healthz", "")
+		if code == http.StatusServiceUnavailable {
+			if !strings.Contains(body, "shutting down") {
+				t.Errorf("healthz during the lame-duck delay: %q", body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("healthz still %d %q", code, body)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !td.running.Load() {
+		t.Errorf("the datapath stopped during the lame-duck delay")
+	}
+	td.want("GET", "/rules/web", "", 200, `"name": "web"`)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < delay {
+		t.Errorf("stopped after %v, before lame_duck (%v)", took, delay)
+	}
+	if td.ports.closed.Load() != 1 {
+		t.Errorf("ports closed %d times", td.ports.closed.Load())
+	}
 }
 
 func TestRulesAPI(t *testing.T) {

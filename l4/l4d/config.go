@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/l4/conntrack"
 	"github.com/tiergate/tiergate/l4/datapath"
@@ -58,6 +59,11 @@ type FileConfig struct {
 
 	// Ports are the DPDK devices and the LD's addresses on them. Required.
 	Ports PortsFile `yaml:"ports" json:"ports"`
+
+	// LameDuck is how long l4d goes on forwarding after SIGTERM (or SIGINT) with
+	// /healthz answering 503 "shutting down", so that health checkers take it out of
+	// rotation before it stops. Changes on reload. Default 0: stop at once.
+	LameDuck config.Duration `yaml:"lame_duck" json:"lame_duck,omitempty"`
 
 	// HashSeed seeds the flow hash. Every LD of a cluster must use the same seed so
 	// that a flow moved between LDs (an ECMP change) keeps its member. Default a
@@ -315,6 +321,9 @@ func (c *FileConfig) validate() error {
 	}
 	if _, err := daemon.LogLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)
+	}
+	if c.LameDuck < 0 {
+		bad("lame_duck", "%v is negative", c.LameDuck)
 	}
 	if c.AdminListen != "off" && c.AdminTokenFile == "" && !c.AdminInsecure && !daemon.IsLoopbackListen(c.AdminListen) {
 		bad("admin_listen", "%q: other hosts can reach it and the admin API would serve them unauthenticated: "+

@@ -44,6 +44,7 @@ func TestParseConfig(t *testing.T) {
 		{"unknown nested field", repl(minimal, "name: a,", "nme: a,"), "field nme not found"},
 		{"bad log level", minimal + "log_level: chatty\n", `log_level "chatty"`},
 		{"bad duration", minimal + "dpdk: {idle_sleep: 5x}\n", `line 8: time: unknown unit "x"`},
+		{"negative lame duck", minimal + "lame_duck: -1s\n", "lame_duck: -1s is negative"},
 		{"negative idle", minimal + "dpdk: {idle_sleep: -1s}\n", "dpdk.idle_sleep: -1s is negative"},
 		{"workers", minimal + "dpdk: {workers: 65}\n", "dpdk.workers: 65 is outside 1..64"},
 		{"burst", minimal + "dpdk: {burst: 300}\n", "dpdk.burst: 300 is outside 1..256"},

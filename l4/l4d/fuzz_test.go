@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"os"
 	"testing"
+
+	"github.com/tiergate/tiergate/internal/daemon"
 )
 
 // FuzzParseConfig feeds arbitrary bytes to the configuration parser: it must return
@@ -41,7 +43,7 @@ func FuzzForwardingJSON(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var fw Forwarding
-		if err := decodeJSON(bytes.NewReader(data), &fw); err != nil {
+		if err := daemon.DecodeJSON(bytes.NewReader(data), &fw); err != nil {
 			return
 		}
 		base.with(fw).Datapath()

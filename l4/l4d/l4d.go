@@ -69,6 +69,7 @@ type Daemon struct {
 	changes *prometheus.CounterVec
 
 	auth daemon.AdminAuth
+	lame daemon.LameDuck // the stop: /healthz unhealthy, lame_duck, then shut down
 
 	ports   *portSet
 	dist    *datapath.Distributor
@@ -103,6 +104,7 @@ func (d *Daemon) setup() error {
 	}
 	d.auth.Logger = d.log
 	d.auth.SetToken(token)
+	d.lame.Logger, d.lame.Grace = d.log, shutdownTimeout
 	d.file, d.fwd = cfg, fwd
 	d.reg = prometheus.NewRegistry()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -202,8 +204,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			d.log.Info("stopping")
-			return d.stop(admin, runDone)
+			d.mu.Lock()
+			d.lame.Delay = d.file.LameDuck.D()
+			d.mu.Unlock()
+			d.log.Info("stopping", "lame_duck", d.lame.Delay)
+			return d.lame.Stop(context.Background(), func(context.Context) error { return d.stop(admin, runDone) })
 		case err := <-runDone:
 			// The datapath stopped by itself: a worker failed to start.
 			d.running.Store(false)
@@ -309,8 +314,12 @@ func (d *Daemon) AdminAddr() net.Addr {
 	return d.admin.Addr()
 }
 
-// healthy reports whether the datapath runs and every port's link is up.
+// healthy reports whether the datapath runs and every port's link is up, and not
+// once l4d has begun to stop.
 func (d *Daemon) healthy() error {
+	if d.lame.Stopping() {
+		return daemon.ErrShuttingDown
+	}
 	if !d.running.Load() {
 		return errors.New("datapath not running")
 	}
