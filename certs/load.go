@@ -89,10 +89,8 @@ func (s *Store) Prepare(cfg Config) (*Prepared, *LoadReport, error) {
 }
 
 // Commit serves what Prepare built, certificates and ticket keys together; it cannot
-// fail. Handshakes that have begun finish with the Set they started with.
+// fail. Commits, and Loads, come from one goroutine at a time. Handshakes that have begun finish with the Set they started with.
 func (s *Store) Commit(p *Prepared) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.set.Store(p.set)
 	s.applyTickets(p.keys)
 	s.m.loaded(p.set, p.rejected)

@@ -5,22 +5,21 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"sync/atomic"
 )
 
 // Store serves TLS handshakes from the current Set and swaps in a new one on each
-// successful Load. Its methods are safe for concurrent use; GetCertificate takes no
-// lock.
+// successful Load or Commit. It takes no lock: handshakes read an immutable Set and
+// ticket state through atomic pointers. Prepare, GetCertificate, Set and TLSConfig
+// may be called from any goroutine; Load and Commit, which change what is served,
+// from one at a time (a daemon's one owner of its configuration).
 type Store struct {
 	opts Options
 	log  *slog.Logger
 
 	set     atomic.Pointer[Set]
 	tickets atomic.Pointer[ticketState]
-
-	mu sync.Mutex // serialises Load, and guards m's series
-	m  *metrics
+	m       *metrics // its series are written by Commit alone
 }
 
 // NewStore returns a Store with no certificates: handshakes fail until the first

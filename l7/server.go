@@ -48,8 +48,7 @@ type Server struct {
 	router    *route.Router
 	listeners []*listener
 
-	state    atomic.Pointer[snapshot] // what requests and handshakes read
-	reloadMu sync.Mutex               // serialises Reload, the one writer of state
+	state    atomic.Pointer[snapshot] // what requests and handshakes read; written by Start and Commit
 	draining atomic.Bool
 
 	mu      sync.Mutex
@@ -133,7 +132,7 @@ func (s *Server) compile(cfg Config, routing *route.Config, table *route.Table, 
 
 // applyRouting applies cfg's routing to the Router, then stores the snapshot of cfg
 // over the Router's new table and closes the idle connections of members old had and
-// it has not. On error nothing changes. s.reloadMu is held.
+// it has not. On error nothing changes.
 func (s *Server) applyRouting(cfg Config, old *snapshot) (*snapshot, error) {
 	routing := routingOf(&cfg)
 	if err := s.router.Apply(routing); err != nil {
@@ -159,10 +158,8 @@ func (s *Server) Start() error {
 	if s.started || s.stopped {
 		return errors.New("l7: already started or shut down")
 	}
-	s.reloadMu.Lock()
 	cur := s.state.Load()
 	_, err := s.applyRouting(cur.cfg, cur)
-	s.reloadMu.Unlock()
 	if err != nil {
 		s.stopped = true
 		s.router.Close()
@@ -286,7 +283,7 @@ func (s *Server) Healthy() error {
 // changing those takes a restart, and Reload returns an error naming the first
 // difference, changing nothing. Registerer and Logger are not reloaded.
 //
-// Reload is Prepare then Commit; a caller that applies the server's configuration
+// Reload is Prepare then Commit, and is called as Commit is; a caller that applies the server's configuration
 // together with other things (certificates, blacklists) prepares them all first and
 // commits only when every one was good.
 func (s *Server) Reload(cfg Config) error {
@@ -326,11 +323,11 @@ func (s *Server) Prepare(cfg Config) (*Prepared, error) {
 }
 
 // Commit puts a configuration Prepare returned in force, which cannot fail: the
-// routing policy to the Router, then one snapshot with the rest. Commits, and Start,
-// come from one goroutine at a time (the daemon's owner of its configuration).
+// routing policy to the Router, then one snapshot with the rest. Commits (and
+// Reloads) come from one goroutine at a time, the daemon's one owner of its
+// configuration, and not during Start: the snapshot has a single writer, so requests
+// and handshakes read it with no lock.
 func (s *Server) Commit(p *Prepared) {
-	s.reloadMu.Lock()
-	defer s.reloadMu.Unlock()
 	old := s.state.Load()
 	if old.table == nil {
 		// Not started: Start applies the routing.

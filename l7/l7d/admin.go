@@ -86,13 +86,7 @@ func (d *Daemon) adminHandler() http.Handler {
 			http.Error(w, "use POST", http.StatusMethodNotAllowed)
 			return
 		}
-		reply := make(chan error, 1)
-		select {
-		case d.reload <- reply:
-		case <-r.Context().Done():
-			return
-		}
-		if err := <-reply; err != nil {
+		if err := d.Reload(); err != nil {
 			http.Error(w, "reload failed; the running configuration stays: "+err.Error(), http.StatusUnprocessableEntity)
 			return
 		}
@@ -121,10 +115,11 @@ func (d *Daemon) adminHandler() http.Handler {
 			writeError(w, uploadError(err))
 			return
 		}
-		d.mu.Lock()
-		err = d.commit(l, s)
-		info := d.listInfo(l)
-		d.mu.Unlock()
+		var info listInfo
+		if e := d.do(func(c *control) { err = c.commit(l, s); info = d.listInfo(l) }); e != nil {
+			writeError(w, stoppingError())
+			return
+		}
 		if err != nil {
 			writeError(w, d.stateError(l, err))
 			return
@@ -142,10 +137,11 @@ func (d *Daemon) adminHandler() http.Handler {
 			writeError(w, uploadError(err))
 			return
 		}
-		d.mu.Lock()
-		err = d.applyDelta(l, delta)
-		info := d.listInfo(l)
-		d.mu.Unlock()
+		var info listInfo
+		if e := d.do(func(c *control) { err = c.applyDelta(l, delta); info = d.listInfo(l) }); e != nil {
+			writeError(w, stoppingError())
+			return
+		}
 		var sw *errStateWrite
 		switch {
 		case errors.As(err, &sw):
@@ -164,10 +160,12 @@ func (d *Daemon) adminHandler() http.Handler {
 		if l == nil {
 			return
 		}
-		d.mu.Lock()
-		err := d.dropState(l)
-		info := d.listInfo(l)
-		d.mu.Unlock()
+		var err error
+		var info listInfo
+		if e := d.do(func(c *control) { err = c.dropState(l); info = d.listInfo(l) }); e != nil {
+			writeError(w, stoppingError())
+			return
+		}
 		var sw *errStateWrite
 		switch {
 		case errors.As(err, &sw):
@@ -187,16 +185,16 @@ func (d *Daemon) adminHandler() http.Handler {
 
 // applyDelta changes l by delta. With a state_dir the new entries are computed
 // aside and committed (written, then swapped in); without, the list applies the
-// delta itself. d.mu is held.
-func (d *Daemon) applyDelta(l *blacklist.List, delta *blacklist.Delta) error {
-	if d.cfg.StateDir == "" {
+// delta itself.
+func (c *control) applyDelta(l *blacklist.List, delta *blacklist.Delta) error {
+	if c.cfg.StateDir == "" {
 		return l.Apply(delta)
 	}
 	next, err := l.Next(delta)
 	if err != nil {
 		return err
 	}
-	return d.commitAs(l, next, l.ReplaceDelta)
+	return c.commitAs(l, next, l.ReplaceDelta)
 }
 
 // stateError describes a change refused because the list's state file could not be
@@ -208,6 +206,11 @@ func (d *Daemon) stateError(l *blacklist.List, err error) *apiError {
 	}
 	d.log.Error("blacklist change through the admin API failed", "list", l.Name(), "err", msg)
 	return &apiError{Status: http.StatusInternalServerError, Code: "state_write_failed", Message: msg}
+}
+
+// stoppingError answers a change asked of an l7d that is stopping (503).
+func stoppingError() *apiError {
+	return &apiError{Status: http.StatusServiceUnavailable, Code: "stopping", Message: "l7d is stopping; nothing was changed"}
 }
 
 // list returns the list a request names, or answers 404 and returns nil.

@@ -159,8 +159,8 @@ func parseListFiles(name string, files []string, data [][]byte) (*blacklist.Set,
 	return b.Build(), nil
 }
 
-// sources returns what the lists in force were loaded from, by list. It must not be
-// changed: setSources and setSource publish new maps.
+// sources returns what the lists in force were loaded from, by list, as the owner
+// last published it. It must not be changed.
 func (d *Daemon) sources() map[string]listSource {
 	if m := d.srcs.Load(); m != nil {
 		return *m
@@ -168,12 +168,16 @@ func (d *Daemon) sources() map[string]listSource {
 	return nil
 }
 
-func (d *Daemon) setSources(m map[string]listSource) { d.srcs.Store(&m) }
+// setSources makes m what the lists in force were loaded from, and publishes it; m
+// is not changed afterwards.
+func (c *control) setSources(m map[string]listSource) {
+	c.sources = m
+	c.d.srcs.Store(&m)
+}
 
 // setSource records what list name was loaded from; the zero listSource forgets it.
-// d.mu is held.
-func (d *Daemon) setSource(name string, src listSource) {
-	m := maps.Clone(d.sources())
+func (c *control) setSource(name string, src listSource) {
+	m := maps.Clone(c.sources)
 	if m == nil {
 		m = map[string]listSource{}
 	}
@@ -182,11 +186,12 @@ func (d *Daemon) setSource(name string, src listSource) {
 	} else {
 		m[name] = src
 	}
-	d.setSources(m)
+	c.setSources(m)
 }
 
-// swapBlacklists puts sets in force. d.mu is held, or d is not yet serving.
-func (d *Daemon) swapBlacklists(sets map[string]*blacklist.Set, sources map[string]listSource) {
+// swapBlacklists puts sets in force.
+func (c *control) swapBlacklists(sets map[string]*blacklist.Set, sources map[string]listSource) {
+	d := c.d
 	for _, name := range slices.Sorted(maps.Keys(sets)) {
 		s := sets[name]
 		d.lists.Listener(name).Replace(s)
@@ -199,7 +204,7 @@ func (d *Daemon) swapBlacklists(sets map[string]*blacklist.Set, sources map[stri
 			d.log.Info("blacklist loaded from its files", "list", name, "entries", s.Len(), "files", src.files)
 		}
 	}
-	d.setSources(sources)
+	c.setSources(sources)
 }
 
 // errStateWrite is a push refused because its state could not be written.
@@ -212,15 +217,15 @@ func (e *errStateWrite) Unwrap() error { return e.err }
 // those already expired, to l's state file; if that fails, l is left as it was and
 // the error is an *errStateWrite. The one exception is a file written whose
 // directory could not be synced (daemon.ErrNotDurable): s is then in force, as the
-// file is, and the error says so. d.mu is held.
-func (d *Daemon) commit(l *blacklist.List, s *blacklist.Set) error {
-	return d.commitAs(l, s, l.Replace)
+// file is, and the error says so.
+func (c *control) commit(l *blacklist.List, s *blacklist.Set) error {
+	return c.commitAs(l, s, l.Replace)
 }
 
 // commitAs is commit, with swap putting the set in force (Replace, or ReplaceDelta
 // for the result of a delta, so the update is counted as what it was).
-func (d *Daemon) commitAs(l *blacklist.List, s *blacklist.Set, swap func(*blacklist.Set)) error {
-	dir := d.cfg.StateDir
+func (c *control) commitAs(l *blacklist.List, s *blacklist.Set, swap func(*blacklist.Set)) error {
+	dir := c.cfg.StateDir
 	if dir == "" {
 		swap(s)
 		return nil
@@ -237,7 +242,7 @@ func (d *Daemon) commitAs(l *blacklist.List, s *blacklist.Set, swap func(*blackl
 	swap(s)
 	src := listSource{state: path}
 	h.Sum(src.digest[:0])
-	d.setSource(l.Name(), src)
+	c.setSource(l.Name(), src)
 	if err != nil {
 		return &errStateWrite{fmt.Errorf("the list is in force and in its state file, which may not survive a power loss: %w", err)}
 	}
@@ -269,12 +274,12 @@ func unexpired(s *blacklist.Set, now time.Time) *blacklist.Set {
 
 // dropState takes list l back to its configured files (empty without any), removing
 // its state file first when there is a state_dir. A file that cannot be read, or a
-// state file that cannot be removed, changes nothing. d.mu is held.
-func (d *Daemon) dropState(l *blacklist.List) error {
+// state file that cannot be removed, changes nothing.
+func (c *control) dropState(l *blacklist.List) error {
 	name := l.Name()
 	var set *blacklist.Set
 	var src listSource
-	if files := d.cfg.Blacklists[name].Files; len(files) > 0 {
+	if files := c.cfg.Blacklists[name].Files; len(files) > 0 {
 		data, s, err := readListFiles(name, files)
 		if err == nil {
 			set, err = parseListFiles(name, files, data)
@@ -284,13 +289,13 @@ func (d *Daemon) dropState(l *blacklist.List) error {
 		}
 		src = s
 	}
-	if dir := d.cfg.StateDir; dir != "" {
+	if dir := c.cfg.StateDir; dir != "" {
 		if err := daemon.RemoveFileDurably(statePath(dir, name)); err != nil {
 			return &errStateWrite{err}
 		}
 	}
 	l.Replace(set)
-	d.setSource(name, src)
+	c.setSource(name, src)
 	return nil
 }
 

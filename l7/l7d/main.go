@@ -14,7 +14,6 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -57,21 +56,28 @@ type Daemon struct {
 	// Stderr receives logs. Default os.Stderr.
 	Stderr io.Writer
 
-	mu  sync.Mutex  // serialises reloads and blacklist pushes
-	cfg *FileConfig // the configuration in force; written under mu
-	cur atomic.Pointer[FileConfig]
 	log *slog.Logger
 
+	// One goroutine, the owner, makes every change of configuration and state: file
+	// reloads (SIGHUP, POST /reload) and admin pushes queue to it as closures (do) and
+	// run one after the other. It alone touches ctl. What the admin API and the data
+	// path read, the owner publishes as immutable snapshots: cur and srcs here, the
+	// certificate set, the L7 server's snapshot and each blacklist's Set.
+	ops       chan func(*control)
+	stop      chan struct{} // closed by close: the owner returns
+	ownerDone chan struct{}
+	ctl       *control
+	cur       atomic.Pointer[FileConfig]            // the configuration in force
+	srcs      atomic.Pointer[map[string]listSource] // what lists were loaded from
+
 	lists         *blacklist.Lists
-	srcs          atomic.Pointer[map[string]listSource] // what lists were loaded from; written under mu
-	listenerNames []string                              // fixed at start
+	listenerNames []string // fixed at start
 	auth          daemon.AdminAuth
 	reg           *prometheus.Registry
 	ks            *client.Client
 	store         *certs.Store
 	srv           *l7.Server
 	admin         net.Listener
-	reload        chan chan error
 
 	reloads *prometheus.CounterVec
 	procs   *autoprocs.Controller // nil unless GOMAXPROCS is sized to the load
@@ -150,8 +156,52 @@ func (d *Daemon) setup() error {
 	if err != nil {
 		return err
 	}
-	d.swapBlacklists(sets, sources)
-	d.setConfig(cfg)
+	c := &control{d: d}
+	c.swapBlacklists(sets, sources)
+	c.setConfig(cfg)
+	d.startOwner(c)
+	return nil
+}
+
+// control is the state that the owner goroutine alone reads and writes.
+type control struct {
+	d       *Daemon
+	cfg     *FileConfig           // the configuration in force
+	sources map[string]listSource // what each list in force was loaded from
+}
+
+// startOwner starts the goroutine that owns c; close stops it.
+func (d *Daemon) startOwner(c *control) {
+	d.ctl = c
+	d.ops = make(chan func(*control))
+	d.stop = make(chan struct{})
+	d.ownerDone = make(chan struct{})
+	go func() {
+		defer close(d.ownerDone)
+		for {
+			select {
+			case op := <-d.ops:
+				op(c)
+			case <-d.stop:
+				return
+			}
+		}
+	}()
+}
+
+// errStopped is the error of a change asked of a Daemon that is stopping.
+var errStopped = errors.New("l7d is stopping")
+
+// do runs op on the owner goroutine, after the changes queued before it, and waits
+// for it.
+func (d *Daemon) do(op func(*control)) error {
+	done := make(chan struct{})
+	select {
+	case d.ops <- func(c *control) { op(c); close(done) }:
+	case <-d.stop:
+		return errStopped
+	}
+	<-done
 	return nil
 }
 
@@ -167,12 +217,12 @@ func readAdminToken(cfg *FileConfig) ([]byte, error) {
 	return tok, nil
 }
 
-func (d *Daemon) setConfig(cfg *FileConfig) {
-	d.cfg = cfg
-	d.cur.Store(cfg)
+func (c *control) setConfig(cfg *FileConfig) {
+	c.cfg = cfg
+	c.d.cur.Store(cfg)
 }
 
-// current returns the configuration in force, for readers outside reloads.
+// current returns the configuration in force, for readers other than the owner.
 func (d *Daemon) current() *FileConfig { return d.cur.Load() }
 
 func (d *Daemon) loadCerts(cfg *FileConfig) error {
@@ -251,6 +301,10 @@ func (d *Daemon) Check(out io.Writer) error {
 }
 
 func (d *Daemon) close() {
+	if d.stop != nil {
+		close(d.stop)
+		<-d.ownerDone
+	}
 	if d.ks != nil {
 		d.ks.Close()
 	}
@@ -262,26 +316,27 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	defer d.close()
-	if d.cfg.StateDir != "" {
-		if err := prepareStateDir(d.cfg.StateDir, listNames(d.cfg), d.log); err != nil {
+	cfg := d.current()
+	if cfg.StateDir != "" {
+		if err := prepareStateDir(cfg.StateDir, listNames(cfg), d.log); err != nil {
 			return err
 		}
 	}
-	pol, err := newPolicy(d.cfg, d.lists, d.log)
+	pol, err := newPolicy(cfg, d.lists, d.log)
 	if err != nil {
 		return err
 	}
 	// The tunnel comes first: it puts the VIPs on its device, which listeners may
 	// bind to. It goes last, after the requests in flight have been answered through it.
 	tunErr := make(chan error, 1)
-	if d.cfg.Tunnel != nil {
-		stop, err := d.startTunnel(tunErr)
+	if cfg.Tunnel != nil {
+		stop, err := d.startTunnel(cfg.Tunnel, tunErr)
 		if err != nil {
 			return err
 		}
 		defer stop()
 	}
-	srv, err := l7.NewServer(d.l7Config(d.cfg, pol))
+	srv, err := l7.NewServer(d.l7Config(cfg, pol))
 	if err != nil {
 		return err
 	}
@@ -298,10 +353,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for name, a := range srv.Addrs() {
 		d.log.Info("listening", "listener", name, "addr", a.String())
 	}
-	d.reload = make(chan chan error)
 	var admin *http.Server
-	if d.cfg.AdminListen != "off" {
-		ln, err := net.Listen("tcp", d.cfg.AdminListen)
+	if cfg.AdminListen != "off" {
+		ln, err := net.Listen("tcp", cfg.AdminListen)
 		if err != nil {
 			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			srv.Shutdown(sctx)
@@ -319,8 +373,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			d.log.Info("stopping", "grace", d.cfg.ShutdownGrace)
-			sctx, cancel := context.WithTimeout(context.Background(), d.cfg.ShutdownGrace)
+			grace := d.current().ShutdownGrace
+			d.log.Info("stopping", "grace", grace)
+			sctx, cancel := context.WithTimeout(context.Background(), grace)
 			err := srv.Shutdown(sctx)
 			cancel()
 			if admin != nil {
@@ -329,7 +384,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return err
 		case err := <-tunErr:
 			d.log.Error("tunnel endpoint failed; stopping", "err", err)
-			sctx, cancel := context.WithTimeout(context.Background(), d.cfg.ShutdownGrace)
+			sctx, cancel := context.WithTimeout(context.Background(), d.current().ShutdownGrace)
 			srv.Shutdown(sctx)
 			cancel()
 			if admin != nil {
@@ -340,8 +395,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 			if err := d.Reload(); err != nil {
 				d.log.Error("reload failed; the running configuration stays", "err", err)
 			}
-		case reply := <-d.reload:
-			reply <- d.Reload()
 		}
 	}
 }
@@ -349,8 +402,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 // startTunnel creates the tunnel endpoint and runs it in the background; a failure of
 // the running endpoint is sent on failed. stop ends it and removes its device and
 // rules.
-func (d *Daemon) startTunnel(failed chan<- error) (stop func(), err error) {
-	cfg, err := d.cfg.Tunnel.config()
+func (d *Daemon) startTunnel(t *TunnelFile, failed chan<- error) (stop func(), err error) {
+	cfg, err := t.config()
 	if err != nil {
 		return nil, err
 	}
@@ -385,24 +438,30 @@ func (d *Daemon) AdminAddr() net.Addr {
 }
 
 // Reload re-reads the configuration file and applies it, all of it or nothing: see
-// prepare and commit. A failure leaves the running configuration in force. Pushes
-// wait for a reload, and a reload for a push.
-func (d *Daemon) Reload() (err error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+// prepare and commitReload. A failure leaves the running configuration in force. It
+// runs on the owner goroutine, queued with the admin API's pushes.
+func (d *Daemon) Reload() error {
+	var err error
+	if e := d.do(func(c *control) { err = c.reload() }); e != nil {
+		return e
+	}
+	return err
+}
+
+func (c *control) reload() (err error) {
 	defer func() {
 		result := "ok"
 		if err != nil {
 			result = "error"
 		}
-		d.reloads.WithLabelValues(result).Inc()
+		c.d.reloads.WithLabelValues(result).Inc()
 	}()
-	next, err := d.prepare()
+	next, err := c.prepare()
 	if err != nil {
 		return err
 	}
-	d.commitReload(next)
-	d.log.Info("reloaded", "config", d.Path)
+	c.commitReload(next)
+	c.d.log.Info("reloaded", "config", c.d.Path)
 	return nil
 }
 
@@ -422,25 +481,26 @@ type reload struct {
 // take a restart, reads the admin token, reads the blacklist state files and the files
 // that changed, builds the certificate set and ticket keys (reaching the keyservers
 // for remote keys) and has the L7 server check its new configuration (listeners,
-// routing). d.mu is held.
-func (d *Daemon) prepare() (*reload, error) {
+// routing).
+func (c *control) prepare() (*reload, error) {
+	d, cur := c.d, c.cfg
 	cfg, err := LoadConfig(d.Path)
 	if err != nil {
 		return nil, err
 	}
-	if !sameKeyServers(cfg.KeyServers, d.cfg.KeyServers) {
+	if !sameKeyServers(cfg.KeyServers, cur.KeyServers) {
 		return nil, errors.New("keyservers changed: restart l7d to apply")
 	}
-	if !reflect.DeepEqual(cfg.Tunnel, d.cfg.Tunnel) {
+	if !reflect.DeepEqual(cfg.Tunnel, cur.Tunnel) {
 		return nil, errors.New("tunnel changed: restart l7d to apply")
 	}
-	if cfg.StateDir != d.cfg.StateDir {
+	if cfg.StateDir != cur.StateDir {
 		return nil, errors.New("state_dir changed: restart l7d to apply")
 	}
-	if cfg.GOMAXPROCS != d.cfg.GOMAXPROCS || cfg.GCPercent != d.cfg.GCPercent {
+	if cfg.GOMAXPROCS != cur.GOMAXPROCS || cfg.GCPercent != cur.GCPercent {
 		return nil, errors.New("gomaxprocs or gc_percent changed: restart l7d to apply")
 	}
-	if err := checkProxyProtocol(d.cfg, cfg); err != nil {
+	if err := checkProxyProtocol(cur, cfg); err != nil {
 		return nil, err
 	}
 	r := &reload{cfg: cfg}
@@ -451,7 +511,7 @@ func (d *Daemon) prepare() (*reload, error) {
 	if err != nil {
 		return nil, err
 	}
-	if r.sets, r.sources, err = readBlacklists(cfg, d.sources()); err != nil {
+	if r.sets, r.sources, err = readBlacklists(cfg, c.sources); err != nil {
 		return nil, err
 	}
 	if r.certs, _, err = d.store.Prepare(cfg.Certificates); err != nil {
@@ -466,13 +526,13 @@ func (d *Daemon) prepare() (*reload, error) {
 // commitReload puts a prepared reload in force, which cannot fail: the certificates
 // and ticket keys, then the L7 server's routing, client-IP rules and blacklist actions
 // in one snapshot, then the blacklists that changed, the admin token and the
-// configuration the admin API reports. d.mu is held.
-func (d *Daemon) commitReload(r *reload) {
-	d.store.Commit(r.certs)
-	d.srv.Commit(r.server)
-	d.swapBlacklists(r.sets, r.sources)
-	d.auth.SetToken(r.token)
-	d.setConfig(r.cfg)
+// configuration the admin API reports.
+func (c *control) commitReload(r *reload) {
+	c.d.store.Commit(r.certs)
+	c.d.srv.Commit(r.server)
+	c.swapBlacklists(r.sets, r.sources)
+	c.d.auth.SetToken(r.token)
+	c.setConfig(r.cfg)
 }
 
 // checkProxyProtocol refuses a reload that changes a listener's PROXY protocol

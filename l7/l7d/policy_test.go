@@ -206,7 +206,10 @@ func TestAdminBlacklists(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	d := &Daemon{reg: reg, log: quietLogger(), listenerNames: []string{"web"},
 		lists: blacklist.NewLists(blacklist.Options{Registerer: reg})}
-	d.setConfig(&FileConfig{Blacklists: map[string]BlacklistFile{"web": {Action: ActionClose}}})
+	c := &control{d: d}
+	c.setConfig(&FileConfig{Blacklists: map[string]BlacklistFile{"web": {Action: ActionClose}}})
+	d.startOwner(c)
+	t.Cleanup(d.close)
 	srv := httptest.NewServer(d.adminHandler())
 	defer srv.Close()
 

@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -114,5 +116,72 @@ backends: {app: {members: ["127.0.0.1:9"]}}
 				t.Errorf("after a good reload the listener serves serial %x, want the new %x", got, newSerial)
 			}
 		})
+	}
+}
+
+// TestConcurrentReloadsAndPushes: file reloads and blacklist pushes made at once queue
+// behind each other on the daemon's owner: no push is lost to a reload, every reload
+// is applied, and the state file ends equal to the list in force (run with -race).
+func TestConcurrentReloadsAndPushes(t *testing.T) {
+	dir := t.TempDir()
+	stateDir := filepath.Join(dir, "state")
+	files := writeList(t, dir, "global.txt", "192.0.2.1\n")
+	admin := freeAddr(t)
+	extra := "state_dir: " + stateDir + "\nblacklists: {global: {files: [" + files + "]}, web: {action: close}}\nlog_level: error\n"
+	path := testConfig(t, dir, admin, extra)
+	runDaemon(t, path, admin)
+	c := adminClient{t: t, base: "http://" + admin}
+
+	const pushers, each, reloads = 4, 15, 20
+	var wg sync.WaitGroup
+	for w := range pushers {
+		wg.Go(func() {
+			for i := range each {
+				// Addresses two apart, so that none merge into a range.
+				if code, _, body := c.call("POST", "/blacklists/global/delta", fmt.Sprintf("+10.%d.0.%d\n", w, 2*i)); code != 200 {
+					t.Errorf("delta: %d %s", code, body)
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range reloads {
+			// Each reload changes the file, so each is a real change.
+			testConfig(t, dir, admin, extra+fmt.Sprintf("shutdown_grace: %ds\n", 10+i%2))
+			if code, _, body := c.call("POST", "/reload", ""); code != 200 {
+				t.Errorf("reload: %d %s", code, body)
+			}
+		}
+	})
+	wg.Go(func() {
+		for range reloads {
+			if code, _, body := c.call("PUT", "/blacklists/web", "198.51.100.0/24\n"); code != 200 {
+				t.Errorf("PUT: %d %s", code, body)
+			}
+		}
+	})
+	wg.Wait()
+
+	want := pushers*each + 1 // and the file's
+	code, out, body := c.call("GET", "/blacklists/global", "")
+	if code != 200 || out["entries"] != float64(want) || out["state_file"] != statePath(stateDir, "global") {
+		t.Fatalf("after the storm: %d %s; want %d entries, from the state file", code, body, want)
+	}
+	disk := readStateFile(t, statePath(stateDir, "global"))
+	if disk.Len() != want || !has(disk, "192.0.2.1") {
+		t.Errorf("the state file holds %d entries, the list %d", disk.Len(), want)
+	}
+	for w := range pushers {
+		for i := range each {
+			if a := fmt.Sprintf("10.%d.0.%d", w, 2*i); !has(disk, a) {
+				t.Errorf("%s lost", a)
+			}
+		}
+	}
+	if _, out, _ := c.call("GET", "/blacklists/web", ""); out["entries"] != 1.0 || out["action"] != "close" {
+		t.Errorf("web after the storm: %v", out)
+	}
+	if _, _, metrics := c.call("GET", "/metrics", ""); !strings.Contains(metrics, fmt.Sprintf("tiergate_l7_reloads_total{result=\"ok\"} %d\n", reloads)) {
+		t.Errorf("not %d reloads counted ok", reloads)
 	}
 }

@@ -124,8 +124,8 @@ func setupDaemon(t *testing.T, path string) (*Daemon, adminClient, *testenv.Lock
 		t.Fatalf("setup: %v", err)
 	}
 	t.Cleanup(d.close)
-	if d.cfg.StateDir != "" {
-		if err := prepareStateDir(d.cfg.StateDir, listNames(d.cfg), d.log); err != nil {
+	if cfg := d.current(); cfg.StateDir != "" {
+		if err := prepareStateDir(cfg.StateDir, listNames(cfg), d.log); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -526,15 +526,16 @@ func BenchmarkStateCommit(b *testing.B) {
 			}
 			s := bl.Build()
 			d := &Daemon{log: quietLogger(), lists: blacklist.NewLists(blacklist.Options{})}
-			d.setConfig(&FileConfig{StateDir: b.TempDir()})
+			c := &control{d: d}
+			c.setConfig(&FileConfig{StateDir: b.TempDir()})
 			l := d.lists.Global()
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := d.commit(l, s); err != nil {
+				if err := c.commit(l, s); err != nil {
 					b.Fatal(err)
 				}
 			}
-			fi, err := os.Stat(statePath(d.cfg.StateDir, "global"))
+			fi, err := os.Stat(statePath(c.cfg.StateDir, "global"))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,13 +22,15 @@ type Options struct {
 }
 
 // A List is a named blacklist whose Set is swapped atomically: lookups read the Set
-// in force without locks and never wait for an update; updates are serialized among
-// themselves. A nil *List contains nothing.
+// in force without locks and never wait for an update. Updates take no lock either:
+// Replace stores, Apply builds on the Set it read and swaps only if that is still the
+// one in force (else builds again), so no update is lost whoever makes them; a caller
+// that must write a change elsewhere before it swaps it in (Next, then ReplaceDelta)
+// makes its updates from one goroutine. A nil *List contains nothing.
 type List struct {
 	name  string
 	clock func() time.Time
 	set   atomic.Pointer[Set]
-	mu    sync.Mutex // serializes updates
 
 	packet, header, other atomic.Uint64
 
@@ -131,23 +132,24 @@ func (l *List) Replace(s *Set) {
 	if s == nil {
 		s = emptySet
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.swap(s, kindReplace)
 }
 
 // Apply changes the Set in force by d (see Delta) and swaps the result in, dropping
 // expired entries. On error the Set in force is kept.
 func (l *List) Apply(d *Delta) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	next, err := l.set.Load().apply(d, nowSeconds(l.now()))
-	if err != nil {
-		l.rejected(kindDelta)
-		return fmt.Errorf("applying a delta to blacklist %q: %w", l.name, err)
+	for {
+		cur := l.set.Load()
+		next, err := cur.apply(d, nowSeconds(l.now()))
+		if err != nil {
+			l.rejected(kindDelta)
+			return fmt.Errorf("applying a delta to blacklist %q: %w", l.name, err)
+		}
+		if l.set.CompareAndSwap(cur, next) {
+			l.swapped(next, kindDelta)
+			return nil
+		}
 	}
-	l.swap(next, kindDelta)
-	return nil
 }
 
 // Next computes the Set that Apply(d) would put in force, without swapping it in, so
@@ -163,13 +165,12 @@ func (l *List) Next(d *Delta) (*Set, error) {
 }
 
 // ReplaceDelta swaps s in, as Replace does, counting the update as a delta (s being
-// what Next made of one).
+// what Next made of one). Next and ReplaceDelta are made by one goroutine, which
+// makes every update of the list between them.
 func (l *List) ReplaceDelta(s *Set) {
 	if s == nil {
 		s = emptySet
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.swap(s, kindDelta)
 }
 
@@ -203,9 +204,14 @@ func (l *List) now() time.Time {
 	return l.clock()
 }
 
-// swap stores s; l.mu is held.
+// swap stores s.
 func (l *List) swap(s *Set, kind string) {
 	l.set.Store(s)
+	l.swapped(s, kind)
+}
+
+// swapped counts an update that put s in force.
+func (l *List) swapped(s *Set, kind string) {
 	if l.m == nil {
 		return
 	}

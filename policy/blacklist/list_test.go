@@ -298,3 +298,26 @@ tiergate_blacklist_updates_total{kind="replace",listener="global",result="ok"} 1
 		t.Fatal(err)
 	}
 }
+
+// TestConcurrentApplyLosesNothing: deltas applied from several goroutines at once,
+// with no lock, each end up in the list.
+func TestConcurrentApplyLosesNothing(t *testing.T) {
+	l := NewList("www", Options{})
+	const workers, each = 4, 50
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				// Addresses two apart, so that none merge into a range.
+				a := a4(0x0a000000 + uint32(w)<<16 + uint32(2*i)).addr()
+				if err := l.Apply(&Delta{Add: []Entry{{Prefix: netip.PrefixFrom(a, 32)}}}); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := l.Len(); n != workers*each {
+		t.Errorf("%d entries after %d concurrent deltas of one each", n, workers*each)
+	}
+}

@@ -50,9 +50,7 @@ func MeasureSwapStall(l *List, s *Set, probes int) time.Duration {
 		if i%2 == 1 {
 			next = old
 		}
-		l.mu.Lock()
 		l.set.Store(next)
-		l.mu.Unlock()
 	}
 }
 
