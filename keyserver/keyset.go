@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/tiergate/tiergate/keyserver/backend"
@@ -97,23 +98,37 @@ func (g *grant) allows(k *keyEntry) bool {
 	return g.all || g.ids[k.ID] || (k.Label != "" && g.labels[k.Label])
 }
 
-// grantFor returns the grant of the first rule matching the client certificate, or
-// nil if none matches. With no rules at all, every client may use every key.
-func grantFor(rules []*grant, names []string, cfgRules []ClientRule) *grant {
-	if len(cfgRules) == 0 {
+// ruleSet is the client rules in force, compiled: an immutable snapshot swapped
+// whole by Server.Apply.
+type ruleSet struct {
+	rules  []ClientRule
+	grants []*grant
+}
+
+// noRule is the rule name of the grant of a client no rule matches.
+const noRule = "none"
+
+func compileRules(rules []ClientRule) *ruleSet {
+	rs := &ruleSet{rules: slices.Clone(rules)}
+	for _, r := range rules {
+		rs.grants = append(rs.grants, compileRule(r))
+	}
+	return rs
+}
+
+// grantFor returns the grant of the first rule matching a client certificate's
+// names; with no rules at all, every key; when no rule matches, nothing (the
+// rule named noRule).
+func (rs *ruleSet) grantFor(names []string) *grant {
+	if len(rs.rules) == 0 {
 		return &grant{rule: "default", all: true}
 	}
-	for i, r := range cfgRules {
-		if r.Name == "*" {
-			return rules[i]
-		}
-		for _, n := range names {
-			if r.Name == n {
-				return rules[i]
-			}
+	for i, r := range rs.rules {
+		if r.Name == "*" || slices.Contains(names, r.Name) {
+			return rs.grants[i]
 		}
 	}
-	return nil
+	return &grant{rule: noRule}
 }
 
 // certNames lists the names a rule may match: common name, DNS and URI SANs.

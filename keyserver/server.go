@@ -20,6 +20,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,14 +32,23 @@ import (
 )
 
 // Server is a keyserver. Create it with NewServer, then Start or Run it.
+//
+// What can change while it serves (the keys, the backends, the client rules) is owned
+// by one goroutine: imports and Apply are closures queued to it (do), so they run one
+// after another, and request handlers read immutable snapshots (keys, rules,
+// backends) with no lock.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	m      *metrics
-	grants []*grant
+	cfg Config
+	log *slog.Logger
+	m   *metrics
 
 	keys     atomic.Pointer[keySet]
-	importMu sync.Mutex // serialises imports (one owner of keySet mutations)
+	rules    atomic.Pointer[ruleSet]
+	backends atomic.Pointer[[]backend.Backend]
+
+	ops       chan func()   // changes, run in order by the owner goroutine
+	ownerDone chan struct{} // closed when the owner stops, at Shutdown
+	stopOwner sync.Once
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -55,23 +65,102 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	cfg.populate()
 	s := &Server{
-		cfg:      cfg,
-		log:      cfg.Logger.With("component", "keyserver"),
-		m:        newMetrics(cfg.Registerer),
-		conns:    map[*serverConn]struct{}{},
-		accepted: make(chan struct{}),
-	}
-	for _, r := range cfg.Clients {
-		s.grants = append(s.grants, compileRule(r))
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "keyserver"),
+		m:         newMetrics(cfg.Registerer),
+		conns:     map[*serverConn]struct{}{},
+		accepted:  make(chan struct{}),
+		ops:       make(chan func()),
+		ownerDone: make(chan struct{}),
 	}
 	ks, err := newKeySet(cfg.Backends)
 	if err != nil {
 		return nil, err
 	}
 	s.keys.Store(ks)
+	s.rules.Store(compileRules(cfg.Clients))
+	bs := slices.Clone(cfg.Backends)
+	s.backends.Store(&bs)
 	s.m.keys.Set(float64(len(ks.list)))
+	go s.own()
 	return s, nil
 }
+
+// own runs the queued changes until Shutdown.
+func (s *Server) own() {
+	for {
+		select {
+		case op := <-s.ops:
+			op()
+		case <-s.ownerDone:
+			return
+		}
+	}
+}
+
+// ErrServerClosed is returned by changes made after Shutdown.
+var ErrServerClosed = errors.New("keyserver: server shut down")
+
+// do runs op on the owner goroutine and waits for it.
+func (s *Server) do(op func()) error {
+	done := make(chan struct{})
+	select {
+	case s.ops <- func() { op(); close(done) }:
+	case <-s.ownerDone:
+		return ErrServerClosed
+	}
+	<-done
+	return nil
+}
+
+// Update is a change of what a running Server serves, applied whole by Apply.
+type Update struct {
+	// Clients replaces the client rules (Config.Clients). Connections already open
+	// follow them from their next request.
+	Clients []ClientRule
+	// Backends, when not nil, replace the backends (Config.Backends): the keys
+	// offered become theirs, and imports go to the first. Nil keeps the backends.
+	Backends []backend.Backend
+}
+
+// Apply validates u and, only when all of it is good, swaps it in at once: a bad
+// rule or a backend whose keys cannot be listed changes nothing. It returns the
+// backends that u replaced (none when u.Backends is nil); the caller closes them once
+// the requests already using their keys are done (a request takes the keys in force
+// when it starts).
+func (s *Server) Apply(u Update) (replaced []backend.Backend, err error) {
+	if err := ValidateClients(u.Clients); err != nil {
+		return nil, fmt.Errorf("keyserver: %w", err)
+	}
+	if u.Backends != nil && len(u.Backends) == 0 {
+		return nil, errors.New("keyserver: at least one key backend is required")
+	}
+	rules := compileRules(u.Clients)
+	if e := s.do(func() {
+		var ks *keySet
+		if u.Backends != nil {
+			if ks, err = newKeySet(u.Backends); err != nil {
+				return
+			}
+			replaced = *s.backends.Load()
+			bs := slices.Clone(u.Backends)
+			s.backends.Store(&bs)
+			s.keys.Store(ks)
+			s.m.keys.Set(float64(len(ks.list)))
+		}
+		s.rules.Store(rules)
+	}); e != nil {
+		return nil, e
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("applied", "client_rules", len(u.Clients), "keys", len(s.keys.Load().list), "backends_replaced", len(replaced))
+	return replaced, nil
+}
+
+// Backends returns the backends in force.
+func (s *Server) Backends() []backend.Backend { return slices.Clone(*s.backends.Load()) }
 
 // Start listens on cfg.Addr and serves in the background until Shutdown.
 func (s *Server) Start() error {
@@ -154,6 +243,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	done := make(chan struct{})
 	go func() { s.doneConn.Wait(); close(done) }()
+	defer s.stopOwner.Do(func() { close(s.ownerDone) })
 	select {
 	case <-done:
 		s.log.Info("shut down", "drained_conns", len(conns))
@@ -193,7 +283,7 @@ func (s *Server) acceptLoop(ln net.Listener) {
 			nc.Close()
 			return
 		}
-		if len(s.conns) >= s.cfg.MaxConns {
+		if len(s.conns) >= s.cfg.Limits.MaxConns {
 			s.mu.Unlock()
 			s.m.rejections.WithLabelValues(rejectTooManyConns).Inc()
 			nc.Close()
@@ -221,9 +311,16 @@ func (s *Server) Import(label string, pemKey []byte) (protocol.KeyID, error) {
 	if err != nil {
 		return protocol.KeyID{}, protocol.Errorf(protocol.CodeBadRequest, "parsing key %q: %v", label, err)
 	}
-	s.importMu.Lock()
-	defer s.importMu.Unlock()
-	b := s.cfg.Backends[0]
+	var id protocol.KeyID
+	if e := s.do(func() { id, err = s.importKey(label, priv) }); e != nil {
+		return protocol.KeyID{}, protocol.Errorf(protocol.CodeInternal, "importing key %q: %v", label, e)
+	}
+	return id, err
+}
+
+// importKey is Import on the owner goroutine.
+func (s *Server) importKey(label string, priv crypto.PrivateKey) (protocol.KeyID, error) {
+	b := (*s.backends.Load())[0]
 	k, err := b.Import(label, priv)
 	if err != nil {
 		if errors.Is(err, backend.ErrUnsupportedKey) {
@@ -257,7 +354,9 @@ type serverConn struct {
 	s     *Server
 	nc    net.Conn
 	tc    *tls.Conn
-	grant *grant
+	names []string // the certificate's names that client rules match
+	rules *ruleSet // the rules grant was found in
+	grant *grant   // what the client may do; the reader's, handed to each request
 	peer  string
 
 	out      chan []byte   // encoded answers for the writer
@@ -273,7 +372,7 @@ func (c *serverConn) serve() {
 	defer c.s.m.conns.Dec()
 
 	c.tc = tls.Server(c.nc, c.s.cfg.TLS)
-	ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.HandshakeTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.Limits.HandshakeTimeout.D())
 	err := c.tc.HandshakeContext(ctx)
 	cancel()
 	if err != nil {
@@ -285,16 +384,15 @@ func (c *serverConn) serve() {
 	st := c.tc.ConnectionState()
 	leaf := st.PeerCertificates[0]
 	c.peer = leaf.Subject.CommonName
-	c.grant = grantFor(c.s.grants, certNames(leaf), c.s.cfg.Clients)
-	if c.grant == nil {
+	c.names = certNames(leaf)
+	if c.currentGrant().rule == noRule {
 		// Authenticated, but no rule names this client: it may still ping, and every key
 		// request is answered not_authorized (and counted) so the client sees why.
 		c.s.m.rejections.WithLabelValues(rejectNoRule).Inc()
-		c.grant = &grant{rule: "none"}
 	}
 	c.s.m.handshakes.Inc()
-	c.out = make(chan []byte, c.s.cfg.MaxInFlightPerConn+16)
-	c.sem = make(chan struct{}, c.s.cfg.MaxInFlightPerConn)
+	c.out = make(chan []byte, c.s.cfg.Limits.MaxInFlightPerConn+16)
+	c.sem = make(chan struct{}, c.s.cfg.Limits.MaxInFlightPerConn)
 
 	writerDone := make(chan struct{})
 	go c.writeLoop(writerDone)
@@ -302,6 +400,15 @@ func (c *serverConn) serve() {
 	c.inFlight.Wait() // every started request has queued its answer
 	close(c.out)
 	<-writerDone
+}
+
+// currentGrant returns what the client may do under the rules in force, finding it
+// again only when the rules changed. Only the reader calls it.
+func (c *serverConn) currentGrant() *grant {
+	if rs := c.s.rules.Load(); rs != c.rules {
+		c.rules, c.grant = rs, rs.grantFor(c.names)
+	}
+	return c.grant
 }
 
 // drain stops the reader at its next frame boundary (or at once if it is waiting for
@@ -318,7 +425,7 @@ func (c *serverConn) readLoop() {
 		if c.draining.Load() {
 			return
 		}
-		c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
+		c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.Limits.IdleTimeout.D()))
 		if c.draining.Load() { // drain may have set its deadline before ours
 			return
 		}
@@ -352,7 +459,7 @@ func (c *serverConn) readLoop() {
 		}
 		c.inFlight.Add(1)
 		c.s.m.inFlight.Inc()
-		go c.handle(req, time.Now())
+		go c.handle(c.currentGrant(), req, time.Now())
 	}
 }
 
@@ -365,8 +472,8 @@ func (c *serverConn) reject(op protocol.Op, id uint64, e *protocol.Error) {
 	c.out <- protocol.AppendError(nil, op, id, e)
 }
 
-func (c *serverConn) handle(req *protocol.Request, start time.Time) {
-	body, err := c.s.do(c.grant, req)
+func (c *serverConn) handle(g *grant, req *protocol.Request, start time.Time) {
+	body, err := c.s.serve(g, req)
 	code := protocol.CodeOf(err)
 	var frame []byte
 	if err != nil {
@@ -402,7 +509,7 @@ func (c *serverConn) writeLoop(done chan<- struct{}) {
 		if len(c.out) > 0 && bw.Buffered() < 16<<10 {
 			continue
 		}
-		c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+		c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.Limits.WriteTimeout.D()))
 		if err := bw.Flush(); err != nil {
 			c.s.log.Debug("write failed", "peer", c.peer, "err", err)
 			failed = true
@@ -411,8 +518,8 @@ func (c *serverConn) writeLoop(done chan<- struct{}) {
 	}
 }
 
-// do performs one request for a client holding grant g.
-func (s *Server) do(g *grant, req *protocol.Request) ([]byte, error) {
+// serve performs one request for a client holding grant g.
+func (s *Server) serve(g *grant, req *protocol.Request) ([]byte, error) {
 	switch req.Op {
 	case protocol.OpPing:
 		return req.Payload, nil

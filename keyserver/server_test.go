@@ -520,7 +520,7 @@ func waitCounter(t *testing.T, c prometheus.Counter, want float64) {
 
 func TestOverloadedInsteadOfQueueing(t *testing.T) {
 	f := newFixture(t, func(c *Config) {
-		c.MaxInFlightPerConn = 2
+		c.Limits.MaxInFlightPerConn = 2
 		c.Backends = []backend.Backend{slowBackend{c.Backends[0], 200 * time.Millisecond}}
 	})
 	c := f.dial(t, "l7-all")
@@ -625,12 +625,88 @@ func TestConfigValidation(t *testing.T) {
 		{"no TLS", Config{Backends: []backend.Backend{soft}}, "TLS with a server certificate is required"},
 		{"no client CA", Config{TLS: &tls.Config{Certificates: []tls.Certificate{cert}}, Backends: []backend.Backend{soft}}, "ClientCAs is required"},
 		{"no backend", Config{TLS: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.Pool()}}, "at least one key backend"},
-		{"unnamed rule", Config{TLS: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.Pool()}, Backends: []backend.Backend{soft}, Clients: []ClientRule{{}}}, "client rule 0: name is empty"},
+		{"unnamed rule", Config{TLS: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.Pool()}, Backends: []backend.Backend{soft}, Clients: []ClientRule{{}}}, "clients[0].name: required"},
+		{"empty key", Config{TLS: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.Pool()}, Backends: []backend.Backend{soft}, Clients: []ClientRule{{Name: "a", Keys: []string{"x", ""}}}}, "clients[0].keys[1]: empty"},
+		{"negative limit", Config{TLS: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.Pool()}, Backends: []backend.Backend{soft}, Limits: Limits{MaxConns: -1, IdleTimeout: -1}}, "limits.max_conns: must not be negative\nlimits.idle_timeout: must not be negative"},
 	}
 	for _, tc := range cases {
 		_, err := NewServer(tc.cfg)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error containing %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestApply changes the client rules and the backends of a running server: an open
+// connection follows the new rules from its next request, the keys become the new
+// backends', and an update with a bad part changes nothing.
+func TestApply(t *testing.T) {
+	f := newFixture(t, nil)
+	c := f.dial(t, "l7-ec")
+	d := digest(crypto.SHA256, "apply")
+	sign := func(id uint64, key string) error {
+		_, err := c.do(&protocol.Request{Op: protocol.OpECDSASign, ID: id, KeyID: f.ids[key], Hash: protocol.HashSHA256, Payload: d})
+		return err
+	}
+	if err := sign(1, "ec"); err != nil {
+		t.Fatalf("before: %v", err)
+	}
+
+	// A bad rule: refused, nothing changes.
+	if _, err := f.srv.Apply(Update{Clients: []ClientRule{{Name: "l7-ec"}, {Keys: []string{"*"}}}}); err == nil || !strings.Contains(err.Error(), "clients[1].name: required") {
+		t.Errorf("a bad rule: %v", err)
+	}
+	if err := sign(2, "ec"); err != nil {
+		t.Errorf("after a refused update: %v", err)
+	}
+
+	// The rule loses the key: the same connection is refused from its next request.
+	if _, err := f.srv.Apply(Update{Clients: []ClientRule{{Name: "l7-ec", Keys: []string{"rsa"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sign(3, "ec"); protocol.CodeOf(err) != protocol.CodeNotAuthorized {
+		t.Errorf("after the rule lost the key: %v, want not_authorized", err)
+	}
+
+	// New backends: the keys offered are theirs; the old ones are handed back.
+	soft2, err := softkey.New(softkey.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2, err := soft2.Import("ec2", f.ec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.Apply(Update{Clients: []ClientRule{{Name: "*", Keys: []string{"*"}}}, Backends: []backend.Backend{}}); err == nil {
+		t.Errorf("an empty list of backends was applied")
+	}
+	replaced, err := f.srv.Apply(Update{Clients: []ClientRule{{Name: "*", Keys: []string{"ec2"}}}, Backends: []backend.Backend{soft2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(replaced) != 1 || replaced[0] != backend.Backend(f.soft) {
+		t.Errorf("replaced %v, want the old software backend", replaced)
+	}
+	if keys := f.srv.Keys(); len(keys) != 1 || keys[0].Label != "ec2" || keys[0].ID != k2.ID {
+		t.Errorf("keys after the new backends: %+v", keys)
+	}
+	if bs := f.srv.Backends(); len(bs) != 1 || bs[0] != backend.Backend(soft2) {
+		t.Errorf("backends in force: %v", bs)
+	}
+	if err := sign(4, "ec"); err != nil { // the same key, now by label ec2
+		t.Errorf("with the new backend: %v", err)
+	}
+	if _, err := c.do(&protocol.Request{Op: protocol.OpRSASignPKCS1, ID: 5, KeyID: f.ids["rsa"], Hash: protocol.HashSHA256, Payload: d}); protocol.CodeOf(err) != protocol.CodeKeyNotFound {
+		t.Errorf("a key of the replaced backend: %v, want key_not_found", err)
+	}
+
+	// After Shutdown, changes are refused.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := f.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.Apply(Update{}); !errors.Is(err, ErrServerClosed) {
+		t.Errorf("apply after shutdown: %v", err)
 	}
 }

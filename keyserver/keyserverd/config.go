@@ -1,6 +1,7 @@
 // Package keyserverd is the keyserverd command as a library: its configuration file,
-// its subcommands (run, import, keys) and its signal handling, so that tests drive it
-// in-process and cmd/keyserverd stays a one-line main.
+// its commands (run, check, import, keys), reload on SIGHUP and POST /reload, the
+// admin endpoint and the lame-duck stop, so that tests drive it in-process and
+// cmd/keyserverd stays a one-line main.
 package keyserverd
 
 import (
@@ -11,51 +12,58 @@ import (
 	"os"
 	"time"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver"
 	"github.com/tiergate/tiergate/keyserver/hsm"
 	"github.com/tiergate/tiergate/keyserver/softkey"
 )
 
-// FileConfig is the YAML configuration file of keyserverd. Every field may be left out;
-// its default is given beside it. docs: deploy/keyserverd.yaml is a full example.
+// FileConfig is the YAML configuration file of keyserverd: the keyserver's own model
+// (listen, limits, clients; keyserver.Config) and what is the daemon's (the admin
+// endpoint, TLS files, key backends, process settings). Every field may be left out
+// unless marked required; its default is given beside it. deploy/keyserverd.yaml is
+// a full example.
+//
+// On reload (SIGHUP, POST /reload) clients, log_level, admin_token_file, lame_duck,
+// shutdown_grace and the key backends (pkcs11, software: the keys offered) change;
+// listen, limits, tls, admin_listen and admin_insecure are fixed at start, and a
+// reload that changes them is refused.
 type FileConfig struct {
-	// Listen is the address clients connect to. Default ":2407".
-	Listen string `yaml:"listen"`
-	// MetricsListen serves /metrics (Prometheus) and /healthz. Default
-	// "127.0.0.1:9240"; "off" disables it.
+	// Server is the keyserver's configuration: listen (default ":2407"), limits and
+	// clients, written at the top level of the file.
+	Server keyserver.Config `yaml:",inline"`
+
+	// AdminListen serves /metrics (Prometheus), /healthz, GET /status and POST
+	// /reload. Default "127.0.0.1:9240"; "off" disables it.
+	AdminListen string `yaml:"admin_listen"`
+
+	// MetricsListen is the former name of AdminListen, still read. Set one of the
+	// two.
 	MetricsListen string `yaml:"metrics_listen"`
+
+	// AdminTokenFile holds the bearer token of the admin endpoint: with it, every
+	// request but GET /healthz and /metrics needs "Authorization: Bearer <token>".
+	// Read at start and on reload. Default none: no token.
+	AdminTokenFile string `yaml:"admin_token_file"`
+
+	// AdminInsecure lets AdminListen be an address other hosts reach without
+	// AdminTokenFile; without it keyserverd refuses that configuration. Default
+	// false.
+	AdminInsecure bool `yaml:"admin_insecure"`
 
 	// TLS: the server's certificate and the CA that client certificates must chain to.
 	// All three files are required to run (not to import).
-	TLS struct {
-		// CertFile is the server certificate chain (PEM). Required.
-		CertFile string `yaml:"cert_file"`
-		// KeyFile is the server certificate's private key (PEM). Required.
-		KeyFile string `yaml:"key_file"`
-		// ClientCAFile holds the CA certificates (PEM) that issue client certificates.
-		// Required.
-		ClientCAFile string `yaml:"client_ca_file"`
-	} `yaml:"tls"`
-
-	// Limits on clients.
-	Limits struct {
-		// MaxInFlightPerConn bounds requests being worked on per connection; more are
-		// answered "overloaded" at once. Default 1024.
-		MaxInFlightPerConn int `yaml:"max_in_flight_per_conn"`
-		// MaxConns bounds client connections. Default 4096.
-		MaxConns int `yaml:"max_conns"`
-		// HandshakeTimeout bounds a client's TLS handshake. Default 10s.
-		HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
-		// IdleTimeout closes connections on which no frame arrives. Default 5m.
-		IdleTimeout time.Duration `yaml:"idle_timeout"`
-		// WriteTimeout bounds one write to a client. Default 10s.
-		WriteTimeout time.Duration `yaml:"write_timeout"`
-	} `yaml:"limits"`
+	TLS TLSFiles `yaml:"tls"`
 
 	// ShutdownGrace is how long in-flight requests may take to finish on SIGTERM or
-	// SIGINT before connections are closed. Default 10s.
-	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+	// SIGINT (after LameDuck) before connections are closed. Default 10s.
+	ShutdownGrace config.Duration `yaml:"shutdown_grace"`
+
+	// LameDuck is how long keyserverd goes on serving after SIGTERM or SIGINT with
+	// /healthz answering 503 "shutting down", so that health checkers take it out of
+	// rotation before it stops accepting. Default 0: stop at once.
+	LameDuck config.Duration `yaml:"lame_duck"`
 
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `yaml:"log_level"`
@@ -68,14 +76,28 @@ type FileConfig struct {
 	// Software configures the software (PEM file) backend, for development. Default:
 	// none.
 	Software *softkey.Config `yaml:"software"`
-
-	// Clients authorizes clients for keys by certificate name. Default (empty): any
-	// client with a valid certificate may use every key and none may import.
-	Clients []keyserver.ClientRule `yaml:"clients"`
 }
 
-// DefaultMetricsListen is where /metrics and /healthz are served by default.
-const DefaultMetricsListen = "127.0.0.1:9240"
+// TLSFiles are the PEM files of keyserverd's mutual TLS.
+type TLSFiles struct {
+	// CertFile is the server certificate chain (PEM). Required.
+	CertFile string `yaml:"cert_file"`
+	// KeyFile is the server certificate's private key (PEM). Required.
+	KeyFile string `yaml:"key_file"`
+	// ClientCAFile holds the CA certificates (PEM) that issue client certificates.
+	// Required.
+	ClientCAFile string `yaml:"client_ca_file"`
+}
+
+// Defaults of the file's own settings.
+const (
+	// DefaultAdminListen is where the admin endpoint is served by default.
+	DefaultAdminListen = "127.0.0.1:9240"
+	// DefaultMetricsListen is DefaultAdminListen under its former name.
+	DefaultMetricsListen = DefaultAdminListen
+	// DefaultShutdownGrace is ShutdownGrace's default.
+	DefaultShutdownGrace = 10 * time.Second
+)
 
 // LoadConfig reads and checks a configuration file. Unknown fields are errors.
 func LoadConfig(path string) (*FileConfig, error) {
@@ -87,26 +109,42 @@ func ParseConfig(data []byte, name string) (*FileConfig, error) {
 	return daemon.ParseConfig(data, name, (*FileConfig).validate)
 }
 
-// validate checks c and fills in its defaults.
+// validate fills in c's defaults and reports every problem, each by its path.
 func (c *FileConfig) validate() error {
 	if c.PKCS11 == nil && c.Software == nil {
 		return errors.New("no key backend: set pkcs11 or software")
 	}
-	if c.MetricsListen == "" {
-		c.MetricsListen = DefaultMetricsListen
+	var ck config.Checker
+	switch {
+	case c.MetricsListen == "":
+	case c.AdminListen == "":
+		c.AdminListen = c.MetricsListen
+	case c.AdminListen != c.MetricsListen:
+		ck.Addf("metrics_listen", "%q differs from admin_listen %q: metrics_listen is admin_listen's former name; set one", c.MetricsListen, c.AdminListen)
+	}
+	c.MetricsListen = ""
+	if c.AdminListen == "" {
+		c.AdminListen = DefaultAdminListen
+	}
+	if c.AdminListen != "off" && c.AdminTokenFile == "" && !c.AdminInsecure && !daemon.IsLoopbackListen(c.AdminListen) {
+		ck.Addf("admin_listen", "%q: other hosts can reach it and the admin endpoint would serve them unauthenticated: "+
+			"set admin_token_file (or admin_insecure: true when the network keeps them out)", c.AdminListen)
 	}
 	if c.ShutdownGrace == 0 {
-		c.ShutdownGrace = 10 * time.Second
+		c.ShutdownGrace = config.Duration(DefaultShutdownGrace)
+	}
+	if c.ShutdownGrace < 0 {
+		ck.Addf("shutdown_grace", "%v is negative", c.ShutdownGrace)
+	}
+	if c.LameDuck < 0 {
+		ck.Addf("lame_duck", "%v is negative", c.LameDuck)
 	}
 	if _, err := daemon.LogLevel(c.LogLevel); err != nil {
-		return err
+		ck.Addf("log_level", "%q: want debug, info, warn or error", c.LogLevel)
 	}
-	for i, r := range c.Clients {
-		if r.Name == "" {
-			return fmt.Errorf("clients[%d]: name is empty", i)
-		}
-	}
-	return nil
+	ck.Nest("", c.Server.Validate())
+	c.Server.Defaults()
+	return ck.Err()
 }
 
 // serverTLS loads the certificate, key and client CA files.

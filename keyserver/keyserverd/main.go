@@ -1,25 +1,15 @@
 package keyserverd
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
 	"text/tabwriter"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tiergate/tiergate/internal/daemon"
-	"github.com/tiergate/tiergate/keyserver"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/hsm"
 	"github.com/tiergate/tiergate/keyserver/softkey"
@@ -28,49 +18,50 @@ import (
 const usage = `usage: keyserverd <command> [flags]
 
 commands:
-  run     -config FILE                      serve until SIGINT/SIGTERM
+  run     -config FILE                      serve until SIGINT/SIGTERM; SIGHUP or POST /reload reloads
+  check   -config FILE                      validate the configuration, the TLS files and the keys, then exit
   import  -config FILE -label L -key FILE   store a PEM private key in the first backend
   keys    -config FILE                      list the keys the backends offer
 `
 
+// DefaultConfig is the configuration file used without -config.
+const DefaultConfig = "/etc/tiergate/keyserverd.yaml"
+
 // Main runs keyserverd with args (without the program name) and returns the exit
-// status. SIGINT and SIGTERM stop `run` gracefully.
+// status: 0 done, 1 the command failed, 2 a usage error. SIGINT and SIGTERM stop
+// `run` gracefully.
 func Main(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var err error
-	switch args[0] {
-	case "run":
-		err = cmdRun(ctx, args[1:], stderr)
-	case "import":
-		err = cmdImport(args[1:], stdout, stderr)
-	case "keys":
-		err = cmdKeys(args[1:], stdout, stderr)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	default:
-		fmt.Fprintf(stderr, "keyserverd: unknown command %q\n%s", args[0], usage)
-		return 2
-	}
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 2
+	if len(args) > 0 {
+		var err error
+		switch args[0] {
+		case "import":
+			err = cmdImport(args[1:], stdout, stderr)
+		case "keys":
+			err = cmdKeys(args[1:], stdout, stderr)
+		default:
+			cmd := daemon.Command{
+				Name: "keyserverd", Usage: usage, DefaultConfig: DefaultConfig,
+				New: func(path string, stderr io.Writer) daemon.Runner { return &Daemon{Path: path, Stderr: stderr} },
+			}
+			return cmd.Main(args, stdout, stderr)
 		}
-		fmt.Fprintf(stderr, "keyserverd: %v\n", err)
-		return 1
+		if err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 2
+			}
+			fmt.Fprintf(stderr, "keyserverd: %v\n", err)
+			return 1
+		}
+		return 0
 	}
-	return 0
+	fmt.Fprint(stderr, usage)
+	return 2
 }
 
 func parseFlags(name string, args []string, stderr io.Writer, extra func(*flag.FlagSet)) (*FileConfig, error) {
 	fs := flag.NewFlagSet("keyserverd "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("config", "/etc/tiergate/keyserverd.yaml", "configuration `file`")
+	path := fs.String("config", DefaultConfig, "configuration `file`")
 	if extra != nil {
 		extra(fs)
 	}
@@ -117,65 +108,6 @@ func closeAll(bs []backend.Backend) {
 	}
 }
 
-func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
-	cfg, err := parseFlags("run", args, stderr, nil)
-	if err != nil {
-		return err
-	}
-	log := daemon.NewLogger(cfg.LogLevel, stderr)
-	tlsCfg, err := cfg.serverTLS()
-	if err != nil {
-		return err
-	}
-	backends, err := openBackends(cfg, log, false)
-	if err != nil {
-		return err
-	}
-	defer closeAll(backends)
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err := keyserver.NewServer(keyserver.Config{
-		Addr:               cfg.Listen,
-		TLS:                tlsCfg,
-		Backends:           backends,
-		Clients:            cfg.Clients,
-		MaxInFlightPerConn: cfg.Limits.MaxInFlightPerConn,
-		MaxConns:           cfg.Limits.MaxConns,
-		HandshakeTimeout:   cfg.Limits.HandshakeTimeout,
-		IdleTimeout:        cfg.Limits.IdleTimeout,
-		WriteTimeout:       cfg.Limits.WriteTimeout,
-		Registerer:         reg,
-		Logger:             log,
-	})
-	if err != nil {
-		return err
-	}
-
-	var admin *http.Server
-	if cfg.MetricsListen != "off" {
-		ln, err := net.Listen("tcp", cfg.MetricsListen)
-		if err != nil {
-			return fmt.Errorf("metrics listener: %w", err)
-		}
-		admin = &http.Server{Handler: daemon.AdminMux(reg, srv.Healthy), ReadHeaderTimeout: 5 * time.Second}
-		go admin.Serve(ln)
-		log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
-	}
-	if err := srv.Start(); err != nil {
-		return err
-	}
-	<-ctx.Done()
-	log.Info("stopping", "grace", cfg.ShutdownGrace)
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
-	defer cancel()
-	err = srv.Shutdown(sctx)
-	if admin != nil {
-		admin.Close()
-	}
-	return err
-}
-
 func cmdImport(args []string, stdout, stderr io.Writer) error {
 	var label, keyPath string
 	cfg, err := parseFlags("import", args, stderr, func(fs *flag.FlagSet) {
@@ -219,7 +151,12 @@ func cmdKeys(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeAll(backends)
-	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	return listKeys(stdout, backends)
+}
+
+// listKeys writes a table of the backends' keys.
+func listKeys(w io.Writer, backends []backend.Backend) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY ID\tTYPE\tBACKEND\tLABEL")
 	for _, b := range backends {
 		keys, err := b.Keys()

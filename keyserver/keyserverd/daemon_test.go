@@ -1,0 +1,456 @@
+package keyserverd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tiergate/tiergate/keyserver"
+	"github.com/tiergate/tiergate/keyserver/protocol"
+	"github.com/tiergate/tiergate/testkit/softhsm"
+	"github.com/tiergate/tiergate/testkit/testenv"
+	"github.com/tiergate/tiergate/testkit/testpki"
+)
+
+// pki is the mutual TLS of a test: keyserverd's certificate and the client CA.
+type pki struct {
+	dir                  string
+	cert, key, clientCAF string
+	serverCA, clientCA   *testpki.CA
+}
+
+func newPKI(t *testing.T) *pki {
+	t.Helper()
+	p := &pki{dir: t.TempDir()}
+	var err error
+	if p.serverCA, err = testpki.NewCA("keyserverd test CA"); err != nil {
+		t.Fatal(err)
+	}
+	if p.clientCA, err = testpki.NewCA("client CA"); err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := p.serverCA.Leaf("keyserverd", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.serverCA.WriteFiles(p.dir, "server", leaf); err != nil {
+		t.Fatal(err)
+	}
+	p.cert, p.key = filepath.Join(p.dir, "keyserverd.pem"), filepath.Join(p.dir, "keyserverd.key")
+	if p.clientCAF, err = p.clientCA.WriteFiles(p.dir, "client"); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// config returns a configuration on loopback ports chosen by the kernel, with the
+// TLS files of p, followed by more.
+func (p *pki) config(more string) string {
+	return fmt.Sprintf(`listen: "127.0.0.1:0"
+admin_listen: "127.0.0.1:0"
+log_level: debug
+tls: {cert_file: %q, key_file: %q, client_ca_file: %q}
+`, p.cert, p.key, p.clientCAF) + more
+}
+
+// softKeys writes two PEM keys, a and b, into a directory for the software backend.
+func softKeys(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, name := range []string{"a", "b"} {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pemKey, err := testpki.KeyPEM(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name+".key"), pemKey, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// running is a Daemon running in the background.
+type running struct {
+	*Daemon
+	t    *testing.T
+	path string
+	url  string
+	log  *testenv.LockedBuffer
+	stop func() error
+}
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// start runs keyserverd with config until the test ends.
+func start(t *testing.T, config string) *running {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "keyserverd.yaml")
+	writeFile(t, path, config)
+	log := &testenv.LockedBuffer{}
+	d := &Daemon{Path: path, Stderr: log, ready: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- d.Run(ctx) }()
+	select {
+	case <-d.ready:
+	case err := <-errc:
+		cancel()
+		t.Fatalf("keyserverd did not start: %v\n%s", err, log)
+	case <-time.After(20 * time.Second):
+		cancel()
+		t.Fatal("keyserverd did not start in 20s")
+	}
+	var once sync.Once
+	var stopErr error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case stopErr = <-errc:
+			case <-time.After(20 * time.Second):
+				stopErr = errors.New("keyserverd did not stop in 20s")
+			}
+		})
+		return stopErr
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("stopping keyserverd: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("keyserverd log:\n%s", log)
+		}
+	})
+	return &running{Daemon: d, t: t, path: path, url: "http://" + d.AdminAddr().String(), log: log, stop: stop}
+}
+
+// do sends an admin request (with token tok, if any) and returns the status and body.
+func (r *running) do(method, path, tok string) (int, string) {
+	r.t.Helper()
+	req, err := http.NewRequest(method, r.url+path, nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		r.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// want sends a request and checks its status and that the body holds each of parts.
+func (r *running) want(method, path string, status int, parts ...string) string {
+	r.t.Helper()
+	got, b := r.do(method, path, "")
+	if got != status {
+		r.t.Errorf("%s %s: %d, want %d: %s", method, path, got, status, b)
+	}
+	for _, p := range parts {
+		if !strings.Contains(b, p) {
+			r.t.Errorf("%s %s: body lacks %q:\n%s", method, path, p, b)
+		}
+	}
+	return b
+}
+
+func (r *running) status() status {
+	r.t.Helper()
+	var st status
+	if err := json.Unmarshal([]byte(r.want("GET", "/status", 200)), &st); err != nil {
+		r.t.Fatal(err)
+	}
+	return st
+}
+
+// labels lists the labels of keys.
+func labels[K protocol.KeyInfo | keyInfo](keys []K) string {
+	var l []string
+	for _, k := range keys {
+		switch k := any(k).(type) {
+		case protocol.KeyInfo:
+			l = append(l, k.Label)
+		case keyInfo:
+			l = append(l, k.Label)
+		}
+	}
+	return strings.Join(l, ",")
+}
+
+// listKeysAs connects as a client named cn and returns the labels of the keys it
+// may use, or the error keyserverd answered.
+func (r *running) listKeysAs(p *pki, cn string) (string, error) {
+	r.t.Helper()
+	leaf, err := p.clientCA.Leaf(cn)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	tc, err := tls.Dial("tcp", r.Addr().String(), &tls.Config{RootCAs: p.serverCA.Pool(), ServerName: "127.0.0.1",
+		NextProtos: []string{keyserver.ALPN}, Certificates: []tls.Certificate{leaf}})
+	if err != nil {
+		return "", err
+	}
+	defer tc.Close()
+	tc.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := tc.Write(protocol.AppendRequest(nil, &protocol.Request{Op: protocol.OpListKeys, ID: 1})); err != nil {
+		return "", err
+	}
+	h, body, err := protocol.ReadFrame(bufio.NewReader(tc), nil)
+	if err != nil {
+		return "", err
+	}
+	if err := protocol.ResponseError(h, body); err != nil {
+		return "", err
+	}
+	keys, err := protocol.ParseKeyList(body)
+	if err != nil {
+		return "", err
+	}
+	return labels(keys), nil
+}
+
+// TestReload changes the client rules and the software keys of a running keyserverd
+// through POST /reload and SIGHUP, and checks that what cannot change, or does not
+// validate, is refused with the running configuration kept.
+func TestReload(t *testing.T) {
+	p := newPKI(t)
+	keys := softKeys(t)
+	base := p.config(fmt.Sprintf("software: {files: [%q]}\n", filepath.Join(keys, "a.key")))
+	r := start(t, base+"clients: [{name: l7, keys: ['*']}]\n")
+	r.want("GET", "/healthz", 200, "ok")
+	if got, err := r.listKeysAs(p, "l7"); err != nil || got != "a" {
+		t.Fatalf("keys of l7 at start: %q %v", got, err)
+	}
+	if got, err := r.listKeysAs(p, "other"); err != nil || got != "" {
+		t.Errorf("keys of a client no rule names: %q %v", got, err)
+	}
+
+	// Rules and keys change through POST /reload.
+	writeFile(t, r.path, strings.Replace(p.config(fmt.Sprintf("software: {files: [%q, %q]}\n", filepath.Join(keys, "a.key"), filepath.Join(keys, "b.key"))),
+		"log_level: debug", "log_level: info", 1)+"clients: [{name: l7, keys: [b]}, {name: other, keys: ['*']}]\n")
+	body := r.want("POST", "/reload", 200, `"label": "b"`, `"name": "other"`, `"software"`)
+	if st := r.status(); labels(st.Keys) != "a,b" || len(st.Clients) != 2 {
+		t.Errorf("status after the reload: %+v (reload answered %s)", st, body)
+	}
+	if got, err := r.listKeysAs(p, "l7"); err != nil || got != "b" {
+		t.Errorf("keys of l7 after the reload: %q %v", got, err)
+	}
+	if got, err := r.listKeysAs(p, "other"); err != nil || got != "a,b" {
+		t.Errorf("keys of other after the reload: %q %v", got, err)
+	}
+	if r.level.Level().String() != "INFO" {
+		t.Errorf("log level after the reload: %v", r.level.Level())
+	}
+
+	// What is fixed at start is refused, and nothing changes.
+	writeFile(t, r.path, strings.Replace(p.config("software: {}\nlimits: {max_conns: 3}\n"), `listen: "127.0.0.1:0"`, `listen: "127.0.0.1:1"`, 1))
+	r.want("POST", "/reload", 409, `"code": "restart_required"`, "listen, limits cannot change at runtime", "the running configuration stays")
+	writeFile(t, r.path, base+"clients: [{keys: ['*']}]\n")
+	r.want("POST", "/reload", 400, `"code": "invalid_config"`, "clients[0].name: required")
+	writeFile(t, r.path, base+fmt.Sprintf("software: {files: [%q]}\n", filepath.Join(keys, "missing.key")))
+	r.want("POST", "/reload", 400, `"code": "invalid_config"`)
+	if st := r.status(); labels(st.Keys) != "a,b" || len(st.Clients) != 2 {
+		t.Errorf("status after refused reloads: %+v", st)
+	}
+
+	// SIGHUP reloads the same way.
+	writeFile(t, r.path, base+"clients: [{name: l7, keys: [a]}]\n")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for labels(r.status().Keys) != "a" {
+		if time.Now().After(deadline) {
+			t.Fatalf("SIGHUP did not reload: %+v", r.status())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, err := r.listKeysAs(p, "other"); err != nil || got != "" {
+		t.Errorf("keys of other after SIGHUP: %q %v", got, err)
+	}
+	r.want("GET", "/metrics", 200,
+		`tiergate_keyserver_config_changes_total{result="ok",source="reload"} 2`,
+		`tiergate_keyserver_config_changes_total{result="error",source="reload"} 3`,
+		"tiergate_keyserver_keys 1")
+}
+
+// TestAdminToken: with admin_token_file, /reload and /status need the token, and
+// /healthz and /metrics do not.
+func TestAdminToken(t *testing.T) {
+	p := newPKI(t)
+	tokFile := filepath.Join(t.TempDir(), "token")
+	writeFile(t, tokFile, "0123456789abcdef0123\n")
+	r := start(t, p.config("software: {}\nadmin_token_file: "+tokFile+"\n"))
+	r.want("GET", "/healthz", 503, "no keys loaded")
+	r.want("GET", "/metrics", 200, "tiergate_keyserver_keys 0")
+	r.want("POST", "/reload", 401, `"code": "unauthorized"`)
+	r.want("GET", "/status", 401)
+	if code, body := r.do("POST", "/reload", "0123456789abcdef0123"); code != 200 {
+		t.Errorf("reload with the token: %d %s", code, body)
+	}
+	if code, _ := r.do("GET", "/status", "0123456789abcdef0123"); code != 200 {
+		t.Errorf("status with the token: %d", code)
+	}
+}
+
+// TestLameDuck stops keyserverd with lame_duck: /healthz answers 503 "shutting down"
+// while clients are still served, and the stop ends only after the delay.
+func TestLameDuck(t *testing.T) {
+	p := newPKI(t)
+	keys := softKeys(t)
+	r := start(t, p.config(fmt.Sprintf("software: {dir: %q}\nlame_duck: 400ms\n", keys)))
+	r.want("GET", "/healthz", 200, "ok")
+	startStop := time.Now()
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.stop() }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, body := r.do("GET", "/healthz", "")
+		if code == http.StatusServiceUnavailable {
+			if !strings.Contains(body, "shutting down") {
+				t.Errorf("healthz during the lame-duck delay: %q", body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("healthz still %d %q", code, body)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got, err := r.listKeysAs(p, "l7"); err != nil || got != "a,b" {
+		t.Errorf("a client during the lame-duck delay: %q %v", got, err)
+	}
+	r.want("POST", "/reload", 503, `"code": "unavailable"`)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(startStop); took < 400*time.Millisecond {
+		t.Errorf("stopped after %v, before lame_duck", took)
+	}
+	if _, err := r.listKeysAs(p, "l7"); err == nil {
+		t.Errorf("still serving clients after the stop")
+	}
+}
+
+// hsmToken is the package's SoftHSM token: the module reads SOFTHSM2_CONF once per
+// process, so every test shares one.
+var hsmToken struct {
+	once sync.Once
+	tok  *softhsm.Token
+	err  error
+}
+
+func token(t *testing.T) *softhsm.Token {
+	t.Helper()
+	testenv.RequireFile(t, softhsm.DefaultModule, "softhsm2")
+	hsmToken.once.Do(func() {
+		dir, err := os.MkdirTemp("", "keyserverd-test-token-")
+		if err != nil {
+			hsmToken.err = err
+			return
+		}
+		if hsmToken.tok, hsmToken.err = softhsm.CreateToken(dir, "keyserverd-test", "so-pin-1", "pin-1"); hsmToken.err == nil {
+			hsmToken.err = hsmToken.tok.Setenv()
+		}
+	})
+	if hsmToken.err != nil {
+		t.Fatalf("SoftHSM token: %v", hsmToken.err)
+	}
+	return hsmToken.tok
+}
+
+// TestReloadHSMKeys serves keys from a SoftHSM token, imported with `keyserverd
+// import`, and changes the keys offered (pkcs11.keys) with a reload.
+func TestReloadHSMKeys(t *testing.T) {
+	tok := token(t)
+	p := newPKI(t)
+	keys := softKeys(t)
+	hsmConf := func(label string) string {
+		return p.config(fmt.Sprintf("pkcs11: {module: %q, token_label: %q, pin: %q, keys: [{label: %s}]}\nclients: [{name: l7, keys: ['*']}]\n",
+			tok.Module, tok.Label, tok.PIN, label))
+	}
+	importPath := filepath.Join(t.TempDir(), "import.yaml")
+	writeFile(t, importPath, hsmConf("a"))
+	for _, name := range []string{"a", "b"} {
+		var out, errOut bytes.Buffer
+		if code := Main([]string{"import", "-config", importPath, "-label", "hsm-" + name, "-key", filepath.Join(keys, name+".key")}, &out, &errOut); code != 0 {
+			t.Fatalf("import %s: %d %s", name, code, errOut.String())
+		}
+	}
+	r := start(t, hsmConf("hsm-a"))
+	if got, err := r.listKeysAs(p, "l7"); err != nil || got != "hsm-a" {
+		t.Fatalf("keys at start: %q %v", got, err)
+	}
+	writeFile(t, r.path, hsmConf("hsm-b"))
+	r.want("POST", "/reload", 200, `"label": "hsm-b"`, `"pkcs11"`)
+	if got, err := r.listKeysAs(p, "l7"); err != nil || got != "hsm-b" {
+		t.Errorf("keys after the reload: %q %v", got, err)
+	}
+	// A key that is not on the token: refused, the keys stay.
+	writeFile(t, r.path, hsmConf("hsm-none"))
+	r.want("POST", "/reload", 400, `"code": "invalid_config"`, "hsm-none")
+	if got, err := r.listKeysAs(p, "l7"); err != nil || got != "hsm-b" {
+		t.Errorf("keys after a refused reload: %q %v", got, err)
+	}
+}
+
+func TestCheckAndMain(t *testing.T) {
+	p := newPKI(t)
+	keys := softKeys(t)
+	path := filepath.Join(t.TempDir(), "k.yaml")
+	writeFile(t, path, p.config(fmt.Sprintf("software: {dir: %q}\nclients: [{name: l7, keys: ['*']}]\n", keys)))
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	writeFile(t, bad, p.config("software: {}\ntls: {}\n"))
+	for _, tc := range []struct {
+		args         []string
+		code         int
+		stdout, errs string
+	}{
+		{nil, 2, "", "usage: keyserverd"},
+		{[]string{"help"}, 0, "check   -config FILE", ""},
+		{[]string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
+		{[]string{"check", "-config", path}, 0, "configuration OK", ""},
+		{[]string{"check", "-config", bad}, 1, "", "mapping key \"tls\" already defined"},
+		{[]string{"keys", "-config", path}, 0, "software  a", ""},
+		{[]string{"check", "-config", path, "x"}, 2, "", "unexpected arguments"},
+	} {
+		var out, errOut bytes.Buffer
+		code := Main(tc.args, &out, &errOut)
+		if code != tc.code || !strings.Contains(out.String(), tc.stdout) || !strings.Contains(errOut.String(), tc.errs) {
+			t.Errorf("keyserverd %v: %d, stdout %q, stderr %q; want %d, %q, %q", tc.args, code, out.String(), errOut.String(), tc.code, tc.stdout, tc.errs)
+		}
+	}
+	var out bytes.Buffer
+	if err := (&Daemon{Path: path}).Check(&out); err != nil || !strings.Contains(out.String(), "1 client rules") {
+		t.Errorf("check: %v %s", err, out.String())
+	}
+}
