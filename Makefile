@@ -22,7 +22,7 @@ ifneq ($(STDPATCH_OVERLAY),)
 export GOFLAGS := $(strip $(GOFLAGS) -overlay=$(STDPATCH_OVERLAY) -tags=tiergate_stdpatch)
 endif
 
-.PHONY: all build deps test vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 demo clean
+.PHONY: all build deps test vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 demo clean vuln
 
 all: build
 
@@ -65,6 +65,13 @@ fuzz:
 		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
 			echo "fuzz $$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s $$pkg; \
 		done; done
+
+# govulncheck against the Go vulnerability database: vuln.go.dev where it is reachable,
+# else one built from the golang.org/x/vulndb module (tools/vuln.sh says which, and
+# how old). It fails when the code calls a known vulnerability, and when no database
+# could be had: never a silent pass.
+vuln:
+	GO=$(GO) tools/vuln.sh
 
 bench: bench-keyserver bench-handshake bench-policy bench-l4
 
