@@ -55,11 +55,11 @@ func (d *Daemon) listInfo(l *blacklist.List) listInfo {
 	b := cfg.Blacklists[l.Name()]
 	action := b.Action
 	if action == "" {
-		action = ActionForbid
+		action = blacklist.ActionForbid
 	}
 	s := l.Snapshot()
 	return listInfo{List: l.Name(), Entries: s.Len(), Bytes: s.Bytes(), Action: action, Files: b.Files,
-		StateFile:  d.sources()[l.Name()].state,
+		StateFile:  d.bl.Source(l.Name()).StateFile,
 		HitsPacket: l.Hits(blacklist.SourcePacket), HitsHeader: l.Hits(blacklist.SourceHeader)}
 }
 
@@ -116,7 +116,7 @@ func (d *Daemon) adminHandler() http.Handler {
 			return
 		}
 		var info listInfo
-		if e := d.do(func(c *control) { err = c.commit(l, s); info = d.listInfo(l) }); e != nil {
+		if e := d.do(func(*control) { err = d.bl.Replace(l, s); info = d.listInfo(l) }); e != nil {
 			writeError(w, stoppingError())
 			return
 		}
@@ -138,11 +138,11 @@ func (d *Daemon) adminHandler() http.Handler {
 			return
 		}
 		var info listInfo
-		if e := d.do(func(c *control) { err = c.applyDelta(l, delta); info = d.listInfo(l) }); e != nil {
+		if e := d.do(func(*control) { err = d.bl.Apply(l, delta); info = d.listInfo(l) }); e != nil {
 			writeError(w, stoppingError())
 			return
 		}
-		var sw *errStateWrite
+		var sw *blacklist.StateWriteError
 		switch {
 		case errors.As(err, &sw):
 			writeError(w, d.stateError(l, err))
@@ -162,11 +162,11 @@ func (d *Daemon) adminHandler() http.Handler {
 		}
 		var err error
 		var info listInfo
-		if e := d.do(func(c *control) { err = c.dropState(l); info = d.listInfo(l) }); e != nil {
+		if e := d.do(func(*control) { err = d.bl.Drop(l); info = d.listInfo(l) }); e != nil {
 			writeError(w, stoppingError())
 			return
 		}
-		var sw *errStateWrite
+		var sw *blacklist.StateWriteError
 		switch {
 		case errors.As(err, &sw):
 			writeError(w, d.stateError(l, err))
@@ -181,20 +181,6 @@ func (d *Daemon) adminHandler() http.Handler {
 		writeJSON(w, http.StatusOK, info)
 	})
 	return d.auth.Wrap(mux)
-}
-
-// applyDelta changes l by delta. With a state_dir the new entries are computed
-// aside and committed (written, then swapped in); without, the list applies the
-// delta itself.
-func (c *control) applyDelta(l *blacklist.List, delta *blacklist.Delta) error {
-	if c.cfg.StateDir == "" {
-		return l.Apply(delta)
-	}
-	next, err := l.Next(delta)
-	if err != nil {
-		return err
-	}
-	return c.commitAs(l, next, l.ReplaceDelta)
 }
 
 // stateError describes a change refused because the list's state file could not be

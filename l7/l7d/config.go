@@ -43,7 +43,7 @@ type FileConfig struct {
 	// (every listener) or a listener's name (that listener only). Lists may also be
 	// pushed at runtime through the admin endpoint, whether they are named here or
 	// not. Default none.
-	Blacklists map[string]BlacklistFile `yaml:"blacklists"`
+	Blacklists map[string]blacklist.ListConfig `yaml:"blacklists"`
 
 	// Certificates: files or a directory, the default name, and the ticket keys shared
 	// by the cluster. Required (at least one certificate).
@@ -226,28 +226,6 @@ func (t *TunnelFile) config() (tunnel.Config, error) {
 	return c, nil
 }
 
-// BlacklistFile is a blacklist loaded from files.
-type BlacklistFile struct {
-	// Files are read at start and again on reload when one of them changed, and
-	// their entries merged (text, binary or gzip; see policy/blacklist). A reload
-	// that finds them unchanged keeps what was pushed since. With state_dir, a list
-	// with pushed state is loaded from its state file instead, and its files are not
-	// read until that state is dropped. Default none: the list starts empty and takes
-	// pushes.
-	Files []string `yaml:"files"`
-	// Action is what a request from a listed client address gets: "forbid" (403) or
-	// "close" (HTTP/1.1: the connection closed unanswered; HTTP/2 and HTTP/3: the
-	// request's stream reset). A connection from a listed address is closed before
-	// its TLS handshake whatever the action. Default forbid.
-	Action string `yaml:"action"`
-}
-
-// Blacklist actions.
-const (
-	ActionForbid = "forbid"
-	ActionClose  = "close"
-)
-
 // KeyServersFile configures the keyserver client.
 type KeyServersFile struct {
 	// Servers are "host:port" of keyserverd. Required.
@@ -368,15 +346,8 @@ func (c *FileConfig) validate() error {
 		if name != blacklist.GlobalName && !seen[name] {
 			return fmt.Errorf("blacklists.%s: a list is %q or a listener's name", name, blacklist.GlobalName)
 		}
-		switch b.Action {
-		case "", ActionForbid, ActionClose:
-		default:
-			return fmt.Errorf("blacklists.%s.action: %q: want %s or %s", name, b.Action, ActionForbid, ActionClose)
-		}
-		for j, f := range b.Files {
-			if f == "" {
-				return fmt.Errorf("blacklists.%s.files[%d]: empty", name, j)
-			}
+		if err := b.Validate("blacklists." + name); err != nil {
+			return err
 		}
 	}
 	if len(c.Certificates.Certificates) == 0 && c.Certificates.Dir == "" {

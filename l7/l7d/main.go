@@ -60,18 +60,19 @@ type Daemon struct {
 
 	// One goroutine, the owner, makes every change of configuration and state: file
 	// reloads (SIGHUP, POST /reload) and admin pushes queue to it as closures (do) and
-	// run one after the other. It alone touches ctl. What the admin API and the data
-	// path read, the owner publishes as immutable snapshots: cur and srcs here, the
-	// certificate set, the L7 server's snapshot and each blacklist's Set.
+	// run one after the other. It alone touches ctl, and calls the changing methods of
+	// store, srv and bl. What the admin API and the data path read, the owner
+	// publishes as immutable snapshots: cur here, the certificate set, the L7
+	// server's snapshot, each blacklist's Set and where it came from.
 	ops       chan func(*control)
 	stop      chan struct{} // closed by close: the owner returns
 	ownerDone chan struct{}
 	ctl       *control
-	cur       atomic.Pointer[FileConfig]            // the configuration in force
-	srcs      atomic.Pointer[map[string]listSource] // what lists were loaded from
+	cur       atomic.Pointer[FileConfig] // the configuration in force
 
 	lists         *blacklist.Lists
-	listenerNames []string // fixed at start
+	bl            *blacklist.Store // the lists' files and pushed state
+	listenerNames []string         // fixed at start
 	auth          daemon.AdminAuth
 	reg           *prometheus.Registry
 	ks            *client.Client
@@ -152,22 +153,36 @@ func (d *Daemon) setup() error {
 	for _, l := range cfg.Listeners {
 		d.listenerNames = append(d.listenerNames, l.Name)
 	}
-	sets, sources, err := readBlacklists(cfg, nil)
+	d.bl = blacklist.NewStore(d.lists, cfg.StateDir, d.log)
+	lists, err := d.bl.Prepare(cfg.Blacklists, listNames(cfg))
 	if err != nil {
 		return err
 	}
+	d.bl.Commit(lists)
 	c := &control{d: d}
-	c.swapBlacklists(sets, sources)
 	c.setConfig(cfg)
 	d.startOwner(c)
 	return nil
 }
 
+// listNames returns the lists cfg has: the global one, each listener's, and any
+// named under blacklists, sorted.
+func listNames(cfg *FileConfig) []string {
+	names := []string{blacklist.GlobalName}
+	for _, l := range cfg.Listeners {
+		names = append(names, l.Name)
+	}
+	for name := range cfg.Blacklists {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
 // control is the state that the owner goroutine alone reads and writes.
 type control struct {
-	d       *Daemon
-	cfg     *FileConfig           // the configuration in force
-	sources map[string]listSource // what each list in force was loaded from
+	d   *Daemon
+	cfg *FileConfig // the configuration in force
 }
 
 // startOwner starts the goroutine that owns c; close stops it.
@@ -234,11 +249,11 @@ func (d *Daemon) loadCerts(cfg *FileConfig) error {
 
 // l7Config is the L7 server's configuration for cfg, with pol as its Decider and
 // AcceptFilter.
-func (d *Daemon) l7Config(cfg *FileConfig, pol *policy) l7.Config {
+func (d *Daemon) l7Config(cfg *FileConfig, pol decider) l7.Config {
 	c := l7.Config{
 		Routing:         cfg.Routing,
 		Decider:         pol,
-		AcceptFilter:    pol.accept,
+		AcceptFilter:    pol.p.Accept,
 		IsNoCertificate: func(err error) bool { return errors.Is(err, certs.ErrNoCertificate) },
 		Registerer:      d.reg,
 		Logger:          d.log,
@@ -252,7 +267,7 @@ func (d *Daemon) l7Config(cfg *FileConfig, pol *policy) l7.Config {
 	for _, l := range cfg.Listeners {
 		var wrap func(net.Listener) (net.Listener, error)
 		if l.ClientIP.ProxyProtocol {
-			res := pol.resolvers[l.Name]
+			res := pol.p.Resolver(l.Name)
 			name := l.Name
 			wrap = func(ln net.Listener) (net.Listener, error) {
 				return clientip.NewListenerWithOptions(ln, res, clientip.Options{Name: name, Registerer: d.reg, Logger: d.log})
@@ -317,12 +332,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	defer d.close()
 	cfg := d.current()
-	if cfg.StateDir != "" {
-		if err := prepareStateDir(cfg.StateDir, listNames(cfg), d.log); err != nil {
-			return err
-		}
+	if err := d.bl.PrepareDir(listNames(cfg)); err != nil {
+		return err
 	}
-	pol, err := newPolicy(cfg, d.lists, d.log)
+	pol, err := newDecider(cfg, d.lists, d.log)
 	if err != nil {
 		return err
 	}
@@ -468,12 +481,11 @@ func (c *control) reload() (err error) {
 // reload is a configuration read, checked and built by prepare, ready for commit:
 // nothing of it is in force yet.
 type reload struct {
-	cfg     *FileConfig
-	token   []byte
-	certs   *certs.Prepared
-	server  *l7.Prepared
-	sets    map[string]*blacklist.Set // blacklists to swap in (nil: empty the list)
-	sources map[string]listSource
+	cfg    *FileConfig
+	token  []byte
+	certs  *certs.Prepared
+	server *l7.Prepared
+	lists  *blacklist.Prepared
 }
 
 // prepare does everything of a reload that can fail, and changes nothing: it parses
@@ -507,11 +519,11 @@ func (c *control) prepare() (*reload, error) {
 	if r.token, err = readAdminToken(cfg); err != nil {
 		return nil, err
 	}
-	pol, err := newPolicy(cfg, d.lists, d.log)
+	pol, err := newDecider(cfg, d.lists, d.log)
 	if err != nil {
 		return nil, err
 	}
-	if r.sets, r.sources, err = readBlacklists(cfg, c.sources); err != nil {
+	if r.lists, err = d.bl.Prepare(cfg.Blacklists, listNames(cfg)); err != nil {
 		return nil, err
 	}
 	if r.certs, _, err = d.store.Prepare(cfg.Certificates); err != nil {
@@ -530,7 +542,7 @@ func (c *control) prepare() (*reload, error) {
 func (c *control) commitReload(r *reload) {
 	c.d.store.Commit(r.certs)
 	c.d.srv.Commit(r.server)
-	c.swapBlacklists(r.sets, r.sources)
+	c.d.bl.Commit(r.lists)
 	c.d.auth.SetToken(r.token)
 	c.setConfig(r.cfg)
 }

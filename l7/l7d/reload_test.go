@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tiergate/tiergate/policy/blacklist"
 	"github.com/tiergate/tiergate/testkit/testenv"
 	"github.com/tiergate/tiergate/testkit/testpki"
 )
@@ -164,10 +165,10 @@ func TestConcurrentReloadsAndPushes(t *testing.T) {
 
 	want := pushers*each + 1 // and the file's
 	code, out, body := c.call("GET", "/blacklists/global", "")
-	if code != 200 || out["entries"] != float64(want) || out["state_file"] != statePath(stateDir, "global") {
+	if code != 200 || out["entries"] != float64(want) || out["state_file"] != blacklist.StatePath(stateDir, "global") {
 		t.Fatalf("after the storm: %d %s; want %d entries, from the state file", code, body, want)
 	}
-	disk := readStateFile(t, statePath(stateDir, "global"))
+	disk := readStateFile(t, blacklist.StatePath(stateDir, "global"))
 	if disk.Len() != want || !has(disk, "192.0.2.1") {
 		t.Errorf("the state file holds %d entries, the list %d", disk.Len(), want)
 	}

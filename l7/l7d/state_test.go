@@ -3,19 +3,16 @@ package l7d
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -124,10 +121,8 @@ func setupDaemon(t *testing.T, path string) (*Daemon, adminClient, *testenv.Lock
 		t.Fatalf("setup: %v", err)
 	}
 	t.Cleanup(d.close)
-	if cfg := d.current(); cfg.StateDir != "" {
-		if err := prepareStateDir(cfg.StateDir, listNames(cfg), d.log); err != nil {
-			t.Fatal(err)
-		}
+	if err := d.bl.PrepareDir(listNames(d.current())); err != nil {
+		t.Fatal(err)
 	}
 	srv := httptest.NewServer(d.adminHandler())
 	t.Cleanup(srv.Close)
@@ -203,7 +198,7 @@ func TestBlacklistStatePushRestartDrop(t *testing.T) {
 	stateDir := filepath.Join(dir, "state") // created at start
 	files := writeList(t, dir, "global.txt", "192.0.2.1\n")
 	path := testConfig(t, dir, "127.0.0.1:0", "state_dir: "+stateDir+"\nblacklists: {global: {files: ["+files+"]}}\n")
-	globalState, webState := statePath(stateDir, "global"), statePath(stateDir, "web")
+	globalState, webState := blacklist.StatePath(stateDir, "global"), blacklist.StatePath(stateDir, "web")
 
 	d, c, _ := setupDaemon(t, path)
 	if code, out, _ := c.call("GET", "/blacklists/global", ""); code != 200 || out["entries"] != 1.0 || out["state_file"] != nil {
@@ -326,7 +321,7 @@ func TestBlacklistStateCorrupt(t *testing.T) {
 			if code, _, _ := c.call("PUT", "/blacklists/web", "192.0.2.1\n192.0.2.3\n2001:db8::/64\n"); code != 200 {
 				t.Fatalf("PUT: %d", code)
 			}
-			file := statePath(stateDir, "web")
+			file := blacklist.StatePath(stateDir, "web")
 			b, err := os.ReadFile(file)
 			if err != nil {
 				t.Fatal(err)
@@ -386,61 +381,8 @@ func TestBlacklistStateWriteFailure(t *testing.T) {
 	if code, _, _ := c.call("PUT", "/blacklists/global", "198.51.100.1\n"); code != 200 || !has(d.lists.Global(), "198.51.100.1") {
 		t.Errorf("PUT once the directory is back: %d", code)
 	}
-	if s := readStateFile(t, statePath(stateDir, "global")); !has(s, "198.51.100.1") || has(s, "192.0.2.1") {
+	if s := readStateFile(t, blacklist.StatePath(stateDir, "global")); !has(s, "198.51.100.1") || has(s, "192.0.2.1") {
 		t.Errorf("state file once the directory is back")
-	}
-}
-
-// TestBlacklistStateDir: leftover temporary files go, an unusable directory fails the
-// start.
-func TestBlacklistStateDir(t *testing.T) {
-	dir := t.TempDir()
-	stateDir := filepath.Join(dir, "a", "state")
-	if err := prepareStateDir(stateDir, []string{"global"}, quietLogger()); err != nil {
-		t.Fatal(err)
-	}
-	if fi, err := os.Stat(stateDir); err != nil || fi.Mode().Perm() != 0o700 {
-		t.Fatalf("state_dir not created 0700: %v %v", fi, err)
-	}
-	left := filepath.Join(stateDir, ".blacklist-global.bin.tmp-123")
-	writeFile(t, left, "partial")
-	writeFile(t, filepath.Join(stateDir, "blacklist-gone.bin"), "x")
-	if err := prepareStateDir(stateDir, []string{"global"}, quietLogger()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("temporary file left: %v", err)
-	}
-	if _, err := os.Stat(filepath.Join(stateDir, "blacklist-gone.bin")); err != nil {
-		t.Errorf("a state file of no list was removed: %v", err)
-	}
-	notDir := filepath.Join(dir, "file")
-	writeFile(t, notDir, "x")
-	if err := prepareStateDir(notDir, nil, quietLogger()); err == nil || !strings.Contains(err.Error(), "state_dir") {
-		t.Errorf("a file as state_dir: %v", err)
-	}
-}
-
-// TestBlacklistStateUnexpired: entries expired by the time a list is written are left
-// out.
-func TestBlacklistStateUnexpired(t *testing.T) {
-	now := time.Now().Truncate(time.Second)
-	var b blacklist.Builder
-	b.AddAddr(netip.MustParseAddr("192.0.2.1"), time.Time{})
-	b.AddAddr(netip.MustParseAddr("192.0.2.2"), now.Add(10*time.Second))
-	b.Add(netip.MustParsePrefix("2001:db8::/64"), now.Add(time.Hour))
-	s := b.BuildAt(now)
-	if got := unexpired(s, now); got != s {
-		t.Errorf("nothing expired, yet the set was rebuilt")
-	}
-	later := unexpired(s, now.Add(10*time.Second))
-	if later.Len() != 2 || !later.ContainsAt(netip.MustParseAddr("192.0.2.1"), now) || later.ContainsAt(netip.MustParseAddr("192.0.2.2"), now) ||
-		!later.ContainsAt(netip.MustParseAddr("2001:db8::5"), now) {
-		t.Errorf("at expiry: %d entries", later.Len())
-	}
-	perm := mustSet(t, "192.0.2.1\n")
-	if unexpired(perm, now.Add(time.Hour)) != perm {
-		t.Errorf("a permanent set was rebuilt")
 	}
 }
 
@@ -476,7 +418,7 @@ func TestBlacklistStateReload(t *testing.T) {
 	}
 
 	// A corrupt state file: the reload is refused, naming it; the list stays.
-	file := statePath(stateDir, "global")
+	file := blacklist.StatePath(stateDir, "global")
 	b, _ := os.ReadFile(file)
 	b[len(b)-1] ^= 1
 	writeFile(t, file, string(b))
@@ -511,39 +453,6 @@ func TestBlacklistStateReload(t *testing.T) {
 	}
 }
 
-// BenchmarkStateCommit measures what a state_dir adds to a push: writing a list of
-// random IPv4 addresses to its state file (binary, fsync, rename, directory fsync)
-// and swapping it in.
-func BenchmarkStateCommit(b *testing.B) {
-	for _, n := range []int{10_000, 1_000_000} {
-		b.Run(strconv.Itoa(n), func(b *testing.B) {
-			var bl blacklist.Builder
-			r := rand.New(rand.NewPCG(1, 2))
-			for range n {
-				var a [4]byte
-				binary.BigEndian.PutUint32(a[:], r.Uint32())
-				bl.AddAddr(netip.AddrFrom4(a), time.Time{})
-			}
-			s := bl.Build()
-			d := &Daemon{log: quietLogger(), lists: blacklist.NewLists(blacklist.Options{})}
-			c := &control{d: d}
-			c.setConfig(&FileConfig{StateDir: b.TempDir()})
-			l := d.lists.Global()
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := c.commit(l, s); err != nil {
-					b.Fatal(err)
-				}
-			}
-			fi, err := os.Stat(statePath(c.cfg.StateDir, "global"))
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(fi.Size())/float64(s.Len()), "file-B/entry")
-		})
-	}
-}
-
 // TestBlacklistStateConcurrentDeltas: deltas pushed at once are applied one after
 // the other: none is lost, and the state file ends equal to the list in force.
 func TestBlacklistStateConcurrentDeltas(t *testing.T) {
@@ -564,7 +473,7 @@ func TestBlacklistStateConcurrentDeltas(t *testing.T) {
 	}
 	wg.Wait()
 	mem := d.lists.Global().Snapshot()
-	disk := readStateFile(t, statePath(stateDir, "global"))
+	disk := readStateFile(t, blacklist.StatePath(stateDir, "global"))
 	if mem.Len() != workers*each || disk.Len() != mem.Len() {
 		t.Fatalf("%d entries in force, %d in the state file; want %d", mem.Len(), disk.Len(), workers*each)
 	}

@@ -85,4 +85,13 @@
 // not require its input to be merged or ordered beyond what the coding needs, so a
 // producer may write overlapping ranges; WriteBinary writes a Set's merged tables.
 // A million random IPv4 addresses take about 2.3 bytes each, before gzip.
+//
+// # Persistence
+//
+// A Store keeps Lists in step with their configured files (ListConfig) and with what
+// is pushed to them: with a state directory, every push is written to
+// <dir>/blacklist-<list>.bin in the binary format, atomically and synced, before it is
+// in force, and a list with such a file is loaded from it instead of from its files
+// until Store.Drop removes it. Store.Prepare reads what a new configuration needs
+// (only what changed) without changing anything; Store.Commit swaps it in.
 package blacklist
