@@ -114,9 +114,6 @@ func TestDecap(t *testing.T) {
 			continue
 		}
 		if err != nil {
-			if tn != (Tunnel{}) {
-				t.Errorf("%s: refused but filled %+v", c.name, tn)
-			}
 			continue
 		}
 		if tn.Proto != c.proto || tn.Inner != c.inner || tn.Version != c.version {
