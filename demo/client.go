@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -9,12 +8,13 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
+
+	"github.com/tiergate/tiergate/internal/promtext"
 )
 
 // target is what the client loop requests, and from where.
@@ -63,7 +63,7 @@ func clientLoop(ctx context.Context, s *stack, t target, out io.Writer) error {
 			}
 			return nil
 		case p := <-s.died:
-			return p.exitError()
+			return p.Exited()
 		case <-time.After(t.interval):
 		}
 		m := modes[(i-1)%len(modes)]
@@ -166,59 +166,20 @@ func parseAnswer(body string) (node, client string) {
 	return node, client
 }
 
-// metricLines returns the samples of the metric name (with labels) at url, as
-// "labels value" pairs.
-func metricLines(hc *http.Client, url, name string) ([][2]string, error) {
-	resp, err := hc.Get(url)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var samples [][2]string
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), name)
-		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
-			continue
-		}
-		if i := strings.LastIndexByte(rest, ' '); i >= 0 {
-			samples = append(samples, [2]string{strings.TrimSpace(rest[:i]), rest[i+1:]})
-		}
-	}
-	return samples, sc.Err()
-}
-
 // keyserverOps summarises tiergate_keyserver_ops_total from keyserverd's /metrics.
 func keyserverOps(hc *http.Client, url string) string {
-	samples, err := metricLines(hc, url, "tiergate_keyserver_ops_total")
+	ss, err := promtext.Get(context.Background(), hc, url)
 	if err != nil {
 		return "metrics unavailable: " + err.Error()
 	}
 	var parts []string
-	for _, s := range samples {
-		if s[1] != "0" {
-			parts = append(parts, s[0]+" "+s[1])
+	for _, s := range ss.Select("tiergate_keyserver_ops_total") {
+		if s.Value != 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f", s.LabelString(), s.Value))
 		}
 	}
 	if len(parts) == 0 {
 		return "no operations yet"
 	}
 	return "tiergate_keyserver_ops_total " + strings.Join(parts, " ")
-}
-
-var memberLabel = regexp.MustCompile(`member="([^"]*)"`)
-
-// memberValues returns a member metric of l4d's /metrics by member name.
-func memberValues(hc *http.Client, url, name string) (map[string]string, error) {
-	samples, err := metricLines(hc, url, name)
-	if err != nil {
-		return nil, err
-	}
-	v := map[string]string{}
-	for _, s := range samples {
-		if m := memberLabel.FindStringSubmatch(s[0]); m != nil {
-			v[m[1]] = s[1]
-		}
-	}
-	return v, nil
 }

@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tiergate/tiergate/internal/proc"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 	"github.com/tiergate/tiergate/keyserver/softkey"
@@ -264,7 +265,7 @@ func prepare(dir string) (*site, error) {
 
 // startKeyserverd writes keyserverd's configuration, imports the site key into the
 // token and starts keyserverd in ns; it returns once keyserverd is healthy.
-func (st *site) startKeyserverd(ctx context.Context, s *stack, ns *netNS, listen, metrics string) (*proc, error) {
+func (st *site) startKeyserverd(ctx context.Context, s *stack, ns *netNS, listen, metrics string) (*proc.Process, error) {
 	cfgPath := filepath.Join(st.dir, "keyserverd.yaml")
 	cfg := fmt.Sprintf(`# Written by tgdemo on every run.
 listen: %q
@@ -295,7 +296,7 @@ clients:
 	if err != nil {
 		return nil, err
 	}
-	return ks, waitHealthy(ctx, nsHTTP(ns, time.Second), "http://"+metrics+"/healthz", ks)
+	return ks, ks.WaitHTTP(ctx, nsHTTP(ns, time.Second), "http://"+metrics+"/healthz", healthWait)
 }
 
 // l7Config is what differs between the demo's l7d configurations.
@@ -375,7 +376,7 @@ func runLoopback(ctx context.Context, o Options, st *site, out io.Writer) error 
 	if err != nil {
 		return err
 	}
-	if err := waitHealthy(ctx, nsHTTP(nil, time.Second), "http://"+o.L7AdminAt+"/healthz", l7); err != nil {
+	if err := l7.WaitHTTP(ctx, nsHTTP(nil, time.Second), "http://"+o.L7AdminAt+"/healthz", healthWait); err != nil {
 		return err
 	}
 	host, l7Port, _ := net.SplitHostPort(o.L7At)
@@ -391,7 +392,7 @@ Tiergate demo (loopback, no L4 tier)
   try                 curl --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/
   stop                Ctrl-C (or kill -INT %d)
 
-`, st.dir, st.tok.Label, st.keyID, o.KeyserverAt, ks.cmd.Process.Pid, o.L7At, l7.cmd.Process.Pid, metricsURL, o.L7AdminAt,
+`, st.dir, st.tok.Label, st.keyID, o.KeyserverAt, ks.PID(), o.L7At, l7.PID(), metricsURL, o.L7AdminAt,
 		st.siteCA, l7Port, host, l7Port, os.Getpid())
 
 	hc := nsHTTP(nil, 2*time.Second)

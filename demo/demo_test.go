@@ -50,44 +50,26 @@ func TestBackendAnswer(t *testing.T) {
 	}
 }
 
-func TestMetricLines(t *testing.T) {
-	const body = `# HELP tiergate_l4_member_up Whether the member is up.
-# TYPE tiergate_l4_member_up gauge
-tiergate_l4_member_up{member="l7a",pool="l7"} 1
-tiergate_l4_member_up{member="l7b",pool="l7"} 0
-tiergate_l4_member_upper 7
-tiergate_l4_member_packets_total{member="l7a",pool="l7"} 1234
+func TestKeyserverOps(t *testing.T) {
+	const body = `# HELP tiergate_keyserver_ops_total Operations.
+# TYPE tiergate_keyserver_ops_total counter
 tiergate_keyserver_ops_total{op="rsa_sign_pss",result="ok"} 9
 tiergate_keyserver_ops_total{op="ping",result="ok"} 0
+tiergate_keyserver_ops_total{op="rsa_decrypt",result="error"} 1234567
 tiergate_plain 3
 `
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, body) }))
 	defer srv.Close()
-	hc := srv.Client()
-	for _, tc := range []struct {
-		name string
-		want [][2]string
-	}{
-		{"tiergate_l4_member_up", [][2]string{{`{member="l7a",pool="l7"}`, "1"}, {`{member="l7b",pool="l7"}`, "0"}}},
-		{"tiergate_plain", [][2]string{{"", "3"}}},
-		{"tiergate_absent", nil},
-	} {
-		got, err := metricLines(hc, srv.URL, tc.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("metricLines(%s) = %q, want %q", tc.name, got, tc.want)
-		}
+	want := `tiergate_keyserver_ops_total {op="rsa_decrypt",result="error"} 1234567 {op="rsa_sign_pss",result="ok"} 9`
+	if got := keyserverOps(srv.Client(), srv.URL); got != want {
+		t.Errorf("keyserverOps = %q, want %q", got, want)
 	}
-	up, err := memberValues(hc, srv.URL, "tiergate_l4_member_up")
-	if err != nil || !reflect.DeepEqual(up, map[string]string{"l7a": "1", "l7b": "0"}) {
-		t.Errorf("memberValues = %v, %v", up, err)
+	idle := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "tiergate_plain 3\n") }))
+	defer idle.Close()
+	if got := keyserverOps(idle.Client(), idle.URL); got != "no operations yet" {
+		t.Errorf("keyserverOps without operations = %q", got)
 	}
-	if got := keyserverOps(hc, srv.URL); got != `tiergate_keyserver_ops_total {op="rsa_sign_pss",result="ok"} 9` {
-		t.Errorf("keyserverOps = %q", got)
-	}
-	if got := keyserverOps(hc, "http://127.0.0.1:1/metrics"); !strings.HasPrefix(got, "metrics unavailable") {
+	if got := keyserverOps(srv.Client(), "http://127.0.0.1:1/metrics"); !strings.HasPrefix(got, "metrics unavailable") {
 		t.Errorf("keyserverOps without a server = %q", got)
 	}
 }

@@ -12,6 +12,9 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/tiergate/tiergate/internal/proc"
+	"github.com/tiergate/tiergate/internal/promtext"
 )
 
 // The L4 mode's network, every part in a namespace of its own (names: the prefix and
@@ -207,7 +210,7 @@ func runL4(ctx context.Context, o Options, st *site, out io.Writer) error {
 	serveBackend(s, backendLn)
 
 	// The L7 nodes: l7d with the tunnel endpoint, the site key in keyserverd.
-	l7s := make([]*proc, len(l4Nodes))
+	l7s := make([]*proc.Process, len(l4Nodes))
 	for i, node := range l4Nodes {
 		cfg := filepath.Join(st.dir, "l7d-"+node.label+".yaml")
 		if err := st.writeL7Config(cfg, l7Config{
@@ -223,7 +226,7 @@ func runL4(ctx context.Context, o Options, st *site, out io.Writer) error {
 		}
 	}
 	for i, p := range l7s {
-		if err := waitHealthy(ctx, nsHTTP(n.l7[i], time.Second), "http://"+net.JoinHostPort(l4Nodes[i].ip, l4L7AdminPort)+"/healthz", p); err != nil {
+		if err := p.WaitHTTP(ctx, nsHTTP(n.l7[i], time.Second), "http://"+net.JoinHostPort(l4Nodes[i].ip, l4L7AdminPort)+"/healthz", healthWait); err != nil {
 			return err
 		}
 	}
@@ -238,7 +241,7 @@ func runL4(ctx context.Context, o Options, st *site, out io.Writer) error {
 		return err
 	}
 	ldHTTP := nsHTTP(n.ld, 2*time.Second)
-	if err := waitHealthy(ctx, ldHTTP, "http://"+l4AdminAt+"/healthz", l4d); err != nil {
+	if err := l4d.WaitHTTP(ctx, ldHTTP, "http://"+l4AdminAt+"/healthz", healthWait); err != nil {
 		return err
 	}
 	// Both members up by l4d's health checks, then a first request through the VIP (the
@@ -270,8 +273,8 @@ Tiergate demo: client → l4d (DPDK) → GRE → two l7d nodes → backend, in n
   try                 ip netns exec %[1]scl curl --cacert %[18]s --resolve demo.tiergate.test:443:%[6]s https://demo.tiergate.test/
   stop                Ctrl-C (or kill -INT %[19]d): daemons stopped, namespaces removed
 
-`, p, st.dir, st.tok.Label, st.keyID, l4ClientIP, l4VIP, l4LDExternal, l4LDInternal, l4d.cmd.Process.Pid,
-		l4Nodes[0].ip, l4Nodes[1].ip, l4KeyserverIP, ks.cmd.Process.Pid, backendAt, l4AdminAt, l4KSMetricsAt, l4L7AdminPort,
+`, p, st.dir, st.tok.Label, st.keyID, l4ClientIP, l4VIP, l4LDExternal, l4LDInternal, l4d.PID(),
+		l4Nodes[0].ip, l4Nodes[1].ip, l4KeyserverIP, ks.PID(), backendAt, l4AdminAt, l4KSMetricsAt, l4L7AdminPort,
 		st.siteCA, os.Getpid())
 
 	swHTTP := nsHTTP(n.sw, 2*time.Second)
@@ -320,19 +323,20 @@ func waitL4Ready(ctx context.Context, s *stack, ldHTTP *http.Client, t target) e
 	for time.Now().Before(deadline) {
 		select {
 		case p := <-s.died:
-			return p.exitError()
+			return p.Exited()
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for the first request through the VIP: %w", ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
-		up, err := memberValues(ldHTTP, "http://"+l4AdminAt+"/metrics", "tiergate_l4_member_up")
+		ss, err := promtext.Get(ctx, ldHTTP, "http://"+l4AdminAt+"/metrics")
 		if err != nil {
 			last = fmt.Errorf("reading l4d's metrics: %w", err)
 			continue
 		}
+		up := ss.By("tiergate_l4_member_up", "member")
 		var down []string
 		for _, node := range l4Nodes {
-			if up[node.label] != "1" {
+			if up[node.label] != 1 {
 				down = append(down, node.label)
 			}
 		}
@@ -354,17 +358,17 @@ func waitL4Ready(ctx context.Context, s *stack, ldHTTP *http.Client, t target) e
 
 // l4Members summarises l4d's per-member metrics.
 func l4Members(hc *http.Client) string {
-	url := "http://" + l4AdminAt + "/metrics"
-	pkts, err := memberValues(hc, url, "tiergate_l4_member_packets_total")
+	ss, err := promtext.Get(context.Background(), hc, "http://"+l4AdminAt+"/metrics")
 	if err != nil {
 		return "metrics unavailable: " + err.Error()
 	}
-	conns, _ := memberValues(hc, url, "tiergate_l4_member_connections")
-	drained, _ := memberValues(hc, url, "tiergate_l4_member_drained")
+	pkts := ss.By("tiergate_l4_member_packets_total", "member")
+	conns := ss.By("tiergate_l4_member_connections", "member")
+	drained := ss.By("tiergate_l4_member_drained", "member")
 	var parts []string
 	for _, node := range l4Nodes {
-		p := fmt.Sprintf("%s %s packets, %s connections", node.label, pkts[node.label], conns[node.label])
-		if drained[node.label] == "1" {
+		p := fmt.Sprintf("%s %.0f packets, %.0f connections", node.label, pkts[node.label], conns[node.label])
+		if drained[node.label] == 1 {
 			p += " (drained)"
 		}
 		parts = append(parts, p)

@@ -3,7 +3,7 @@
 package integration
 
 import (
-	"bufio"
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -16,13 +16,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/tiergate/tiergate/internal/proc"
+	"github.com/tiergate/tiergate/internal/promtext"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 	"github.com/tiergate/tiergate/testkit/softhsm"
@@ -181,7 +181,7 @@ func (p *pki) clientTLS(t *testing.T, cn string) *tls.Config {
 }
 
 // daemon is a Tiergate process under test: started, awaited until /healthz answers,
-// stopped gracefully or killed.
+// stopped gracefully or killed. Its log keeps the lines of every run.
 type daemon struct {
 	t      *testing.T
 	name   string
@@ -189,123 +189,74 @@ type daemon struct {
 	env    []string
 	health string // URL of /healthz
 	log    string
-	client *http.Client // for health; default http.DefaultClient
-	cmd    *exec.Cmd
-	done   chan error
+	client *http.Client  // for health; default http.DefaultClient
+	proc   *proc.Process // nil when not running
 }
 
 func (d *daemon) start() {
 	t := d.t
 	t.Helper()
-	logf, err := os.OpenFile(d.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	cmd := exec.Command(d.args[0], d.args[1:]...)
+	cmd.Env = append(os.Environ(), d.env...)
+	p, err := proc.Start(d.name, d.log, cmd, proc.AppendLog())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer logf.Close()
-	d.cmd = exec.Command(d.args[0], d.args[1:]...)
-	d.cmd.Env = append(os.Environ(), d.env...)
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d.done = make(chan error, 1)
-	go func(c *exec.Cmd, done chan error) { done <- c.Wait() }(d.cmd, d.done)
-	deadline := time.Now().Add(15 * time.Second)
+	d.proc = p
 	client := d.client
 	if client == nil {
 		client = http.DefaultClient
 	}
-	for {
-		resp, err := client.Get(d.health)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		select {
-		case err := <-d.done:
-			t.Fatalf("%s exited: %v\n%s", d.name, err, d.logTail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not healthy after 15s\n%s", d.name, d.logTail())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := p.WaitHTTP(context.Background(), client, d.health, 15*time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, d.logTail())
 	}
 }
 
 // kill stops the process at once, as a crash would.
 func (d *daemon) kill() {
-	if d.cmd == nil {
+	if d.proc == nil {
 		return
 	}
-	d.cmd.Process.Kill()
-	<-d.done
-	d.cmd = nil
+	d.proc.Kill()
+	d.proc = nil
 }
 
 // stop sends SIGTERM and waits for a graceful exit.
 func (d *daemon) stop() {
-	if d.cmd == nil {
+	if d.proc == nil {
 		return
 	}
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-d.done:
-		if err != nil {
-			d.t.Errorf("%s exited with %v after SIGTERM\n%s", d.name, err, d.logTail())
-		}
-	case <-time.After(20 * time.Second):
-		d.cmd.Process.Kill()
-		<-d.done
-		d.t.Errorf("%s did not stop within 20s of SIGTERM", d.name)
+	if err := d.proc.Stop(20 * time.Second); err != nil {
+		d.t.Errorf("stopping %s with SIGTERM: %v\n%s", d.name, err, d.logTail())
 	}
-	d.cmd = nil
+	d.proc = nil
 }
 
-func (d *daemon) logTail() string {
-	b, _ := os.ReadFile(d.log)
-	if len(b) > 6000 {
-		b = b[len(b)-6000:]
+// signal sends sig (SIGHUP: reload) to the running process.
+func (d *daemon) signal(sig os.Signal) {
+	d.t.Helper()
+	if err := d.proc.Signal(sig); err != nil {
+		d.t.Fatal(err)
 	}
-	return string(b)
 }
 
-// scrape sums the samples of metric name at url whose line contains every filter and
-// none of the exclusions (filters starting with "!").
-func scrape(url, name string, filters ...string) float64 {
-	return scrapeWith(http.DefaultClient, url, name, filters...)
+// logTail is the end of the log, over every run.
+func (d *daemon) logTail() string { return proc.Tail(d.log, 100) }
+
+// scrape sums the samples of metric name at url whose labels pass every matcher
+// (promtext.Samples.Select: `label="value"`, or `!label="value"` to exclude); -1 when
+// the scrape fails.
+func scrape(url, name string, matchers ...string) float64 {
+	return scrapeWith(http.DefaultClient, url, name, matchers...)
 }
 
 // scrapeWith is scrape through client.
-func scrapeWith(client *http.Client, url, name string, filters ...string) float64 {
-	resp, err := client.Get(url)
+func scrapeWith(client *http.Client, url, name string, matchers ...string) float64 {
+	ss, err := promtext.Get(context.Background(), client, url)
 	if err != nil {
 		return -1
 	}
-	defer resp.Body.Close()
-	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		ok := true
-		for _, f := range filters {
-			if neg, found := strings.CutPrefix(f, "!"); found {
-				ok = ok && !strings.Contains(line, neg)
-			} else {
-				ok = ok && strings.Contains(line, f)
-			}
-		}
-		if ok {
-			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			sum += v
-		}
-	}
-	return sum
+	return ss.Sum(name, matchers...)
 }
 
 // keyserverProc is one keyserverd process on its own SoftHSM2 token.

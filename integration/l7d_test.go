@@ -361,7 +361,7 @@ certificates:
 	}
 	time.Sleep(time.Second)
 	l7.writeConfig(base + `    - {cert_file: "` + newCert + `", key_file: "` + strings.TrimSuffix(newCert, ".pem") + `.key"}` + "\n")
-	l7.cmd.Process.Signal(syscall.SIGHUP)
+	l7.signal(syscall.SIGHUP)
 	waitFor(t, 5*time.Second, "reload counted", func() bool {
 		return l7.metric("tiergate_l7_reloads_total", `result="ok"`) >= 1
 	})

@@ -520,7 +520,7 @@ admin_listen: "%[2]s"
 	}
 
 	// A reload keeps what was pushed (the lists have no files).
-	l7.cmd.Process.Signal(syscall.SIGHUP)
+	l7.signal(syscall.SIGHUP)
 	waitFor(t, 5*time.Second, "reload", func() bool { return l7.metric("tiergate_l7_reloads_total", `result="ok"`) >= 1 })
 	if !served("127.0.0.5") || served("127.0.0.6") {
 		t.Errorf("after a reload the pushed list changed")
@@ -599,7 +599,7 @@ routing:
 		t.Errorf("b served before the reload")
 	}
 	l7.writeConfig(cfg(after, goodList))
-	l7.cmd.Process.Signal(syscall.SIGHUP)
+	l7.signal(syscall.SIGHUP)
 	waitFor(t, 5*time.Second, "reload", func() bool { return l7.metric("tiergate_l7_reloads_total", `result="ok"`) >= 1 })
 	time.Sleep(500 * time.Millisecond)
 

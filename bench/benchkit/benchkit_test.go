@@ -3,6 +3,7 @@ package benchkit
 import (
 	"context"
 	"errors"
+	"os"
 	"os/exec"
 	"strings"
 	"sync/atomic"
@@ -65,21 +66,31 @@ func TestParseOpenSSLSpeedRSA(t *testing.T) {
 	}
 }
 
-func TestParseStatCPU(t *testing.T) {
+func TestParseStat(t *testing.T) {
 	for _, tc := range []struct {
 		name, stat string
-		want       time.Duration
+		want       statTimes
 		err        bool
 	}{
-		{"plain", "1234 (keyserverd) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 9 0 100 0 0", 2870 * time.Millisecond, false},
-		{"odd command", "77 (a) (b c)) R 1 77 77 0 -1 0 0 0 0 0 1 2 0 0 20 0 1 0 5 0 0", 30 * time.Millisecond, false},
-		{"truncated", "77 (x) R 1 2", 0, true},
-		{"no command", "77 x R", 0, true},
+		{"plain", "1234 (keyserverd) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 37 12 3 20 0 9 0 100 0 0",
+			statTimes{2500 * time.Millisecond, 370 * time.Millisecond, 120 * time.Millisecond, 30 * time.Millisecond}, false},
+		{"odd command", "77 (nginx: worker (x)) R 1 77 77 0 -1 0 0 0 0 0 1 2 0 0 20 0 1 0 5 0 0",
+			statTimes{10 * time.Millisecond, 20 * time.Millisecond, 0, 0}, false},
+		{"truncated", "77 (x) R 1 2", statTimes{}, true},
+		{"no cutime and cstime", "1 (x) S 1 1 1 0 -1 0 0 0 0 0 1 2", statTimes{}, true},
+		{"not a number", "1 (x) S 1 1 1 0 -1 0 0 0 0 0 x 2 3 4", statTimes{}, true},
+		{"no command", "77 x R", statTimes{}, true},
+		{"empty", "", statTimes{}, true},
 	} {
-		got, err := parseStatCPU(tc.stat)
+		got, err := parseStat(tc.stat)
 		if (err != nil) != tc.err || got != tc.want {
-			t.Errorf("%s: got %v, %v; want %v, error %v", tc.name, got, err, tc.want, tc.err)
+			t.Errorf("%s: got %+v, %v; want %+v, error %v", tc.name, got, err, tc.want, tc.err)
 		}
+	}
+	pt := statTimes{2500 * time.Millisecond, 370 * time.Millisecond, 120 * time.Millisecond, 30 * time.Millisecond}
+	if pt.own(false) != 2870*time.Millisecond || pt.own(true) != 2500*time.Millisecond ||
+		pt.waited(false) != 150*time.Millisecond || pt.waited(true) != 120*time.Millisecond {
+		t.Errorf("own %v/%v, waited %v/%v", pt.own(false), pt.own(true), pt.waited(false), pt.waited(true))
 	}
 }
 
@@ -115,15 +126,8 @@ func TestSelfCPU(t *testing.T) {
 	}
 }
 
-func TestParseStatTimes(t *testing.T) {
+func TestParseStatPPID(t *testing.T) {
 	stat := "1234 (nginx) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 37 12 3 20 0 9 0 100 0 0"
-	own, kids, err := parseStatTimes(stat, true)
-	if err != nil || own != 2870*time.Millisecond || kids != 150*time.Millisecond {
-		t.Errorf("got %v, %v, %v; want 2.87s, 150ms", own, kids, err)
-	}
-	if _, _, err := parseStatTimes("1 (x) S 1 1 1 0 -1 0 0 0 0 0 1 2", true); err == nil {
-		t.Error("no error for a line without cutime and cstime")
-	}
 	if ppid, err := parseStatPPID(stat); err != nil || ppid != 1 {
 		t.Errorf("ppid %d, %v; want 1", ppid, err)
 	}
@@ -170,6 +174,21 @@ func TestProcessTreeCPU(t *testing.T) {
 	}
 	if tree < own+child || child == 0 {
 		t.Errorf("tree %v, want at least the parent's %v plus the child's %v (> 0)", tree, own, child)
+	}
+	userChild, err := ProcessUserCPU(kids[0], false)()
+	if err != nil {
+		t.Fatal(err)
+	}
+	userTree, err := ProcessUserCPU(parent, true)()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The child spun in the shell's own code: most of its time is user time.
+	if userChild == 0 || userTree < userChild {
+		t.Errorf("user time: child %v, tree %v; want the child's > 0 and counted in the tree", userChild, userTree)
+	}
+	if self, err := ProcessUserCPU(os.Getpid(), true)(); err != nil || self <= 0 {
+		t.Errorf("this process's user CPU: %v, %v", self, err)
 	}
 }
 

@@ -28,59 +28,83 @@ func SelfCPU() (time.Duration, error) {
 // architecture Linux and Go share.
 const userHZ = 100
 
+// statTimes are the CPU times in /proc/PID/stat: the process's own in user and in
+// kernel mode (utime, stime), and those of the children it has waited for (cutime,
+// cstime).
+type statTimes struct {
+	utime, stime, cutime, cstime time.Duration
+}
+
+// own is the process's own CPU time, user mode only with user.
+func (t statTimes) own(user bool) time.Duration {
+	if user {
+		return t.utime
+	}
+	return t.utime + t.stime
+}
+
+// waited is the CPU time of the children the process waited for, user mode only
+// with user.
+func (t statTimes) waited(user bool) time.Duration {
+	if user {
+		return t.cutime
+	}
+	return t.cutime + t.cstime
+}
+
+// parseStat reads the CPU times from the contents of /proc/PID/stat (fields 14 to
+// 17). The command name, field 2, is in parentheses and may hold spaces and
+// parentheses: the fields that follow are counted from the last ')'.
+func parseStat(stat string) (statTimes, error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return statTimes{}, fmt.Errorf("/proc stat %q: no command field", stat)
+	}
+	f := strings.Fields(stat[i+1:])
+	// f[0] is field 3 (state); utime, stime, cutime and cstime are f[11] to f[14].
+	if len(f) < 15 {
+		return statTimes{}, fmt.Errorf("/proc stat: %d fields after the command, want at least 15", len(f))
+	}
+	var d [4]time.Duration
+	for k, s := range f[11:15] {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return statTimes{}, fmt.Errorf("/proc stat: CPU time %q: %w", s, err)
+		}
+		d[k] = time.Duration(n) * time.Second / userHZ
+	}
+	return statTimes{d[0], d[1], d[2], d[3]}, nil
+}
+
+func readStat(pid int) (statTimes, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return statTimes{}, err
+	}
+	return parseStat(string(b))
+}
+
 // ProcessCPU returns a clock reading the CPU time of process pid (every thread)
 // from /proc/PID/stat, to 1/100 s.
 func ProcessCPU(pid int) CPUClock {
-	path := fmt.Sprintf("/proc/%d/stat", pid)
 	return func() (time.Duration, error) {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return 0, err
-		}
-		return parseStatCPU(string(b))
+		t, err := readStat(pid)
+		return t.own(false), err
 	}
 }
 
-// parseStatCPU returns utime + stime from the contents of /proc/PID/stat.
-func parseStatCPU(stat string) (time.Duration, error) {
-	own, _, err := parseStatTimes(stat, false)
-	return own, err
-}
-
-// parseStatTimes returns utime + stime and, with waited, cutime + cstime (the time
-// of the children the process has waited for) from the contents of /proc/PID/stat.
-// The command name, field 2, is in parentheses and may hold spaces and parentheses:
-// the fields that follow are counted from the last ')'.
-func parseStatTimes(stat string, waited bool) (own, children time.Duration, err error) {
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, 0, fmt.Errorf("/proc stat %q: no command field", stat)
-	}
-	f := strings.Fields(stat[i+1:])
-	// f[0] is field 3 (state); utime, stime, cutime and cstime are fields 14 to 17.
-	want := 13
-	if waited {
-		want = 15
-	}
-	if len(f) < want {
-		return 0, 0, fmt.Errorf("/proc stat: %d fields after the command, want at least %d", len(f), want)
-	}
-	sum := func(fields []string) (time.Duration, error) {
-		var ticks uint64
-		for _, s := range fields {
-			n, err := strconv.ParseUint(s, 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("/proc stat: CPU time %q: %w", s, err)
-			}
-			ticks += n
+// ProcessUserCPU returns a clock of the user-mode CPU time of process pid (every
+// thread) and, with tree, of its descendants as ProcessTreeCPU counts them: the part
+// of a server's CPU spent in its own code rather than in the kernel (system calls,
+// the TCP stack).
+func ProcessUserCPU(pid int, tree bool) CPUClock {
+	if !tree {
+		return func() (time.Duration, error) {
+			t, err := readStat(pid)
+			return t.utime, err
 		}
-		return time.Duration(ticks) * time.Second / userHZ, nil
 	}
-	if own, err = sum(f[11:13]); err != nil || !waited {
-		return own, 0, err
-	}
-	children, err = sum(f[13:15])
-	return own, children, err
+	return func() (time.Duration, error) { return treeCPU(pid, 0, true) }
 }
 
 // maxTreeDepth bounds how far down ProcessTreeCPU follows children.
@@ -94,20 +118,18 @@ const maxTreeDepth = 8
 // /proc for their parent ID.
 func ProcessTreeCPU(pid int) CPUClock {
 	return func() (time.Duration, error) {
-		return treeCPU(pid, 0)
+		return treeCPU(pid, 0, false)
 	}
 }
 
-func treeCPU(pid, depth int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+// treeCPU is the CPU time (user mode only with user) of pid, of the children it
+// waited for, and of its live descendants.
+func treeCPU(pid, depth int, user bool) (time.Duration, error) {
+	t, err := readStat(pid)
 	if err != nil {
 		return 0, err
 	}
-	own, waited, err := parseStatTimes(string(b), true)
-	if err != nil {
-		return 0, err
-	}
-	total := own + waited
+	total := t.own(user) + t.waited(user)
 	if depth >= maxTreeDepth {
 		return total, nil
 	}
@@ -116,7 +138,7 @@ func treeCPU(pid, depth int) (time.Duration, error) {
 		return 0, err
 	}
 	for _, k := range kids {
-		d, err := treeCPU(k, depth+1)
+		d, err := treeCPU(k, depth+1, user)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // exited since it was listed; its parent will count it once it waits
 		}

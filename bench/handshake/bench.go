@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/tiergate/tiergate/bench/benchkit"
+	"github.com/tiergate/tiergate/internal/promtext"
 )
 
 type options struct {
@@ -51,6 +50,7 @@ const (
 )
 
 type bench struct {
+	benchkit.Bench
 	o      *options
 	f      *fixture
 	fl     *fleet
@@ -58,7 +58,6 @@ type bench struct {
 
 	nginxVersion, nginxOpenSSL string
 	rows                       []*row
-	failures                   []string // what broke; any makes the exit status 1
 }
 
 // row is one server at one TLS version in one mode.
@@ -74,9 +73,9 @@ type row struct {
 }
 
 func run(ctx context.Context, o *options) error {
-	b := &bench{o: o}
+	b := &bench{o: o, Bench: benchkit.Bench{Log: o.log, BinDir: o.bin, QuietCores: o.quietCores, QuietWait: o.quietWait}}
 	for _, name := range []string{"keyserverd", "l7d"} {
-		if _, err := os.Stat(b.bin(name)); err != nil {
+		if _, err := os.Stat(b.Bin(name)); err != nil {
 			return fmt.Errorf("%s binary: %w (run `make build`, or pass -bin)", name, err)
 		}
 	}
@@ -91,16 +90,16 @@ func run(ctx context.Context, o *options) error {
 		}
 	}
 
-	b.progress("setting up in %s: site CA and RSA-2048 certificate, SoftHSM2 token, keyserverd import", dir)
+	b.Progress("setting up in %s: site CA and RSA-2048 certificate, SoftHSM2 token, keyserverd import", dir)
 	if b.f, err = newFixture(dir); err != nil {
 		return err
 	}
 	if b.wanted()[srvL7Offload] {
-		if err := b.f.importKey(b.bin("keyserverd")); err != nil {
+		if err := b.f.importKey(b.Bin("keyserverd")); err != nil {
 			return err
 		}
 	}
-	b.progress("starting %s", strings.Join(o.servers, ", "))
+	b.Progress("starting %s", strings.Join(o.servers, ", "))
 	if err := b.startFleet(ctx); err != nil {
 		return err
 	}
@@ -111,7 +110,7 @@ func run(ctx context.Context, o *options) error {
 		}
 	}()
 	for _, s := range b.fl.servers {
-		b.progress("  %s on %s, pid %d", s.label, s.addr, s.proc.PID())
+		b.Progress("  %s on %s, pid %d", s.label, s.addr, s.proc.PID())
 	}
 
 	for _, mode := range o.modes {
@@ -121,39 +120,18 @@ func run(ctx context.Context, o *options) error {
 					if ctx.Err() != nil {
 						return ctx.Err()
 					}
-					b.fail("%s, %s %s: %v", s.label, tls.VersionName(v), mode, err)
+					b.Fail("%s, %s %s: %v", s.label, tls.VersionName(v), mode, err)
 				}
 			}
 		}
 	}
 	if n := b.fl.hits.Load(); n != 0 {
-		b.fail("the backend answered %d requests; the handshake load must make none", n)
+		b.Fail("the backend answered %d requests; the handshake load must make none", n)
 	}
 	stopped = true
 	b.stopFleet()
 	b.report()
-	if len(b.failures) > 0 {
-		return benchkit.ErrFailed
-	}
-	return nil
-}
-
-func (b *bench) bin(name string) string {
-	p, err := filepath.Abs(filepath.Join(b.o.bin, name))
-	if err != nil {
-		return filepath.Join(b.o.bin, name)
-	}
-	return p
-}
-
-func (b *bench) progress(format string, args ...any) {
-	fmt.Fprintf(b.o.log, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-}
-
-func (b *bench) fail(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	b.failures = append(b.failures, msg)
-	b.progress("FAILED: %s", msg)
+	return b.Err()
 }
 
 // measure runs one row: it waits for a quiet machine, checks the server still runs
@@ -166,7 +144,7 @@ func (b *bench) measure(ctx context.Context, s *server, version uint16, mode str
 		}
 		select {
 		case <-p.Done():
-			return fmt.Errorf("%s exited: %v; log:\n%s", p.Name, p.ExitErr(), p.LogTail(20))
+			return p.Exited()
 		default:
 		}
 	}
@@ -179,22 +157,15 @@ func (b *bench) measure(ctx context.Context, s *server, version uint16, mode str
 	if ks {
 		clocks = append(clocks, b.fl.ks.CPU())
 	}
-	if b.o.quietWait > 0 {
-		ours := append([]benchkit.CPUClock{benchkit.SelfCPU, s.clock}, clocks[clockServer+1:]...)
-		others, quiet, err := benchkit.WaitQuiet(ctx, b.o.quietCores, b.o.quietWait, ours...)
-		if err != nil {
-			return err
-		}
-		if !quiet {
-			b.progress("other processes still use %.2f cores after %v: measuring anyway", others, b.o.quietWait)
-		}
+	if err := b.WaitQuiet(ctx, append([]benchkit.CPUClock{benchkit.SelfCPU, s.clock}, clocks[clockServer+1:]...)...); err != nil {
+		return err
 	}
 
 	before, err := b.scrape(s)
 	if err != nil {
 		return err
 	}
-	b.progress("%s: %d workers, %v warm-up, %v measured", label, b.o.workers, b.o.warmup, b.o.duration)
+	b.Progress("%s: %d workers, %v warm-up, %v measured", label, b.o.workers, b.o.warmup, b.o.duration)
 	cl := newClient(s.addr, version, mode == modeResumed, b.o.workers, b.o.opTimeout, b.o.verifyEvery, b.f.siteCA.Pool())
 	stopProfile := b.startProfile(ctx, s, version, mode)
 	res, err := benchkit.Run(ctx, benchkit.Load{
@@ -212,40 +183,40 @@ func (b *bench) measure(ctx context.Context, s *server, version uint16, mode str
 	r := &row{srv: s, version: version, mode: mode, res: res, win: cl.window(res), verified: cl.verified.Load(), ks: ks}
 	b.rows = append(b.rows, r)
 	if after, err := b.scrape(s); err != nil {
-		b.fail("%s: %v", label, err)
+		b.Fail("%s: %v", label, err)
 	} else if before != nil {
 		r.scrape = after.minus(before)
 	}
 
-	b.progress("  %.0f handshakes/s, server %.3f ms CPU per handshake, p50 %.2f ms, p99 %.2f ms, %d errors, others %.2f cores",
+	b.Progress("  %.0f handshakes/s, server %.3f ms CPU per handshake, p50 %.2f ms, p99 %.2f ms, %d errors, others %.2f cores",
 		r.rate(), ms(r.serverCPUPerHS()), ms(r.win.handshakes.Percentile(50)), ms(r.win.handshakes.Percentile(99)), res.Errors, r.otherCores())
 	switch {
 	case cl.bad.Load() > 0:
-		b.fail("%s: %d handshakes negotiated other parameters or failed verification: %v", label, cl.bad.Load(), res.FirstErr)
+		b.Fail("%s: %d handshakes negotiated other parameters or failed verification: %v", label, cl.bad.Load(), res.FirstErr)
 	case res.Errors > 0:
-		b.fail("%s: %d errors, the first: %v", label, res.Errors, res.FirstErr)
+		b.Fail("%s: %d errors, the first: %v", label, res.Errors, res.FirstErr)
 	case r.win.ops == 0:
-		b.fail("%s: no handshake completed in the window", label)
+		b.Fail("%s: no handshake completed in the window", label)
 	case r.verified == 0:
-		b.fail("%s: no certificate chain was verified", label)
+		b.Fail("%s: no certificate chain was verified", label)
 	case mode == modeResumed && r.win.resumed == 0:
-		b.fail("%s: no handshake resumed", label)
+		b.Fail("%s: no handshake resumed", label)
 	}
 	if res.CPUErr != nil {
-		b.fail("%s: reading CPU time: %v", label, res.CPUErr)
+		b.Fail("%s: reading CPU time: %v", label, res.CPUErr)
 	}
 	if d := r.scrape; d != nil {
 		if d.hsFailed > 0 {
-			b.fail("%s: l7d counted %.0f failed handshakes", label, d.hsFailed)
+			b.Fail("%s: l7d counted %.0f failed handshakes", label, d.hsFailed)
 		}
 		// Every full handshake makes one signature on keyserverd; handshakes in flight
 		// while l7d's counters were read may fall on either side.
 		if ks && (d.ksFailed > 0 || mode == modeFull && math.Abs(d.ksOK-d.hsOK) > float64(b.o.workers)) {
-			b.fail("%s: %.0f keyserver operations ok and %.0f failed for %.0f handshakes; want one per full handshake, none failed",
+			b.Fail("%s: %.0f keyserver operations ok and %.0f failed for %.0f handshakes; want one per full handshake, none failed",
 				label, d.ksOK, d.ksFailed, d.hsOK)
 		}
 		if !ks && d.ksOK+d.ksFailed > 0 {
-			b.fail("%s: %.0f keyserver operations in a row with the key local", label, d.ksOK+d.ksFailed)
+			b.Fail("%s: %.0f keyserver operations in a row with the key local", label, d.ksOK+d.ksFailed)
 		}
 	}
 	return nil
@@ -338,53 +309,35 @@ func (b *bench) scrape(s *server) (*scrapeDelta, error) {
 	if s.metricsURL == "" {
 		return nil, nil
 	}
-	hc := &http.Client{Timeout: 5 * time.Second}
-	resp, err := hc.Get(s.metricsURL)
+	ss, err := promtext.Get(context.Background(), nil, s.metricsURL)
 	if err != nil {
 		return nil, fmt.Errorf("l7d metrics: %w", err)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("l7d metrics: %s", resp.Status)
-	}
-	return parseMetrics(resp.Body)
+	return metricsDelta(ss), nil
 }
 
-// parseMetrics sums tiergate_tls_handshakes_total and tiergate_keyserver_ops_total
-// by result (ok or not), and reads go_memstats_alloc_bytes_total,
-// go_gc_duration_seconds_count and the GOMAXPROCS sizing, from the Prometheus text
-// format.
+// parseMetrics reads l7d's counters from the Prometheus text format.
 func parseMetrics(r io.Reader) (*scrapeDelta, error) {
-	d := &scrapeDelta{}
-	err := benchkit.ScanMetrics(r, func(name, labels string, v float64) {
-		if d.procs.Scan(name, v) {
-			return
-		}
-		var ok, failed *float64
-		switch name {
-		case "go_memstats_alloc_bytes_total":
-			d.allocBytes = v
-			return
-		case "go_gc_duration_seconds_count":
-			d.gcCycles = v
-			return
-		case "tiergate_tls_handshakes_total":
-			ok, failed = &d.hsOK, &d.hsFailed
-		case "tiergate_keyserver_ops_total":
-			ok, failed = &d.ksOK, &d.ksFailed
-		default:
-			return
-		}
-		if strings.Contains(labels, `result="ok"`) {
-			*ok += v
-		} else {
-			*failed += v
-		}
-	})
+	ss, err := promtext.Parse(r)
 	if err != nil {
 		return nil, err
 	}
-	return d, nil
+	return metricsDelta(ss), nil
+}
+
+// metricsDelta sums tiergate_tls_handshakes_total and tiergate_keyserver_ops_total
+// by result (ok or not), and reads go_memstats_alloc_bytes_total,
+// go_gc_duration_seconds_count and the GOMAXPROCS sizing.
+func metricsDelta(ss promtext.Samples) *scrapeDelta {
+	return &scrapeDelta{
+		hsOK:       ss.Sum("tiergate_tls_handshakes_total", `result="ok"`),
+		hsFailed:   ss.Sum("tiergate_tls_handshakes_total", `!result="ok"`),
+		ksOK:       ss.Sum("tiergate_keyserver_ops_total", `result="ok"`),
+		ksFailed:   ss.Sum("tiergate_keyserver_ops_total", `!result="ok"`),
+		allocBytes: ss.Sum("go_memstats_alloc_bytes_total"),
+		gcCycles:   ss.Sum("go_gc_duration_seconds_count"),
+		procs:      benchkit.ProcsOf(ss),
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -121,9 +121,9 @@ func (b *bench) startProfile(ctx context.Context, s *server, version uint16, mod
 	base := filepath.Join(b.o.profileDir, fmt.Sprintf("%s-%s-%s", s.id, strings.ReplaceAll(strings.ToLower(tls.VersionName(version)), " ", ""), mode))
 	return benchkit.FetchProfiles(ctx, s.pprofURL, base, b.o.warmup, seconds, func(what, path string, err error) {
 		if err != nil {
-			b.progress("  %s profile of %s: %v", what, s.id, err)
+			b.Progress("  %s profile of %s: %v", what, s.id, err)
 			return
 		}
-		b.progress("  %s profile of %s written to %s", what, s.id, path)
+		b.Progress("  %s profile of %s written to %s", what, s.id, path)
 	})
 }

@@ -129,7 +129,7 @@ func (b *bench) report() {
 		DurationS:      b.o.duration.Seconds(),
 		MaxOtherCores:  maxOther,
 		Profiled:       b.o.profileDir != "",
-		Failures:       b.failures,
+		Failures:       b.Failures,
 		Rows:           rows,
 	}
 	if s.Failures == nil {
@@ -165,7 +165,7 @@ func (b *bench) report() {
 		fmt.Fprintf(w, "with the key on keyserverd, a TLS 1.3 handshake costs l7d %.3f ms and keyserverd %.3f ms (SoftHSM RSA-2048 signature, mutual-TLS framing): %.3f ms on this machine, vs %.3f ms in l7d with the key local\n",
 			*s.L7OffloadMs, *s.KeyserverdMs, *s.L7OffloadMs+*s.KeyserverdMs, *s.L7LocalMs)
 	}
-	benchkit.WriteReportEnd(w, b.failures, s)
+	benchkit.WriteReportEnd(w, b.Failures, s)
 }
 
 // header describes the set-up.

@@ -128,13 +128,13 @@ func (b *bench) startKeyserver(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p, err := benchkit.StartProcess("keyserverd", b.bin("keyserverd"), []string{"run", "-config", cfg},
+	p, err := benchkit.StartProcess("keyserverd", b.Bin("keyserverd"), []string{"run", "-config", cfg},
 		b.f.tok.Env(), filepath.Join(b.f.dir, "keyserverd.log"))
 	if err != nil {
 		return err
 	}
 	b.fl.ks = p
-	if err := benchkit.WaitHTTP(ctx, "http://"+metrics+"/healthz", p, 20*time.Second); err != nil {
+	if err := p.WaitHTTP(ctx, nil, "http://"+metrics+"/healthz", 20*time.Second); err != nil {
 		return fmt.Errorf("keyserverd did not become healthy: %w; log:\n%s", err, p.LogTail(20))
 	}
 	b.ksAddr = listen
@@ -160,7 +160,7 @@ func (b *bench) startL7d(ctx context.Context, id, backendAddr string) (*server, 
 	if !local {
 		s.label = "l7d, key on keyserverd"
 	}
-	path, args := b.bin("l7d"), []string{"run", "-config", cfg}
+	path, args := b.Bin("l7d"), []string{"run", "-config", cfg}
 	if b.o.profileDir != "" {
 		// The profiling variant: l7d's own code in a copy of this program, with pprof.
 		var err error
@@ -173,7 +173,7 @@ func (b *bench) startL7d(ctx context.Context, id, backendAddr string) (*server, 
 		return nil, err
 	}
 	s.clock = s.proc.CPU()
-	if err := benchkit.WaitHTTP(ctx, "http://"+admin+"/healthz", s.proc, 20*time.Second); err != nil {
+	if err := s.proc.WaitHTTP(ctx, nil, "http://"+admin+"/healthz", 20*time.Second); err != nil {
 		s.proc.Stop(5 * time.Second)
 		return nil, fmt.Errorf("l7d did not become healthy: %w; log:\n%s", err, s.proc.LogTail(20))
 	}
@@ -205,7 +205,7 @@ func (b *bench) startGoTLS(ctx context.Context) (*server, error) {
 		return nil, err
 	}
 	s.clock = s.proc.CPU()
-	if err := benchkit.WaitHTTP(ctx, "http://"+pp+"/healthz", s.proc, 20*time.Second); err != nil {
+	if err := s.proc.WaitHTTP(ctx, nil, "http://"+pp+"/healthz", 20*time.Second); err != nil {
 		s.proc.Stop(5 * time.Second)
 		return nil, err
 	}
@@ -302,7 +302,7 @@ func (b *bench) waitTLS(ctx context.Context, s *server, timeout time.Duration) e
 		}
 		select {
 		case <-s.proc.Done():
-			return fmt.Errorf("%s exited: %v; log:\n%s", s.proc.Name, s.proc.ExitErr(), s.proc.LogTail(20))
+			return s.proc.Exited()
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
@@ -344,17 +344,17 @@ func (b *bench) stopFleet() {
 		s := fl.servers[i]
 		if s.id == srvNginx {
 			if err := stopNginx(s); err != nil {
-				b.fail("stopping nginx: %v", err)
+				b.Fail("stopping nginx: %v", err)
 			}
 			continue
 		}
 		if err := s.proc.Stop(10 * time.Second); err != nil {
-			b.fail("stopping %s: %v; log:\n%s", s.id, err, s.proc.LogTail(10))
+			b.Fail("stopping %s: %v; log:\n%s", s.id, err, s.proc.LogTail(10))
 		}
 	}
 	if fl.ks != nil {
 		if err := fl.ks.Stop(10 * time.Second); err != nil {
-			b.fail("stopping keyserverd: %v; log:\n%s", err, fl.ks.LogTail(10))
+			b.Fail("stopping keyserverd: %v; log:\n%s", err, fl.ks.LogTail(10))
 		}
 	}
 	if fl.backend != nil {

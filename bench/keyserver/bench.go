@@ -72,21 +72,23 @@ const (
 )
 
 type bench struct {
-	o        *options
-	f        *fixture
-	ksBin    string
-	quiet    *slog.Logger
-	rows     []*row
-	openssl  *benchkit.OpenSSLRSA
-	failures []string // what broke; any makes the exit status 1
+	benchkit.Bench
+	o       *options
+	f       *fixture
+	ksBin   string
+	quiet   *slog.Logger
+	rows    []*row
+	openssl *benchkit.OpenSSLRSA
 }
 
 func run(ctx context.Context, o *options) error {
-	ksBin, err := filepath.Abs(filepath.Join(o.bin, "keyserverd"))
-	if err != nil {
-		return err
+	b := &bench{
+		o:     o,
+		Bench: benchkit.Bench{Log: o.log, BinDir: o.bin, QuietCores: o.quietCores, QuietWait: o.quietWait},
+		quiet: slog.New(slog.NewTextHandler(o.log, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
-	if _, err := os.Stat(ksBin); err != nil {
+	b.ksBin = b.Bin("keyserverd")
+	if _, err := os.Stat(b.ksBin); err != nil {
 		return fmt.Errorf("keyserverd binary: %w (run `make build`, or pass -bin)", err)
 	}
 	dir, err := os.MkdirTemp("", "tiergate-bench-keyserver-")
@@ -95,13 +97,8 @@ func run(ctx context.Context, o *options) error {
 	}
 	defer os.RemoveAll(dir)
 
-	b := &bench{
-		o:     o,
-		ksBin: ksBin,
-		quiet: slog.New(slog.NewTextHandler(o.log, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	}
-	b.progress("setting up: SoftHSM2 token, RSA-2048 key, certificates, keyserverd import (in %s)", dir)
-	if b.f, err = newFixture(dir, ksBin, o.sessions); err != nil {
+	b.Progress("setting up: SoftHSM2 token, RSA-2048 key, certificates, keyserverd import (in %s)", dir)
+	if b.f, err = newFixture(dir, b.ksBin, o.sessions); err != nil {
 		return err
 	}
 
@@ -116,14 +113,11 @@ func run(ctx context.Context, o *options) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			b.fail("%s: %v", p.name, err)
+			b.Fail("%s: %v", p.name, err)
 		}
 	}
 	b.report()
-	if len(b.failures) > 0 {
-		return benchkit.ErrFailed
-	}
-	return nil
+	return b.Err()
 }
 
 // clientConns is the number of connections the client keeps to keyserverd (the
@@ -162,42 +156,16 @@ const (
 	noteAfter  = "after"
 )
 
-func (b *bench) progress(format string, args ...any) {
-	fmt.Fprintf(b.o.log, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-}
-
-func (b *bench) fail(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	b.failures = append(b.failures, msg)
-	b.progress("FAILED: %s", msg)
-}
-
 func (b *bench) runOpenSSL(ctx context.Context) error {
-	if err := b.waitQuiet(ctx, benchkit.SelfCPU); err != nil {
+	if err := b.WaitQuiet(ctx, benchkit.SelfCPU); err != nil {
 		return err
 	}
-	b.progress("openssl speed -seconds %d -multi %d rsa2048", b.o.opensslSeconds, runtime.NumCPU())
+	b.Progress("openssl speed -seconds %d -multi %d rsa2048", b.o.opensslSeconds, runtime.NumCPU())
 	r, err := benchkit.OpenSSLSpeedRSA(ctx, 2048, b.o.opensslSeconds, runtime.NumCPU())
 	if err != nil {
 		return err
 	}
 	b.openssl = r
-	return nil
-}
-
-// waitQuiet waits, within -quiet-wait, for the processes other than ours to leave
-// the machine alone.
-func (b *bench) waitQuiet(ctx context.Context, ours ...benchkit.CPUClock) error {
-	if b.o.quietWait <= 0 {
-		return nil
-	}
-	others, quiet, err := benchkit.WaitQuiet(ctx, b.o.quietCores, b.o.quietWait, ours...)
-	if err != nil {
-		return err
-	}
-	if !quiet {
-		b.progress("other processes still use %.2f cores after %v: measuring anyway", others, b.o.quietWait)
-	}
 	return nil
 }
 
@@ -221,10 +189,10 @@ func (b *bench) measure(ctx context.Context, config, note string, inFlight int, 
 	if len(clocks) > clockServer {
 		ours = append(ours, clocks[clockServer])
 	}
-	if err := b.waitQuiet(ctx, ours...); err != nil {
+	if err := b.WaitQuiet(ctx, ours...); err != nil {
 		return nil, err
 	}
-	b.progress("%s, %d in flight: %v warm-up, %v measured", label, inFlight, b.o.warmup, b.o.duration)
+	b.Progress("%s, %d in flight: %v warm-up, %v measured", label, inFlight, b.o.warmup, b.o.duration)
 	var nonce [16]byte
 	rand.Read(nonce[:])
 	pub := &b.f.key.PublicKey
@@ -262,20 +230,20 @@ func (b *bench) measure(ctx context.Context, config, note string, inFlight int, 
 	}
 	r := &row{config: config, note: note, inFlight: inFlight, res: res, serverCPU: len(clocks) > clockServer, verified: verified.Load()}
 	b.rows = append(b.rows, r)
-	b.progress("  %.1f signs/s, p50 %.3f ms, p99 %.3f ms, %d errors, %d signatures verified, other processes %.2f cores",
+	b.Progress("  %.1f signs/s, p50 %.3f ms, p99 %.3f ms, %d errors, %d signatures verified, other processes %.2f cores",
 		res.Rate(), benchkit.Ms(res.Latencies.Percentile(50)), benchkit.Ms(res.Latencies.Percentile(99)), res.Errors, r.verified, r.otherCores())
 	switch {
 	case bad.Load() > 0:
-		b.fail("%s at %d in flight: %d signatures did not verify", label, inFlight, bad.Load())
+		b.Fail("%s at %d in flight: %d signatures did not verify", label, inFlight, bad.Load())
 	case res.Errors > 0:
-		b.fail("%s at %d in flight: %d errors, the first: %v", label, inFlight, res.Errors, res.FirstErr)
+		b.Fail("%s at %d in flight: %d errors, the first: %v", label, inFlight, res.Errors, res.FirstErr)
 	case res.Ops == 0:
-		b.fail("%s at %d in flight: no signature completed in the window", label, inFlight)
+		b.Fail("%s at %d in flight: no signature completed in the window", label, inFlight)
 	case r.verified == 0:
-		b.fail("%s at %d in flight: no signature was verified", label, inFlight)
+		b.Fail("%s at %d in flight: no signature was verified", label, inFlight)
 	}
 	if res.CPUErr != nil {
-		b.progress("  reading CPU time: %v", res.CPUErr)
+		b.Progress("  reading CPU time: %v", res.CPUErr)
 	}
 	return r, nil
 }
@@ -422,12 +390,12 @@ func (b *bench) runKeyserver(ctx context.Context, kind string) (err error) {
 				err = fmt.Errorf("%w; log:\n%s", serr, proc.LogTail(20))
 			}
 		}()
-		if err := benchkit.WaitHTTP(ctx, "http://"+metrics+"/healthz", proc, 20*time.Second); err != nil {
+		if err := proc.WaitHTTP(ctx, nil, "http://"+metrics+"/healthz", 20*time.Second); err != nil {
 			return fmt.Errorf("keyserverd did not become healthy: %w; log:\n%s", err, proc.LogTail(20))
 		}
 		if kind == pkcs11Backend {
 			if want := fmt.Sprintf("sessions=%d", b.f.sessions); !strings.Contains(proc.LogTail(50), want) {
-				b.progress("warning: keyserverd's log does not say %s:\n%s", want, proc.LogTail(20))
+				b.Progress("warning: keyserverd's log does not say %s:\n%s", want, proc.LogTail(20))
 			}
 		}
 		clocks = append(clocks, proc.CPU())
@@ -463,7 +431,7 @@ func (b *bench) runKeyserver(ctx context.Context, kind string) (err error) {
 		defer func() {
 			pprof.StopCPUProfile()
 			pf.Close()
-			b.progress("CPU profile written to %s", path)
+			b.Progress("CPU profile written to %s", path)
 		}()
 	}
 	for _, n := range b.o.levels {
@@ -473,7 +441,7 @@ func (b *bench) runKeyserver(ctx context.Context, kind string) (err error) {
 		if proc != nil {
 			select {
 			case <-proc.Done():
-				return fmt.Errorf("keyserverd exited: %v; log:\n%s", proc.ExitErr(), proc.LogTail(20))
+				return proc.Exited()
 			default:
 			}
 		}

@@ -175,7 +175,7 @@ func (b *bench) report() {
 	s := summary{
 		Sessions: b.f.sessions, Cores: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
 		MaxOtherCores: maxOther, DurationS: o.duration.Seconds(), InProcess: o.inProcess,
-		Failures: b.failures, Levels: levels,
+		Failures: b.Failures, Levels: levels,
 	}
 	if s.Failures == nil {
 		s.Failures = []string{}
@@ -258,7 +258,7 @@ func (b *bench) report() {
 			100*s.KeyserverVsOpenSSL, 100*s.PKCS11VsOpenSSL, s.KeyserverSignsPerS/float64(s.Cores),
 			s.PKCS11DirectPerS/float64(s.Cores), s.OpenSSLSignsPerS/float64(s.Cores))
 	}
-	benchkit.WriteReportEnd(w, b.failures, s)
+	benchkit.WriteReportEnd(w, b.Failures, s)
 }
 
 // header describes the set-up.

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/tiergate/tiergate/l4/packet"
+	"github.com/tiergate/tiergate/wire"
 )
 
 // The rule every frame is addressed to, and where clients come from.
@@ -97,7 +98,7 @@ func writeTCPFrame(b []byte, i int, syn bool, dstMAC, srcMAC [6]byte) {
 	src, dst := client.As4(), vip.As4()
 	copy(ip[12:16], src[:])
 	copy(ip[16:20], dst[:])
-	binary.BigEndian.PutUint16(ip[10:], packet.Checksum(ip, 0))
+	binary.BigEndian.PutUint16(ip[10:], wire.Checksum(ip, 0))
 
 	tcp := b[packet.EthernetLen+packet.IPv4Len : packet.EthernetLen+packet.IPv4Len+tcpLen]
 	clear(tcp)
@@ -131,5 +132,5 @@ func writeTCPFrame(b []byte, i int, syn bool, dstMAC, srcMAC [6]byte) {
 		binary.BigEndian.PutUint32(o[8:], tsval+50)
 	}
 	sum := packet.PseudoHeaderSum(client, vip, packet.ProtoTCP, tcpLen)
-	binary.BigEndian.PutUint16(tcp[16:], packet.Checksum(tcp, sum))
+	binary.BigEndian.PutUint16(tcp[16:], wire.Checksum(tcp, sum))
 }

@@ -66,7 +66,7 @@ func report(o *options, r *results) {
 	w := o.out
 	s := summary{
 		Flows: o.flows, DurationS: o.duration.Seconds(), Cores: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
-		EAL: r.eal, Skipped: r.skipped, Failures: r.failures, Targets: map[string]*bool{},
+		EAL: r.eal, Skipped: r.skipped, Failures: r.Failures, Targets: map[string]*bool{},
 		InMem: r.inmem, Ring: r.ring, Veth: r.veth, Table: r.table,
 	}
 	if s.Skipped == nil {
@@ -204,7 +204,7 @@ func report(o *options, r *results) {
 	if len(r.skipped) > 0 {
 		fmt.Fprintf(w, "skipped: %s\n", strings.Join(r.skipped, "; "))
 	}
-	benchkit.WriteReportEnd(w, r.failures, s)
+	benchkit.WriteReportEnd(w, r.Failures, s)
 }
 
 // header describes the set-up.

@@ -24,12 +24,8 @@ type results struct {
 	veth     *vethResult
 	eal      []string // EAL arguments, when DPDK ran
 	buildDur time.Duration
-	failures []string
 	skipped  []string
-}
-
-func (r *results) fail(format string, args ...any) {
-	r.failures = append(r.failures, fmt.Sprintf(format, args...))
+	benchkit.Bench
 }
 
 // run measures, in order: the connection table (first, so the resident set has not
@@ -51,27 +47,27 @@ func run(ctx context.Context, o *options) error {
 		}()
 	}
 	log := slog.New(slog.NewTextHandler(o.log, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	res := &results{}
+	res := &results{Bench: benchkit.Bench{Log: o.log, QuietCores: o.quietCores, QuietWait: o.quietWait}}
 
-	fmt.Fprintf(o.log, "bench-l4: connection table of %d\n", o.tableSize)
+	res.Progress("connection table of %d", o.tableSize)
 	t, err := measureTable(o.tableSize)
 	if err != nil {
-		res.fail("connection table: %v", err)
+		res.Fail("connection table: %v", err)
 	}
 	res.table = t
 	debug.FreeOSMemory()
 
 	if ctx.Err() == nil {
-		fmt.Fprintf(o.log, "bench-l4: building %d SYN and %d ACK frames\n", o.flows, o.flows)
+		res.Progress("building %d SYN and %d ACK frames", o.flows, o.flows)
 		start := time.Now()
 		syn := buildFrames(o.flows, true, extMAC, [6]byte(gwMAC), 1)
 		ack := buildFrames(o.flows, false, extMAC, [6]byte(gwMAC), 2)
 		res.buildDur = time.Since(start)
 
-		fmt.Fprintln(o.log, "bench-l4: in-memory ports")
-		waitQuiet(ctx, o)
+		res.Progress("in-memory ports")
+		waitQuiet(ctx, res)
 		if res.inmem, err = runInMem(ctx, o, syn, ack, log); err != nil {
-			res.fail("in-memory: %v", err)
+			res.Fail("in-memory: %v", err)
 		}
 		if ctx.Err() == nil && !o.skipDPDK {
 			runDPDK(ctx, o, res, syn, ack, log)
@@ -83,68 +79,61 @@ func run(ctx context.Context, o *options) error {
 		res.skipped = append(res.skipped, "veth net_af_packet (-skip-veth)")
 	}
 	if ctx.Err() != nil {
-		res.fail("interrupted")
+		res.Fail("interrupted")
 	}
 	report(o, res)
-	if len(res.failures) > 0 {
-		return benchkit.ErrFailed
-	}
-	return nil
+	return res.Err()
 }
 
 // runDPDK sets up the veth network (unless skipped: its interfaces must exist before
 // the EAL starts), the EAL, and runs the net_ring and veth measurements.
 func runDPDK(ctx context.Context, o *options, res *results, syn, ack *frameSet, log *slog.Logger) {
 	if !haveDPDK {
-		res.fail("DPDK: %v", errNoCgo)
+		res.Fail("DPDK: %v", errNoCgo)
 		return
 	}
 	removeStale()
 	var t *topo
 	if !o.skipVeth {
-		fmt.Fprintln(o.log, "bench-l4: veth namespaces")
+		res.Progress("veth namespaces")
 		var err error
 		if t, err = newTopo(); err != nil {
-			res.fail("veth: setting up the namespaces: %v", err)
+			res.Fail("veth: setting up the namespaces: %v", err)
 			t = nil
 		} else {
 			defer t.close()
 		}
 	}
-	fmt.Fprintln(o.log, "bench-l4: DPDK EAL")
+	res.Progress("DPDK EAL")
 	defer reserveHugepages(1024)()
 	res.eal = ealArgs(t, o.ealLogLevel)
 	env, err := startDPDK(res.eal)
 	if err != nil {
-		res.fail("DPDK: %v", err)
+		res.Fail("DPDK: %v", err)
 		return
 	}
 	defer func() {
 		if err := env.close(); err != nil {
-			res.fail("DPDK: cleaning up: %v", err)
+			res.Fail("DPDK: cleaning up: %v", err)
 		}
 	}()
-	fmt.Fprintln(o.log, "bench-l4: DPDK net_ring")
-	waitQuiet(ctx, o)
+	res.Progress("DPDK net_ring")
+	waitQuiet(ctx, res)
 	if res.ring, err = env.runRing(ctx, o, syn, ack, log); err != nil {
-		res.fail("DPDK net_ring: %v", err)
+		res.Fail("DPDK net_ring: %v", err)
 	}
 	if t != nil && ctx.Err() == nil {
-		fmt.Fprintln(o.log, "bench-l4: veth net_af_packet")
-		waitQuiet(ctx, o)
+		res.Progress("veth net_af_packet")
+		waitQuiet(ctx, res)
 		if res.veth, err = env.runVeth(ctx, o, t, log); err != nil {
-			res.fail("veth net_af_packet: %v", err)
+			res.Fail("veth net_af_packet: %v", err)
 		}
 	}
 }
 
-// waitQuiet waits (at most -quiet-wait) for other processes to leave the cores alone.
-func waitQuiet(ctx context.Context, o *options) {
-	if o.quietWait <= 0 {
-		return
-	}
-	others, ok, err := benchkit.WaitQuiet(ctx, o.quietCores, o.quietWait, benchkit.SelfCPU)
-	if err == nil && !ok {
-		fmt.Fprintf(o.log, "bench-l4: other processes still use %.2f cores after %v; measuring anyway\n", others, o.quietWait)
-	}
+// waitQuiet waits (at most -quiet-wait) for other processes to leave the cores
+// alone; a measurement goes ahead when they do not, and when the machine cannot be
+// read.
+func waitQuiet(ctx context.Context, res *results) {
+	_ = res.WaitQuiet(ctx, benchkit.SelfCPU)
 }

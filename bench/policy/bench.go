@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -50,20 +49,19 @@ const (
 var phaseNames = []string{phaseBlacklist, phaseRoute, phaseProxy}
 
 type bench struct {
+	benchkit.Bench
 	o   *options
 	dir string
 
 	bl    *blacklistResults
 	route *routeResults
 	proxy *proxyResults
-
-	failures []string // what broke; any makes the exit status 1
 }
 
 func run(ctx context.Context, o *options) error {
-	b := &bench{o: o}
+	b := &bench{o: o, Bench: benchkit.Bench{Log: o.log, BinDir: o.bin, QuietCores: o.quietCores, QuietWait: o.quietWait}}
 	if b.wants(phaseProxy) && slices.Contains(o.servers, srvL7d) && o.profileDir == "" {
-		if _, err := os.Stat(b.bin("l7d")); err != nil {
+		if _, err := os.Stat(b.Bin("l7d")); err != nil {
 			return fmt.Errorf("l7d binary: %w (run `make build`, or pass -bin)", err)
 		}
 	}
@@ -94,54 +92,17 @@ func run(ctx context.Context, o *options) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			b.fail("%s: %v", p.name, err)
+			b.Fail("%s: %v", p.name, err)
 		}
 		// Each phase leaves its garbage behind: the next starts on a small heap.
 		runtime.GC()
 		debug.FreeOSMemory()
 	}
 	b.report()
-	if len(b.failures) > 0 {
-		return benchkit.ErrFailed
-	}
-	return nil
+	return b.Err()
 }
 
 func (b *bench) wants(phase string) bool { return slices.Contains(b.o.phases, phase) }
-
-func (b *bench) bin(name string) string {
-	p, err := filepath.Abs(filepath.Join(b.o.bin, name))
-	if err != nil {
-		return filepath.Join(b.o.bin, name)
-	}
-	return p
-}
-
-func (b *bench) progress(format string, args ...any) {
-	fmt.Fprintf(b.o.log, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-}
-
-func (b *bench) fail(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	b.failures = append(b.failures, msg)
-	b.progress("FAILED: %s", msg)
-}
-
-// waitQuiet waits, within -quiet-wait, for the processes other than ours to leave
-// the machine alone.
-func (b *bench) waitQuiet(ctx context.Context, ours ...benchkit.CPUClock) error {
-	if b.o.quietWait <= 0 {
-		return nil
-	}
-	others, quiet, err := benchkit.WaitQuiet(ctx, b.o.quietCores, b.o.quietWait, ours...)
-	if err != nil {
-		return err
-	}
-	if !quiet {
-		b.progress("other processes still use %.2f cores after %v: measuring anyway", others, b.o.quietWait)
-	}
-	return nil
-}
 
 // othersMeter measures what the processes other than ours used over an interval, in
 // cores: the machine's busy time less ours.

@@ -325,12 +325,12 @@ func (b *bench) runBlacklist(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				b.fail("blacklist %s %s: %v", kind, sizeName(size), err)
+				b.Fail("blacklist %s %s: %v", kind, sizeName(size), err)
 			}
 		}
 	}
 	if !slices.Contains(b.o.blSizes, updateSize) {
-		b.progress("blacklist: no %s in -bl-sizes, so no update figures", sizeName(updateSize))
+		b.Progress("blacklist: no %s in -bl-sizes, so no update figures", sizeName(updateSize))
 	}
 	return nil
 }
@@ -338,7 +338,7 @@ func (b *bench) runBlacklist(ctx context.Context) error {
 // measureSet builds one list and times lookups in it, and the updates when it is
 // the 1M IPv4 list.
 func (b *bench) measureSet(ctx context.Context, kind string, size int) error {
-	b.progress("blacklist %s %s: generating, building", kind, sizeName(size))
+	b.Progress("blacklist %s %s: generating, building", kind, sizeName(size))
 	d := genData(kind, size)
 
 	var m0, m1 runtime.MemStats
@@ -370,7 +370,7 @@ func (b *bench) measureSet(ctx context.Context, kind string, size int) error {
 	l := blacklist.NewList("bench", blacklist.Options{})
 	l.Replace(s)
 
-	if err := b.waitQuiet(ctx, benchkit.SelfCPU); err != nil {
+	if err := b.WaitQuiet(ctx, benchkit.SelfCPU); err != nil {
 		return err
 	}
 	others := startOthers(benchkit.SelfCPU)
@@ -400,10 +400,10 @@ func (b *bench) measureSet(ctx context.Context, kind string, size int) error {
 	}
 	r.OtherCores = round(others.cores(), 2)
 	b.bl.sets = append(b.bl.sets, r)
-	b.progress("  %d entries, %.2f B/entry (heap %.2f), built in %.0f ms; lookups: hit %.1f ns, miss %.1f ns, mixed %.1f ns; others %.2f cores",
+	b.Progress("  %d entries, %.2f B/entry (heap %.2f), built in %.0f ms; lookups: hit %.1f ns, miss %.1f ns, mixed %.1f ns; others %.2f cores",
 		r.Entries, r.BytesPerEntry, r.HeapPerEntry, r.BuildMs, r.HitNs, r.MissNs, r.MixNs, r.OtherCores)
 	if heap <= 0 || float64(heap) < 0.5*float64(r.Bytes) || float64(heap) > 2*float64(r.Bytes)+(1<<20) {
-		b.progress("  note: the heap grew by %d bytes for a set that counts %d", heap, r.Bytes)
+		b.Progress("  note: the heap grew by %d bytes for a set that counts %d", heap, r.Bytes)
 	}
 
 	if kind == kindV4 && size == updateSize {
@@ -496,10 +496,10 @@ func (b *bench) measureUpdates(ctx context.Context, d *blData, ref *blacklist.Se
 			return l.Apply(delta)
 		}},
 	}
-	if err := b.waitQuiet(ctx, benchkit.SelfCPU); err != nil {
+	if err := b.WaitQuiet(ctx, benchkit.SelfCPU); err != nil {
 		return err
 	}
-	b.progress("blacklist updates of the %s IPv4 list: %d runs each, then again beside a lookup goroutine", sizeName(updateSize), b.o.updateRuns)
+	b.Progress("blacklist updates of the %s IPv4 list: %d runs each, then again beside a lookup goroutine", sizeName(updateSize), b.o.updateRuns)
 	others := startOthers(benchkit.SelfCPU)
 	for _, u := range updates {
 		r := &blUpdate{Name: u.name}
@@ -564,9 +564,9 @@ func (b *bench) measureUpdates(ctx context.Context, d *blData, ref *blacklist.Se
 	}
 	res.updateOther = round(others.cores(), 2)
 	for _, u := range res.updates {
-		b.progress("  %s: median %.1f ms of %v; longest lookup beside it %.1f µs", u.Name, u.MedianMs, u.RunsMs, *u.StallUs)
+		b.Progress("  %s: median %.1f ms of %v; longest lookup beside it %.1f µs", u.Name, u.MedianMs, u.RunsMs, *u.StallUs)
 	}
-	b.progress("  MeasureSwapStall: longest lookup %.1f µs; control (no update): %.1f µs; others %.2f cores",
+	b.Progress("  MeasureSwapStall: longest lookup %.1f µs; control (no update): %.1f µs; others %.2f cores",
 		*res.swapStallUs, *res.control.StallUs, res.updateOther)
 	return nil
 }

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tiergate/tiergate/bench/benchkit"
 	"github.com/tiergate/tiergate/l7/l7d"
@@ -304,23 +303,6 @@ func TestBlacklistData(t *testing.T) {
 	fwd, back := makeDeltas(genData(kindV4, 100_000))
 	if len(fwd.Add)+len(fwd.Remove) != deltaSize || len(back.Add) != len(fwd.Remove) {
 		t.Errorf("deltas of %d+%d and %d+%d entries", len(fwd.Add), len(fwd.Remove), len(back.Add), len(back.Remove))
-	}
-}
-
-func TestParseStatUser(t *testing.T) {
-	stat := "1234 (nginx: worker (x)) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 37 12 3 20 0 9 0 100 0 0"
-	own, waited, err := parseStatUser(stat)
-	if err != nil || own != 2500*time.Millisecond || waited != 120*time.Millisecond {
-		t.Errorf("got %v, %v, %v; want 2.5s, 120ms", own, waited, err)
-	}
-	for _, bad := range []string{"", "1 (x) S 1 1 1 0 -1 0 0 0 0 0 1 2", "1 (x) S 1 1 1 0 -1 0 0 0 0 0 x 2 3 4"} {
-		if _, _, err := parseStatUser(bad); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
-	}
-	self, err := userCPU(os.Getpid(), true)()
-	if err != nil || self < 0 {
-		t.Errorf("this process's user CPU: %v, %v", self, err)
 	}
 }
 

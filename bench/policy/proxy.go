@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tiergate/tiergate/bench/benchkit"
+	"github.com/tiergate/tiergate/internal/promtext"
 )
 
 // defaultConns is the load's concurrency: enough requests in flight to keep two
@@ -53,7 +54,7 @@ func (b *bench) runProxy(ctx context.Context) error {
 	if res.fx, err = newFixture(b.dir); err != nil {
 		return err
 	}
-	b.progress("proxies: starting the %s backend and %s", b.o.backend, strings.Join(b.o.servers, ", "))
+	b.Progress("proxies: starting the %s backend and %s", b.o.backend, strings.Join(b.o.servers, ", "))
 	fl, err := b.startFleet(ctx, res.fx)
 	defer b.stopFleet(fl)
 	if err != nil {
@@ -61,7 +62,7 @@ func (b *bench) runProxy(ctx context.Context) error {
 	}
 	res.backend, res.servers = fl.backend, fl.servers
 	for _, s := range append([]*endpoint{fl.backend}, fl.servers...) {
-		b.progress("  %s on %s, pid %d", s.label, s.addr, s.proc.PID())
+		b.Progress("  %s on %s, pid %d", s.label, s.addr, s.proc.PID())
 	}
 	for round := range b.o.rounds {
 		order := slices.Clone(fl.servers)
@@ -73,7 +74,7 @@ func (b *bench) runProxy(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				b.fail("%s, round %d: %v", s.label, round+1, err)
+				b.Fail("%s, round %d: %v", s.label, round+1, err)
 			}
 		}
 	}
@@ -91,7 +92,7 @@ func (b *bench) measureProxy(ctx context.Context, res *proxyResults, s *endpoint
 	}
 	clocks := []benchkit.CPUClock{clockSelf: benchkit.SelfCPU, clockMachine: benchkit.MachineBusyCPU,
 		clockServer: s.clock, clockBackend: res.backend.clock, clockUser: s.user}
-	if err := b.waitQuiet(ctx, benchkit.SelfCPU, s.clock, res.backend.clock); err != nil {
+	if err := b.WaitQuiet(ctx, benchkit.SelfCPU, s.clock, res.backend.clock); err != nil {
 		return err
 	}
 	beBefore, err := backendRequests(res.backend)
@@ -103,7 +104,7 @@ func (b *bench) measureProxy(ctx context.Context, res *proxyResults, s *endpoint
 		return err
 	}
 
-	b.progress("%s: %d keep-alive connections, %v warm-up, %v measured", label, b.o.conns, b.o.warmup, b.o.duration)
+	b.Progress("%s: %d keep-alive connections, %v warm-up, %v measured", label, b.o.conns, b.o.warmup, b.o.duration)
 	cl := newClient(s.addr, res.fx, b.o.conns, b.o.opTimeout)
 	stopProfile := b.startProfile(ctx, s, round)
 	lr, err := benchkit.Run(ctx, benchkit.Load{
@@ -124,39 +125,39 @@ func (b *bench) measureProxy(ctx context.Context, res *proxyResults, s *endpoint
 	res.rows = append(res.rows, r)
 
 	if beAfter, err := backendRequests(res.backend); err != nil {
-		b.fail("%s: %v", label, err)
+		b.Fail("%s: %v", label, err)
 	} else {
 		r.backendRequests = beAfter - beBefore
 	}
 	if l7After, err := scrapeL7(s); err != nil {
-		b.fail("%s: %v", label, err)
+		b.Fail("%s: %v", label, err)
 	} else if l7Before != nil {
 		r.l7 = l7After.minus(l7Before)
 	}
 
-	b.progress("  %.0f requests/s, server %.1f µs CPU per request, p50 %.3f ms, p99 %.3f ms, %d errors, others %.2f cores",
+	b.Progress("  %.0f requests/s, server %.1f µs CPU per request, p50 %.3f ms, p99 %.3f ms, %d errors, others %.2f cores",
 		lr.Rate(), us(r.cpuPerReq(clockServer)), ms(lr.Latencies.Percentile(50)), ms(lr.Latencies.Percentile(99)), lr.Errors, r.otherCores())
 	switch {
 	case cl.bad.Load() > 0:
-		b.fail("%s: %d answers or connections were not as they must be; the first error: %v", label, cl.bad.Load(), lr.FirstErr)
+		b.Fail("%s: %d answers or connections were not as they must be; the first error: %v", label, cl.bad.Load(), lr.FirstErr)
 	case lr.Errors > 0:
-		b.fail("%s: %d errors, the first: %v", label, lr.Errors, lr.FirstErr)
+		b.Fail("%s: %d errors, the first: %v", label, lr.Errors, lr.FirstErr)
 	case lr.Ops == 0:
-		b.fail("%s: no request completed in the window", label)
+		b.Fail("%s: no request completed in the window", label)
 	}
 	if lr.CPUErr != nil {
-		b.fail("%s: reading CPU time: %v", label, lr.CPUErr)
+		b.Fail("%s: reading CPU time: %v", label, lr.CPUErr)
 	}
 	// The backend counts the warm-up too (and nginx its stub_status requests).
 	if r.backendRequests < float64(lr.Ops) {
-		b.fail("%s: the backend counted %.0f requests during the row, fewer than the %d answered in the window", label, r.backendRequests, lr.Ops)
+		b.Fail("%s: the backend counted %.0f requests during the row, fewer than the %d answered in the window", label, r.backendRequests, lr.Ops)
 	}
 	if d := r.l7; d != nil {
 		if d.other > 0 {
-			b.fail("%s: l7d answered %.0f requests with another status than 200", label, d.other)
+			b.Fail("%s: l7d answered %.0f requests with another status than 200", label, d.other)
 		}
 		if d.ok < float64(lr.Ops) {
-			b.fail("%s: l7d counted %.0f requests answered 200, fewer than the %d answered in the window", label, d.ok, lr.Ops)
+			b.Fail("%s: l7d counted %.0f requests answered 200, fewer than the %d answered in the window", label, d.ok, lr.Ops)
 		}
 	}
 	return nil
@@ -190,10 +191,10 @@ func (b *bench) startProfile(ctx context.Context, s *endpoint, round int) (wait 
 	base := fmt.Sprintf("%s/%s-round%d", b.o.profileDir, s.id, round+1)
 	return benchkit.FetchProfiles(ctx, s.pprofURL, base, b.o.warmup, seconds, func(what, path string, err error) {
 		if err != nil {
-			b.progress("  %s profile of %s: %v", what, s.id, err)
+			b.Progress("  %s profile of %s: %v", what, s.id, err)
 			return
 		}
-		b.progress("  %s profile of %s written to %s", what, s.id, path)
+		b.Progress("  %s profile of %s written to %s", what, s.id, path)
 	})
 }
 
@@ -264,39 +265,33 @@ func scrapeL7(s *endpoint) (*l7Counters, error) {
 	if s.metricsURL == "" {
 		return nil, nil
 	}
-	text, err := httpGet(s.metricsURL)
+	ss, err := promtext.Get(context.Background(), nil, s.metricsURL)
 	if err != nil {
 		return nil, fmt.Errorf("l7d metrics: %w", err)
 	}
-	return parseL7Metrics(strings.NewReader(text))
+	return l7CountersOf(ss), nil
 }
 
-// parseL7Metrics sums tiergate_http_requests_total by code (200 or not) and reads
-// go_memstats_alloc_bytes_total, go_gc_duration_seconds_count and the GOMAXPROCS
-// sizing, from the Prometheus text format.
+// parseL7Metrics reads l7d's counters from the Prometheus text format.
 func parseL7Metrics(r io.Reader) (*l7Counters, error) {
-	c := &l7Counters{}
-	err := benchkit.ScanMetrics(r, func(name, labels string, v float64) {
-		if c.procs.Scan(name, v) {
-			return
-		}
-		switch name {
-		case "go_memstats_alloc_bytes_total":
-			c.allocBytes = v
-		case "go_gc_duration_seconds_count":
-			c.gcCycles = v
-		case "tiergate_http_requests_total":
-			if strings.Contains(labels, `code="200"`) {
-				c.ok += v
-			} else {
-				c.other += v
-			}
-		}
-	})
+	ss, err := promtext.Parse(r)
 	if err != nil {
 		return nil, err
 	}
-	return c, nil
+	return l7CountersOf(ss), nil
+}
+
+// l7CountersOf sums tiergate_http_requests_total by code (200 or not) and reads
+// go_memstats_alloc_bytes_total, go_gc_duration_seconds_count and the GOMAXPROCS
+// sizing.
+func l7CountersOf(ss promtext.Samples) *l7Counters {
+	return &l7Counters{
+		ok:         ss.Sum("tiergate_http_requests_total", `code="200"`),
+		other:      ss.Sum("tiergate_http_requests_total", `!code="200"`),
+		allocBytes: ss.Sum("go_memstats_alloc_bytes_total"),
+		gcCycles:   ss.Sum("go_gc_duration_seconds_count"),
+		procs:      benchkit.ProcsOf(ss),
+	}
 }
 
 func httpGet(url string) (string, error) {

@@ -107,7 +107,7 @@ func (b *bench) report() {
 	s := summary{
 		Conns: b.o.conns, Rounds: b.o.rounds, Workers: b.o.workers, Backend: b.o.backend,
 		Cores: runtime.NumCPU(), DurationS: b.o.duration.Seconds(), Profiled: b.o.profileDir != "",
-		Failures: b.failures, Targets: map[string]*bool{},
+		Failures: b.Failures, Targets: map[string]*bool{},
 	}
 	var maxOther float64
 	if b.bl != nil {
@@ -151,7 +151,7 @@ func (b *bench) report() {
 		fmt.Fprintf(w, "warning: other processes used up to %.2f of the %d cores during a measurement: the machine was shared, figures are noisy\n",
 			maxOther, runtime.NumCPU())
 	}
-	benchkit.WriteReportEnd(w, b.failures, s)
+	benchkit.WriteReportEnd(w, b.Failures, s)
 }
 
 // header describes the set-up.

@@ -131,7 +131,7 @@ type routeResults struct {
 }
 
 func (b *bench) runRoute(ctx context.Context) error {
-	b.progress("routing: parsing and compiling %d routes, then %d matches over a mix of %d requests", routeVHosts*len(vhostRoutes), b.o.matches, len(routeRequests()))
+	b.Progress("routing: parsing and compiling %d routes, then %d matches over a mix of %d requests", routeVHosts*len(vhostRoutes), b.o.matches, len(routeRequests()))
 	text := routeConfigYAML()
 	t0 := time.Now()
 	cfg, err := route.Parse([]byte(text))
@@ -159,7 +159,7 @@ func (b *bench) runRoute(ctx context.Context) error {
 			return fmt.Errorf("%s: %s %s%s matched %s, want %s", rq.name, rq.method, rq.host, rq.path, got, rq.want())
 		}
 	}
-	if err := b.waitQuiet(ctx, benchkit.SelfCPU); err != nil {
+	if err := b.WaitQuiet(ctx, benchkit.SelfCPU); err != nil {
 		return err
 	}
 	others := startOthers(benchkit.SelfCPU)
@@ -186,6 +186,6 @@ func (b *bench) runRoute(ctx context.Context) error {
 	}
 	res.OtherCores = round(others.cores(), 2)
 	b.route = res
-	b.progress("  %.1f ns per match over the mix; parsed and compiled in %.1f ms; others %.2f cores", res.MixNs, res.CompileMs, res.OtherCores)
+	b.Progress("  %.1f ns per match over the mix; parsed and compiled in %.1f ms; others %.2f cores", res.MixNs, res.CompileMs, res.OtherCores)
 	return nil
 }

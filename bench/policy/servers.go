@@ -159,7 +159,7 @@ func (b *bench) stopFleet(fl *fleet) {
 	for i := len(all) - 1; i >= 0; i-- {
 		if e := all[i]; e != nil && e.proc != nil {
 			if err := e.stop(); err != nil && !e.dead {
-				b.fail("stopping %s: %v; log:\n%s", e.id, err, e.proc.LogTail(10))
+				b.Fail("stopping %s: %v; log:\n%s", e.id, err, e.proc.LogTail(10))
 			}
 		}
 	}
@@ -200,7 +200,7 @@ func (e *endpoint) exited() error {
 	select {
 	case <-e.proc.Done():
 		e.dead = true
-		return fmt.Errorf("%s exited: %v; log:\n%s", e.proc.Name, e.proc.ExitErr(), e.proc.LogTail(20))
+		return e.proc.Exited()
 	default:
 		return nil
 	}
@@ -220,8 +220,8 @@ func (b *bench) startBackend(ctx context.Context) (*endpoint, error) {
 		if e.proc, err = benchkit.StartProcess("backend", self, []string{serveBackendCommand, "-addr", addr}, nil, filepath.Join(b.dir, "backend.log")); err != nil {
 			return nil, err
 		}
-		e.clock, e.user = e.proc.CPU(), userCPU(e.proc.PID(), false)
-		if err := benchkit.WaitHTTP(ctx, "http://"+addr+requestPath, e.proc, 20*time.Second); err != nil {
+		e.clock, e.user = e.proc.CPU(), benchkit.ProcessUserCPU(e.proc.PID(), false)
+		if err := e.proc.WaitHTTP(ctx, nil, "http://"+addr+requestPath, 20*time.Second); err != nil {
 			e.stop()
 			return nil, err
 		}
@@ -230,7 +230,7 @@ func (b *bench) startBackend(ctx context.Context) (*endpoint, error) {
 	dir := filepath.Join(b.dir, "nginx-backend")
 	conf := nginxBackendConfig(dir, addr, b.o.backendWorkers)
 	e, err := b.startNginx(ctx, "backend", dir, conf, b.o.backendWorkers, func(e *endpoint) error {
-		return benchkit.WaitHTTP(ctx, "http://"+addr+requestPath, e.proc, 20*time.Second)
+		return e.proc.WaitHTTP(ctx, nil, "http://"+addr+requestPath, 20*time.Second)
 	})
 	if err != nil {
 		return nil, err
@@ -255,7 +255,7 @@ func (b *bench) startL7d(ctx context.Context, fx *fixture, backend string) (*end
 		return nil, err
 	}
 	s := &endpoint{id: srvL7d, label: "l7d", addr: addr, metricsURL: "http://" + admin + "/metrics"}
-	path, args := b.bin("l7d"), []string{"run", "-config", cfg}
+	path, args := b.Bin("l7d"), []string{"run", "-config", cfg}
 	if b.o.profileDir != "" {
 		var err error
 		if path, args, s.pprofURL, err = benchkit.ProfiledL7d(cfg); err != nil {
@@ -266,8 +266,8 @@ func (b *bench) startL7d(ctx context.Context, fx *fixture, backend string) (*end
 	if s.proc, err = benchkit.StartProcess(srvL7d, path, args, nil, filepath.Join(b.dir, "l7d.log")); err != nil {
 		return nil, err
 	}
-	s.clock, s.user = s.proc.CPU(), userCPU(s.proc.PID(), false)
-	if err := benchkit.WaitHTTP(ctx, "http://"+admin+"/healthz", s.proc, 20*time.Second); err != nil {
+	s.clock, s.user = s.proc.CPU(), benchkit.ProcessUserCPU(s.proc.PID(), false)
+	if err := s.proc.WaitHTTP(ctx, nil, "http://"+admin+"/healthz", 20*time.Second); err != nil {
 		return s, fmt.Errorf("l7d did not become healthy: %w; log:\n%s", err, s.proc.LogTail(20))
 	}
 	return s, b.waitServing(ctx, s, fx)
@@ -316,7 +316,7 @@ func (b *bench) startNginx(ctx context.Context, id, dir, conf string, workers in
 	if err != nil {
 		return nil, err
 	}
-	e.clock, e.user = benchkit.ProcessTreeCPU(e.proc.PID()), userCPU(e.proc.PID(), true)
+	e.clock, e.user = benchkit.ProcessTreeCPU(e.proc.PID()), benchkit.ProcessUserCPU(e.proc.PID(), true)
 	if err := ready(e); err != nil {
 		e.stop()
 		return nil, fmt.Errorf("%w; error log:\n%s", err, tail(errLog, 20))
@@ -361,7 +361,7 @@ func (b *bench) startHAProxy(ctx context.Context, fx *fixture, backend string) (
 	if s.proc, err = benchkit.StartProcess(srvHAProxy, path, []string{"-f", cfg, "-db"}, nil, filepath.Join(b.dir, "haproxy.log")); err != nil {
 		return nil, err
 	}
-	s.clock, s.user = benchkit.ProcessTreeCPU(s.proc.PID()), userCPU(s.proc.PID(), true)
+	s.clock, s.user = benchkit.ProcessTreeCPU(s.proc.PID()), benchkit.ProcessUserCPU(s.proc.PID(), true)
 	return s, b.waitServing(ctx, s, fx)
 }
 
