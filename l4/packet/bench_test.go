@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/gopacket/gopacket/layers"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
 // TestZeroAllocs holds every hot-path function to zero allocations.
@@ -48,7 +50,7 @@ func TestZeroAllocs(t *testing.T) {
 		"AppendNA":  func() { out = AppendNA(out[:0], macA, macB, vip6, member6, vip6, true) },
 		"QUIC":      func() { QUICDestConnID(udp6[62:], 8) },
 		"FlowHash":  func() { FlowHash(1, &p); PairHash(1, p.Src, p.Dst) },
-		"Checksum":  func() { Checksum(syn, PseudoHeaderSum(client6, vip6, ProtoTCP, 60)) },
+		"Checksum":  func() { wire.Checksum(syn, PseudoHeaderSum(client6, vip6, ProtoTCP, 60)) },
 		"Solicited": func() { SolicitedNode(vip6) },
 	}
 	for name, f := range cases {
@@ -188,15 +190,6 @@ func BenchmarkClampMSS(b *testing.B) {
 	for b.Loop() {
 		f[p.L4+22], f[p.L4+23] = 0x05, 0xb4 // 1460 again; checksum drift is harmless here
 		ClampMSS(f, &p, 1400)
-	}
-}
-
-func BenchmarkChecksum1500(b *testing.B) {
-	buf := bytes.Repeat([]byte{0xa5, 0x5a, 0xff}, 500)
-	b.SetBytes(int64(len(buf)))
-	b.ReportAllocs()
-	for b.Loop() {
-		Checksum(buf, 0)
 	}
 }
 

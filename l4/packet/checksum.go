@@ -2,17 +2,13 @@ package packet
 
 import (
 	"encoding/binary"
-	"math/bits"
 	"net/netip"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
-// Checksum returns the Internet checksum (RFC 1071) of b: the one's complement sum of
-// its 16-bit big-endian words, starting from initial (a partial sum such as
-// [PseudoHeaderSum]), folded to 16 bits and inverted. An odd final byte is padded with
-// zero. Over bytes that include a correct checksum field the result is 0.
-func Checksum(b []byte, initial uint32) uint16 {
-	return ^checksumFold(sumBytes(b, uint64(initial)))
-}
+// The Internet checksum itself (RFC 1071) is [wire.Checksum]; this file holds what the
+// distributor adds to it: incremental updates, pseudo headers, transport checksums.
 
 // ChecksumAdjust16 returns checksum sum updated for one 16-bit word of the covered data
 // changing from old to new, without touching the rest (RFC 1624, equation 3). A field
@@ -31,7 +27,7 @@ func ChecksumAdjust16(sum uint16, old, new uint16) uint16 {
 // an IPv4 address is summed as 4 bytes.
 func PseudoHeaderSum(src, dst netip.Addr, proto uint8, length int) uint32 {
 	s := addrSum(src) + addrSum(dst) + uint64(proto) + uint64(uint32(length))
-	return uint32(checksumFold(s))
+	return uint32(wire.Fold(s))
 }
 
 // addrSum returns the unfolded sum of a's bytes as 32-bit words: 4 bytes for IPv4, 16
@@ -60,47 +56,6 @@ func addrBytes(a netip.Addr, buf *[16]byte) []byte {
 	}
 	b, _ := a.AppendBinary(buf[:0])
 	return b
-}
-
-// sumBytes adds b, as big-endian 16-bit words, to the one's complement accumulator s.
-// It sums 8 bytes at a time with end-around carry; since 2^16 ≡ 1 modulo 0xffff this
-// folds to the same value as word-by-word summation.
-func sumBytes(b []byte, s uint64) uint64 {
-	var c uint64
-	for len(b) >= 32 {
-		s, c = bits.Add64(s, binary.BigEndian.Uint64(b[0:]), c)
-		s, c = bits.Add64(s, binary.BigEndian.Uint64(b[8:]), c)
-		s, c = bits.Add64(s, binary.BigEndian.Uint64(b[16:]), c)
-		s, c = bits.Add64(s, binary.BigEndian.Uint64(b[24:]), c)
-		b = b[32:]
-	}
-	for len(b) >= 8 {
-		s, c = bits.Add64(s, binary.BigEndian.Uint64(b), c)
-		b = b[8:]
-	}
-	if len(b) >= 4 {
-		s, c = bits.Add64(s, uint64(binary.BigEndian.Uint32(b)), c)
-		b = b[4:]
-	}
-	if len(b) >= 2 {
-		s, c = bits.Add64(s, uint64(binary.BigEndian.Uint16(b)), c)
-		b = b[2:]
-	}
-	if len(b) == 1 {
-		s, c = bits.Add64(s, uint64(b[0])<<8, c)
-	}
-	// s ≤ 2^64-2 whenever c is 1, so this cannot overflow.
-	return s + c
-}
-
-// checksumFold folds a 64-bit one's complement accumulator to 16 bits (not inverted).
-func checksumFold(s uint64) uint16 {
-	s = s&0xffffffff + s>>32 // ≤ 2^33
-	s = s&0xffffffff + s>>32 // ≤ 2^32
-	s = s&0xffff + s>>16     // ≤ 2^17
-	s = s&0xffff + s>>16
-	s = s&0xffff + s>>16
-	return uint16(s)
 }
 
 // VerifyL4Checksum reports whether the TCP, UDP, ICMP or ICMPv6 checksum of the packet
@@ -137,7 +92,7 @@ func VerifyL4Checksum(b []byte, p *Packet) bool {
 		if v6 || n < 4 {
 			return false
 		}
-		return Checksum(b[p.L4:p.L4+n], 0) == 0
+		return wire.Checksum(b[p.L4:p.L4+n], 0) == 0
 	case ProtoICMPv6:
 		if !v6 || n < 4 {
 			return false
@@ -149,5 +104,5 @@ func VerifyL4Checksum(b []byte, p *Packet) bool {
 		return false
 	}
 	init = PseudoHeaderSum(p.Src, p.Dst, p.Proto, n)
-	return Checksum(b[p.L4:p.L4+n], init) == 0
+	return wire.Checksum(b[p.L4:p.L4+n], init) == 0
 }

@@ -8,67 +8,9 @@ import (
 	"testing"
 
 	"github.com/gopacket/gopacket/layers"
+
+	"github.com/tiergate/tiergate/wire"
 )
-
-// refChecksum is RFC 1071 word by word.
-func refChecksum(b []byte, initial uint32) uint16 {
-	s := initial
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(b[i])<<8 | uint32(b[i+1])
-		s = s&0xffff + s>>16
-	}
-	if len(b)%2 == 1 {
-		s += uint32(b[len(b)-1]) << 8
-	}
-	for s > 0xffff {
-		s = s&0xffff + s>>16
-	}
-	return ^uint16(s)
-}
-
-func TestChecksumKnown(t *testing.T) {
-	// RFC 1071 section 3 example: 00 01 f2 03 f4 f5 f6 f7 sums to ddf2.
-	if got := Checksum([]byte{0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7}, 0); got != ^uint16(0xddf2) {
-		t.Errorf("RFC 1071 example: %#04x, want %#04x", got, ^uint16(0xddf2))
-	}
-	// A textbook IPv4 header with its checksum b861.
-	h := []byte{0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0, 0xa8, 0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7}
-	if got := Checksum(h, 0); got != 0xb861 {
-		t.Errorf("IPv4 header: %#04x, want 0xb861", got)
-	}
-	h[10], h[11] = 0xb8, 0x61
-	if got := Checksum(h, 0); got != 0 {
-		t.Errorf("IPv4 header with checksum: %#04x, want 0", got)
-	}
-	if got := Checksum(nil, 0); got != 0xffff {
-		t.Errorf("empty: %#04x", got)
-	}
-	if got := Checksum([]byte{0xff, 0xff}, 0xffff); got != 0 {
-		t.Errorf("all ones: %#04x", got)
-	}
-}
-
-func TestChecksumMatchesReference(t *testing.T) {
-	r := rand.New(rand.NewPCG(1, 2))
-	for n := range 300 {
-		for range 5 {
-			b := make([]byte, n)
-			for i := range b {
-				b[i] = byte(r.Uint32())
-			}
-			init := r.Uint32() >> r.IntN(33)
-			if r.IntN(4) == 0 {
-				// Long runs of 0xff stress the carries.
-				for i := range b {
-					b[i] = 0xff
-				}
-			}
-			if got, want := Checksum(b, init), refChecksum(b, init); got != want {
-				t.Fatalf("len %d init %#x: %#04x, want %#04x", n, init, got, want)
-			}
-		}
-	}
-}
 
 func TestChecksumAdjust16(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
@@ -80,7 +22,7 @@ func TestChecksumAdjust16(t *testing.T) {
 		if r.IntN(8) == 0 {
 			clear(b)
 		}
-		sum := Checksum(b, 0)
+		sum := wire.Checksum(b, 0)
 		i := r.IntN(len(b) - 1)
 		var old, nw uint16
 		old = binary.BigEndian.Uint16(b[i:])
@@ -93,7 +35,7 @@ func TestChecksumAdjust16(t *testing.T) {
 			old, nw = bits.ReverseBytes16(old), bits.ReverseBytes16(nw)
 		}
 		got := ChecksumAdjust16(sum, old, nw)
-		want := Checksum(b, 0)
+		want := wire.Checksum(b, 0)
 		// Incremental and full computation may differ only between the two
 		// representations of zero.
 		if got != want && !(got|want == 0xffff && got&want == 0) {
@@ -165,7 +107,7 @@ func TestVerifyL4Checksum(t *testing.T) {
 
 func TestPseudoHeaderSum(t *testing.T) {
 	// Cross-check with gopacket: a TCP segment's checksum field equals
-	// Checksum(segment with zero checksum, PseudoHeaderSum).
+	// wire.Checksum(segment with zero checksum, PseudoHeaderSum).
 	for _, pair := range [][2]string{{"198.51.100.7", "203.0.113.10"}, {"2001:db8::1", "2001:db8::ffff:2"}} {
 		src, dst := netip.MustParseAddr(pair[0]), netip.MustParseAddr(pair[1])
 		pkt := tcpIP(t, src, dst, 1234, 80, false, nil, []byte("payload!!"))
@@ -176,7 +118,7 @@ func TestPseudoHeaderSum(t *testing.T) {
 		seg := clone(pkt[p.L4:p.End])
 		want := binary.BigEndian.Uint16(seg[16:])
 		seg[16], seg[17] = 0, 0
-		if got := Checksum(seg, PseudoHeaderSum(src, dst, ProtoTCP, len(seg))); got != want {
+		if got := wire.Checksum(seg, PseudoHeaderSum(src, dst, ProtoTCP, len(seg))); got != want {
 			t.Errorf("%v: %#04x, gopacket %#04x", src, got, want)
 		}
 	}

@@ -30,5 +30,7 @@
 // or IPIP) for one member. [Encap.Write] prepends it in the headroom before the inner
 // packet, touching only the length, ID, DF bit and checksum fields. [Decap] is the
 // reverse for packets coming back from a member; [WriteEthernet] and [DecTTL] finish
-// the forwarding of the decapsulated packet.
+// the forwarding of the decapsulated packet. The tunnel format, the rules a tunnel
+// packet must pass and the Internet checksum are package wire's, which l7d's end of
+// the tunnel uses too, so both tiers accept and refuse the same packets.
 package packet

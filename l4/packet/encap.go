@@ -4,14 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
 // EncapMode selects the tunnel header [Encap] writes.
 type EncapMode uint8
 
 const (
-	// EncapGRE is a 4-byte GRE header (RFC 2784: no checksum, key or sequence number)
-	// whose protocol type is 0x0800 or 0x86DD by the inner packet's version. The default.
+	// EncapGRE is the 4-byte GRE header of [wire.PutGRE] (RFC 2784: no checksum, key
+	// or sequence number) whose protocol type is 0x0800 or 0x86DD by the inner packet's
+	// version. The default.
 	EncapGRE EncapMode = iota
 	// EncapIPIP puts the inner packet directly after the outer IP header, with
 	// protocol 4 for an IPv4 inner packet and 41 for IPv6 (RFC 2003, RFC 2473).
@@ -33,7 +36,7 @@ func (m EncapMode) String() string {
 const defaultTunnelTTL = 64
 
 // maxEncapHeader is the largest header an Encap writes: Ethernet, IPv6, GRE.
-const maxEncapHeader = EthernetLen + IPv6Len + GRELen
+const maxEncapHeader = EthernetLen + IPv6Len + wire.GREHeaderLen
 
 // Encap describes the tunnel to one member: Ethernet, then an outer IPv4 or IPv6
 // header from Src to Dst, then GRE (or nothing, for IPIP) before the untouched inner
@@ -73,7 +76,7 @@ func (e *Encap) Overhead(innerV6 bool) int {
 		n = EthernetLen + IPv6Len
 	}
 	if e.Mode == EncapGRE {
-		n += GRELen
+		n += wire.GREHeaderLen
 	}
 	return n
 }
@@ -107,12 +110,9 @@ func (e *Encap) Prepare() error {
 		clear(h)
 		copy(h[0:6], e.DstMAC[:])
 		copy(h[6:12], e.SrcMAC[:])
-		proto := uint8(ProtoGRE)
+		proto := uint8(wire.ProtoGRE)
 		if e.Mode == EncapIPIP {
-			proto = ProtoIPIP
-			if innerV6 {
-				proto = ProtoIPv6
-			}
+			proto = wire.IPIPProto(innerV6)
 		}
 		ip := h[EthernetLen:]
 		n := IPv4Len
@@ -133,15 +133,11 @@ func (e *Encap) Prepare() error {
 			s, d := src.As4(), dst.As4()
 			copy(ip[12:16], s[:])
 			copy(ip[16:20], d[:])
-			e.base[i] = uint32(checksumFold(sumBytes(ip[:IPv4Len], 0)))
+			e.base[i] = uint32(wire.Fold(wire.Sum(ip[:IPv4Len], 0)))
 		}
 		if e.Mode == EncapGRE {
-			et := uint16(EtherTypeIPv4)
-			if innerV6 {
-				et = EtherTypeIPv6
-			}
-			put16(ip[n+2:], et)
-			n += GRELen
+			wire.PutGRE(ip[n:], wire.GREProtocol(innerV6))
+			n += wire.GREHeaderLen
 		}
 		e.ipLen = n
 	}
@@ -199,89 +195,48 @@ func (e *Encap) Write(buf []byte, inner, innerLen int, id uint16) (start int, er
 	put16(ip[4:], id)
 	put16(ip[6:], df)
 	s := uint64(e.base[i]) + uint64(total) + uint64(id) + uint64(df)
-	put16(ip[10:], ^checksumFold(s))
+	put16(ip[10:], ^wire.Fold(s))
 	return start, nil
 }
 
-// GRE flag bits (RFC 2784, RFC 2890, and RFC 1701's routing and recursion fields).
-const (
-	greChecksum  = 0x8000
-	greRouting   = 0x4000
-	greKey       = 0x2000
-	greSeq       = 0x1000
-	greSSR       = 0x0800
-	greRecursion = 0x0700
-	greVersion   = 0x0007
-)
-
-// Decap checks that p, parsed from b by [Parse], is a tunnel packet the distributor
-// accepts, and returns the offset and length (up to p.End) of the inner IP packet. GRE
-// must be version 0 without the routing bit, strict source route or recursion control;
-// checksum, key and sequence number fields are skipped (not verified); the protocol
-// type must be 0x0800 or 0x86DD (ErrUnsupported otherwise, including 0x6558). IPIP
-// (protocol 4) must carry IPv4 and protocol 41 IPv6. The inner version must match and
-// its fixed header must be present. Fragments of the outer packet are ErrUnsupported.
+// Decap checks that p, parsed from b by [Parse], is a tunnel packet by the rules of
+// [wire.Decap], which l7d's end of the tunnel applies too, and returns the offset and
+// length (up to p.End) of the inner IP packet. In short: GRE version 0 with no routing,
+// strict source route, recursion or reserved bit, its checksum verified when present,
+// protocol type 0x0800 or 0x86DD; IPIP (protocol 4) carrying IPv4 and protocol 41 IPv6;
+// the inner version matching and its fixed header present. A refusal is the sentinel
+// of this package named as wire's (ErrTruncated, ErrMalformed, ErrUnsupported,
+// ErrChecksum). Fragments of the outer packet are ErrUnsupported.
 func Decap(b []byte, p *Packet) (inner, innerLen int, err error) {
 	if p.Fragment {
 		return 0, 0, ErrUnsupported
 	}
-	var ver byte
-	switch p.Proto {
-	case ProtoGRE:
-		if !l4Span(b, p, GRELen) {
+	if !l4Span(b, p, 0) {
+		switch p.Proto {
+		case ProtoGRE, ProtoIPIP, ProtoIPv6:
 			return 0, 0, ErrTruncated
 		}
-		g := b[p.L4:p.End]
-		flags := be16(g)
-		if flags&(greRouting|greVersion) != 0 {
-			return 0, 0, ErrUnsupported
-		}
-		if flags&(greSSR|greRecursion) != 0 {
-			return 0, 0, ErrMalformed
-		}
-		n := GRELen
-		if flags&greChecksum != 0 {
-			n += 4
-		}
-		if flags&greKey != 0 {
-			n += 4
-		}
-		if flags&greSeq != 0 {
-			n += 4
-		}
-		switch be16(g[2:]) {
-		case EtherTypeIPv4:
-			ver = 4
-		case EtherTypeIPv6:
-			ver = 6
-		default:
-			return 0, 0, ErrUnsupported
-		}
-		inner = p.L4 + n
-	case ProtoIPIP, ProtoIPv6:
-		if !l4Span(b, p, 0) {
-			return 0, 0, ErrTruncated
-		}
-		ver = 4
-		if p.Proto == ProtoIPv6 {
-			ver = 6
-		}
-		inner = p.L4
-	default:
 		return 0, 0, ErrUnsupported
 	}
-	innerLen = p.End - inner
-	min := IPv4Len
-	if ver == 6 {
-		min = IPv6Len
+	var t wire.Tunnel
+	if err := wire.Decap(p.Proto, b[p.L4:p.End], &t); err != nil {
+		return 0, 0, decapError(err)
 	}
-	if innerLen < min {
-		return 0, 0, ErrTruncated
+	inner = p.L4 + t.Inner
+	return inner, p.End - inner, nil
+}
+
+// decapError is this package's sentinel for an error of wire.Decap.
+func decapError(err error) error {
+	switch err {
+	case wire.ErrTruncated:
+		return ErrTruncated
+	case wire.ErrUnsupported:
+		return ErrUnsupported
+	case wire.ErrChecksum:
+		return ErrChecksum
 	}
-	if b[inner]>>4 != ver {
-		return 0, 0, ErrMalformed
-	}
-	return inner, innerLen, nil
+	return ErrMalformed
 }
 
 // WriteEthernet writes a 14-byte Ethernet header at buf[start:start+14] (after

@@ -8,6 +8,8 @@ import (
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
 const headroom = 128
@@ -220,6 +222,11 @@ func TestDecap(t *testing.T) {
 	greCsum := frame(serialize(t, ipv4(member4, ld4, layers.IPProtocolGRE),
 		&layers.GRE{ChecksumPresent: true, Protocol: layers.EthernetTypeIPv4}, gopacket.Payload(in4)))
 	padded := append(frame(serialize(t, ipv4(member4, ld4, layers.IPProtocolGRE), gopacket.Payload(append([]byte{0, 0, 8, 0}, in4...)))), 0, 0, 0)
+	// All three optional fields, the checksum computed over header and payload.
+	allFlags := append([]byte{0xb0, 0, 8, 0, 0, 0, 0, 0, 5, 6, 7, 8, 9, 10, 11, 12}, in4...)
+	binary.BigEndian.PutUint16(allFlags[4:], wire.Checksum(allFlags, 0))
+	badSum := clone(allFlags)
+	badSum[len(badSum)-1] ^= 1
 	greFrag := greFrame(t, []byte{0, 0, 8, 0}, in4)
 	greFrag[20] = 0x20
 	fixIPv4Checksum(greFrag, 14)
@@ -235,16 +242,17 @@ func TestDecap(t *testing.T) {
 		{"gre v6", greFrame(t, []byte{0, 0, 0x86, 0xdd}, in6), in6, 38, nil},
 		{"gre key seq", greKS, in6, 46, nil},
 		{"gre checksum", greCsum, in4, 42, nil},
-		{"gre all flags", greFrame(t, []byte{0xb0, 0, 8, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, in4), in4, 50, nil},
-		{"gre reserved0 ignored", greFrame(t, []byte{0, 0xf8, 8, 0}, in4), in4, 38, nil},
+		{"gre all flags", greFrame(t, allFlags, nil), in4, 50, nil},
+		{"gre bad checksum", greFrame(t, badSum, nil), nil, 0, ErrChecksum},
+		{"gre reserved0", greFrame(t, []byte{0, 0xf8, 8, 0}, in4), nil, 0, ErrUnsupported},
 		{"gre with padding", padded, in4, 38, nil},
 		{"ipip", ipip, in4, 34, nil},
 		{"ipip over v6", ipipV6, in4, 54, nil},
 		{"6in4", six4, in6, 34, nil},
 		{"gre routing", greFrame(t, []byte{0x40, 0, 8, 0, 0, 0, 0, 0}, in4), nil, 0, ErrUnsupported},
 		{"gre version 1", greFrame(t, []byte{0x30, 1, 0x88, 0x0b, 0, 0, 0, 0, 0, 0, 0, 0}, in4), nil, 0, ErrUnsupported},
-		{"gre ssr", greFrame(t, []byte{0x08, 0, 8, 0}, in4), nil, 0, ErrMalformed},
-		{"gre recursion", greFrame(t, []byte{0x01, 0, 8, 0}, in4), nil, 0, ErrMalformed},
+		{"gre ssr", greFrame(t, []byte{0x08, 0, 8, 0}, in4), nil, 0, ErrUnsupported},
+		{"gre recursion", greFrame(t, []byte{0x01, 0, 8, 0}, in4), nil, 0, ErrUnsupported},
 		{"gre teb", greFrame(t, []byte{0, 0, 0x65, 0x58}, in4), nil, 0, ErrUnsupported},
 		{"gre says v4 carries v6", greFrame(t, []byte{0, 0, 8, 0}, in6), nil, 0, ErrMalformed},
 		{"gre says v6 carries v4", greFrame(t, []byte{0, 0, 0x86, 0xdd}, append(clone(in4), make([]byte, 20)...)), nil, 0, ErrMalformed},

@@ -3,6 +3,8 @@ package packet
 import (
 	"bytes"
 	"testing"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
 // fuzzSeeds returns every sample frame plus tunnel, ICMP error, ARP and ND frames.
@@ -61,7 +63,7 @@ func exercise(t *testing.T, b []byte, p *Packet, parsed bool) {
 		// Likewise past the ICMPv6 checksum.
 		c := clone(b)
 		c[p.L4+2], c[p.L4+3] = 0, 0
-		sum := Checksum(c[p.L4:p.End], PseudoHeaderSum(p.Src, p.Dst, ProtoICMPv6, p.End-p.L4))
+		sum := wire.Checksum(c[p.L4:p.End], PseudoHeaderSum(p.Src, p.Dst, ProtoICMPv6, p.End-p.L4))
 		c[p.L4+2], c[p.L4+3] = byte(sum>>8), byte(sum)
 		if err := ParseND(c, p, &nd); err == ErrChecksum {
 			t.Fatal("ErrChecksum after fixing the ICMPv6 checksum")

@@ -8,6 +8,8 @@ import (
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
 // Test addresses from the documentation and benchmarking ranges.
@@ -140,7 +142,7 @@ func insertV6Ext(p []byte, firstNH uint8, ext []byte) []byte {
 func fixIPv4Checksum(b []byte, off int) {
 	ihl := int(b[off]&0x0f) * 4
 	b[off+10], b[off+11] = 0, 0
-	binary.BigEndian.PutUint16(b[off+10:], Checksum(b[off:off+ihl], 0))
+	binary.BigEndian.PutUint16(b[off+10:], wire.Checksum(b[off:off+ihl], 0))
 }
 
 func clone(b []byte) []byte { return append([]byte(nil), b...) }

@@ -3,6 +3,8 @@ package packet
 import (
 	"net/netip"
 	"slices"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
 // Neighbour advertisement flags as found in [ND.Flags] (RFC 4861 section 4.4).
@@ -171,6 +173,6 @@ func appendND(b []byte, typ, flags uint8, ethDst, ethSrc MAC, src, dst, target [
 		copy(m[26:32], ethSrc[:])
 	}
 	sum := PseudoHeaderSum(netip.AddrFrom16(src), netip.AddrFrom16(dst), ProtoICMPv6, plen)
-	put16(m[2:], Checksum(m[:plen], sum))
+	put16(m[2:], wire.Checksum(m[:plen], sum))
 	return b
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
 func TestARPRoundTrip(t *testing.T) {
@@ -207,7 +209,7 @@ func TestParseNDErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		b[p.L4+2], b[p.L4+3] = 0, 0
-		c := Checksum(b[p.L4:p.End], PseudoHeaderSum(p.Src, p.Dst, ProtoICMPv6, p.End-p.L4))
+		c := wire.Checksum(b[p.L4:p.End], PseudoHeaderSum(p.Src, p.Dst, ProtoICMPv6, p.End-p.L4))
 		b[p.L4+2], b[p.L4+3] = byte(c>>8), byte(c)
 	}
 	for _, c := range []struct {

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/netip"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
 // EtherType values the distributor handles.
@@ -222,7 +224,7 @@ func parseIPv4(b []byte, off, lim int, p *Packet, quoted bool) error {
 		}
 		total = len(h)
 	}
-	if !quoted && checksumFold(sumBytes(h[:ihl], 0)) != 0xffff {
+	if !quoted && wire.Checksum(h[:ihl], 0) != 0 {
 		return ErrChecksum
 	}
 	p.End = off + total
