@@ -15,14 +15,17 @@ TEST_TIMEOUT ?= 40m
 
 # Patches to the standard library (stdpatch/, see its doc.go): a `go build -overlay`
 # file and the build tag whose test requires it, passed to every go command below when
-# the Go in use is the one the patches were made from. Otherwise the build goes on
-# with the standard library as it is, and says so.
+# the patched files' originals are those of the Go in use. Otherwise the build goes on
+# with the standard library as it is, and says so; but when the Go in use is the
+# release the patches were made from, overlay.sh exits non-zero and `make test` fails
+# (stdpatch-check) instead of testing the unpatched standard library.
 STDPATCH_OVERLAY := $(shell stdpatch/overlay.sh $(GO) $(CURDIR)/.build/stdpatch-overlay.json)
+STDPATCH_STATUS  := $(.SHELLSTATUS)
 ifneq ($(STDPATCH_OVERLAY),)
 export GOFLAGS := $(strip $(GOFLAGS) -overlay=$(STDPATCH_OVERLAY) -tags=tiergate_stdpatch)
 endif
 
-.PHONY: all build deps test vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 demo clean vuln
+.PHONY: all build deps test stdpatch-check vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 demo clean vuln
 
 all: build
 
@@ -51,12 +54,19 @@ vet:
 lint: vet
 	$(STATICCHECK) ./...
 
+# Fails when stdpatch/overlay.sh did (see STDPATCH_OVERLAY above).
+stdpatch-check:
+	@if [ "$(STDPATCH_STATUS)" != 0 ]; then \
+		echo "stdpatch: overlay.sh failed (exit status $(STDPATCH_STATUS), reason above): the standard library patches were not applied on the Go they were made from; failing rather than testing without them" >&2; \
+		exit 1; \
+	fi
+
 # TIERGATE_REQUIRE_ALL=1 turns every "needs root / needs package X" skip into a failure,
 # so a green run means every test really ran.
-unit:
+unit: stdpatch-check
 	TIERGATE_REQUIRE_ALL=1 $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
-test: deps lint unit
+test: deps stdpatch-check lint unit
 
 # Short coverage-guided runs of every fuzz target (seeds also run in `make test`).
 FUZZTIME ?= 20s
