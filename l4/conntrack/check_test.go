@@ -47,7 +47,7 @@ func (t *Table) check(hash func(*Key) uint64) error {
 			}
 			live[i] = true
 			e := &t.entries[i]
-			if e.state < StateSynRecv || e.state > StateUDP {
+			if e.state < StateSynRecv || e.state > StateUnconfirmed {
 				return fmt.Errorf("entry %d in bucket %d has state %d", i, b, e.state)
 			}
 			h := hash(&e.key)
@@ -71,7 +71,9 @@ func (t *Table) check(hash func(*Key) uint64) error {
 	}
 	// Lists: every live entry on exactly one list, in the right kind of list.
 	listed := map[uint32]bool{}
-	walk := func(s uint32, syn bool) error {
+	// fifo is the state of the entries of list s, sorted by expiry, or 0 for a wheel
+	// slot (any other state).
+	walk := func(s uint32, fifo State) error {
 		prev := s
 		var lastExp uint32
 		for i := t.entries[s].next; i != s; i = t.entries[i].next {
@@ -83,11 +85,11 @@ func (t *Table) check(hash func(*Key) uint64) error {
 			}
 			listed[i] = true
 			e := &t.entries[i]
-			if (e.state == StateSynRecv) != syn {
-				return fmt.Errorf("list %d (half-open %v): entry %d in state %v", s, syn, i, e.state)
+			if fifo != 0 && e.state != fifo || fifo == 0 && (e.state == StateSynRecv || e.state == StateUnconfirmed) {
+				return fmt.Errorf("list %d (FIFO of %v): entry %d in state %v", s, fifo, i, e.state)
 			}
-			if syn && prev != s && int32(e.expire-lastExp) < 0 {
-				return fmt.Errorf("half-open FIFO not sorted by expiry at entry %d", i)
+			if fifo != 0 && prev != s && int32(e.expire-lastExp) < 0 {
+				return fmt.Errorf("%v FIFO not sorted by expiry at entry %d", fifo, i)
 			}
 			lastExp = e.expire
 			prev = i
@@ -97,14 +99,20 @@ func (t *Table) check(hash func(*Key) uint64) error {
 		}
 		return nil
 	}
-	if err := walk(t.synList, true); err != nil {
+	if err := walk(t.synList, StateSynRecv); err != nil {
 		return err
 	}
 	if len(listed) != t.halfOpen {
 		return fmt.Errorf("%d entries in the half-open FIFO, HalfOpen %d", len(listed), t.halfOpen)
 	}
+	if err := walk(t.unconfList, StateUnconfirmed); err != nil {
+		return err
+	}
+	if len(listed) != t.halfOpen+t.unconfirmed {
+		return fmt.Errorf("%d entries in the unconfirmed FIFO, Unconfirmed %d", len(listed)-t.halfOpen, t.unconfirmed)
+	}
 	for s := t.pending; s < uint32(len(t.entries)); s++ {
-		if err := walk(s, false); err != nil {
+		if err := walk(s, 0); err != nil {
 			return err
 		}
 	}

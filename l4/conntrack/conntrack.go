@@ -3,8 +3,10 @@
 // packet of a connection reaches the same member even while the pool changes. Memory is
 // fixed when the table is made (44–48 bytes per connection all-in for a million or more
 // entries: a 40-byte entry plus 4 to 8 bytes of bucket array), every operation is
-// O(1) and allocation-free, and when the table is full the oldest half-open connection
-// is evicted, so a SYN flood cannot lock out new clients.
+// O(1) and allocation-free, and when the table is full the oldest unconfirmed entry (a
+// flow picked up mid-way that its member has not answered yet), else the oldest
+// half-open connection, is evicted, so neither a SYN flood nor a flood of spoofed
+// mid-flow packets can lock out new clients.
 //
 // # Layout
 //
@@ -27,7 +29,9 @@
 //
 // Half-open entries (StateSynRecv) sit in one FIFO in order of their last packet, so the
 // FIFO is sorted by expiry: the reaper pops expired heads and eviction takes the head, the
-// least recently seen half-open connection, in O(1). All other entries sit in a timing
+// least recently seen half-open connection, in O(1). Unconfirmed entries (StateUnconfirmed)
+// sit in a second FIFO of the same kind, which eviction empties first; a reply from the
+// member (LookupReply) confirms an entry and moves it to the wheel. All other entries sit in a timing
 // wheel of one-second slots, placed by expiry. A packet only rewrites its entry's expiry
 // and never moves it, so an established flow's packet writes nothing but its own entry;
 // when the reaper reaches a slot it frees the entries that have expired and moves the
@@ -72,10 +76,16 @@ const (
 	StateFin
 	// StateClose is a TCP connection whose client sent a RST.
 	StateClose
-	// StateUDP is a UDP flow.
+	// StateUDP is a UDP flow that its member has answered.
 	StateUDP
+	// StateUnconfirmed is a flow picked up mid-way: a TCP packet without SYN, or a UDP
+	// datagram, of a flow the table did not hold. It keeps a short timeout and is the
+	// first to be evicted until a reply from its member confirms it (LookupReply), so
+	// one-way traffic from spoofed sources cannot fill the table with long-lived
+	// entries.
+	StateUnconfirmed
 
-	numStates = int(StateUDP) + 1
+	numStates = int(StateUnconfirmed) + 1
 )
 
 // String returns the state's name.
@@ -91,6 +101,8 @@ func (s State) String() string {
 		return "close"
 	case StateUDP:
 		return "udp"
+	case StateUnconfirmed:
+		return "unconfirmed"
 	}
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
@@ -102,6 +114,7 @@ const (
 	DefaultFinTimeout         = 60 * time.Second
 	DefaultCloseTimeout       = 10 * time.Second
 	DefaultUDPTimeout         = 300 * time.Second
+	DefaultUnconfirmedTimeout = 10 * time.Second
 )
 
 // MaxTimeout bounds every timeout, keeping expiry times well inside the wrap-safe half
@@ -124,6 +137,10 @@ type Timeouts struct {
 	Close time.Duration
 	// UDP is for UDP flows. Default 300 s.
 	UDP time.Duration
+	// Unconfirmed is for flows picked up mid-way (a TCP packet without SYN or a UDP
+	// datagram of an unknown flow) until a reply from the member confirms them.
+	// Default 10 s.
+	Unconfirmed time.Duration
 }
 
 // Config configures a Table.
@@ -147,10 +164,15 @@ type Stats struct {
 	// Expired counts entries reclaimed after their timeout: by Expire, by Insert on a
 	// full table, or found expired by a lookup.
 	Expired uint64
-	// Evictions counts live half-open entries evicted to make room for a new one.
+	// Evictions counts live unconfirmed and half-open entries evicted to make room for
+	// a new one.
 	Evictions uint64
+	// EvictedUnconfirmed counts the unconfirmed entries among Evictions.
+	EvictedUnconfirmed uint64
+	// Confirmed counts unconfirmed entries that a reply from their member confirmed.
+	Confirmed uint64
 	// InsertFailures counts Insert calls refused because the table was full and held no
-	// half-open entry to evict (or the state was invalid).
+	// unconfirmed or half-open entry to evict (or the state was invalid).
 	InsertFailures uint64
 }
 

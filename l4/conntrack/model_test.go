@@ -54,11 +54,11 @@ func modelTCP(s State, flags uint8) State {
 	}
 	if flags&syn != 0 {
 		return map[State]State{StateSynRecv: StateSynRecv, StateEstablished: StateEstablished,
-			StateFin: StateSynRecv, StateClose: StateSynRecv}[s]
+			StateFin: StateSynRecv, StateClose: StateSynRecv, StateUnconfirmed: StateSynRecv}[s]
 	}
 	if flags&fin != 0 {
 		return map[State]State{StateSynRecv: StateFin, StateEstablished: StateFin,
-			StateFin: StateFin, StateClose: StateClose}[s]
+			StateFin: StateFin, StateClose: StateClose, StateUnconfirmed: StateUnconfirmed}[s]
 	}
 	if flags&ack != 0 && s == StateSynRecv {
 		return StateEstablished
@@ -66,20 +66,26 @@ func modelTCP(s State, flags uint8) State {
 	return s
 }
 
-// oldestHalfOpen returns the live half-open key least recently seen.
-func (m *model) oldestHalfOpen(now uint32) (Key, bool) {
-	var best Key
-	var bestSeq uint64
-	found := false
-	for k, e := range m.m {
-		if e.state == StateSynRecv && m.alive(e, now) && (!found || e.seq < bestSeq) {
-			best, bestSeq, found = k, e.seq, true
+// victim returns the live key an insert into a full table evicts: the unconfirmed one
+// least recently seen, else the half-open one least recently seen.
+func (m *model) victim(now uint32) (Key, bool) {
+	for _, st := range []State{StateUnconfirmed, StateSynRecv} {
+		var best Key
+		var bestSeq uint64
+		found := false
+		for k, e := range m.m {
+			if e.state == st && m.alive(e, now) && (!found || e.seq < bestSeq) {
+				best, bestSeq, found = k, e.seq, true
+			}
+		}
+		if found {
+			return best, true
 		}
 	}
-	return best, found
+	return Key{}, false
 }
 
-func (m *model) counts(now uint32) (alive, total, halfAlive, halfTotal int, perMember map[uint16][2]int) {
+func (m *model) counts(now uint32) (alive, total, halfAlive, halfTotal int, perMember map[uint16][2]int, unconf [2]int) {
 	perMember = map[uint16][2]int{}
 	for _, e := range m.m {
 		c := perMember[e.member]
@@ -88,11 +94,17 @@ func (m *model) counts(now uint32) (alive, total, halfAlive, halfTotal int, perM
 		if e.state == StateSynRecv {
 			halfTotal++
 		}
+		if e.state == StateUnconfirmed {
+			unconf[1]++
+		}
 		if m.alive(e, now) {
 			alive++
 			c[0]++
 			if e.state == StateSynRecv {
 				halfAlive++
+			}
+			if e.state == StateUnconfirmed {
+				unconf[0]++
 			}
 		}
 		perMember[e.member] = c
@@ -108,7 +120,7 @@ func runModel(t testing.TB, next func(n int) (int, bool), hashFn func(*Key) uint
 		capacity += v
 	}
 	timeouts := Timeouts{SynRecv: 5 * time.Second, Established: 40 * time.Second,
-		Fin: 8 * time.Second, Close: 3 * time.Second, UDP: 1500 * time.Second}
+		Fin: 8 * time.Second, Close: 3 * time.Second, UDP: 1500 * time.Second, Unconfirmed: 4 * time.Second}
 	tb, err := New(Config{Capacity: capacity, Timeouts: timeouts})
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +129,7 @@ func runModel(t testing.TB, next func(n int) (int, bool), hashFn func(*Key) uint
 	keys := 2*capacity + 10
 	now := uint32(0xffff_ff00) // the clock wraps during the run
 	flagSet := []uint8{syn, ack, psh | ack, fin | ack, rst, rst | ack, 0, syn | ack, fin}
-	states := []State{StateSynRecv, StateEstablished, StateUDP, StateFin, StateClose}
+	states := []State{StateSynRecv, StateEstablished, StateUDP, StateFin, StateClose, StateUnconfirmed, StateUnconfirmed}
 
 	for step := 0; ; step++ {
 		op, ok := next(100)
@@ -153,6 +165,23 @@ func runModel(t testing.TB, next func(n int) (int, bool), hashFn func(*Key) uint
 			if ok != (e != nil) || ok && (m != e.member || s != e.state) {
 				t.Fatalf("step %d: Lookup = %d %v %v, model %+v", step, m, s, ok, e)
 			}
+		case op < 40: // a reply from the member
+			confirmed := StateEstablished
+			if kv%2 == 1 {
+				confirmed = StateUDP
+			}
+			m, ok := tb.LookupReply(&k, h, confirmed, now)
+			e := md.get(k, now)
+			if ok != (e != nil) || ok && m != e.member {
+				t.Fatalf("step %d: LookupReply = %d %v, model %+v", step, m, ok, e)
+			}
+			switch {
+			case e == nil || e.state == StateSynRecv:
+			case e.state == StateUnconfirmed:
+				md.set(e, confirmed, now)
+			default:
+				md.set(e, e.state, now)
+			}
 		case op < 45:
 			m, ok := tb.LookupUDP(&k, h, now)
 			e := md.get(k, now)
@@ -177,19 +206,19 @@ func runModel(t testing.TB, next func(n int) (int, bool), hashFn func(*Key) uint
 			si, _ := next(len(states))
 			member, _ := next(5)
 			st := states[si]
-			victim, haveVictim := md.oldestHalfOpen(now)
+			victim, haveVictim := md.victim(now)
 			ev, ok := tb.Insert(&k, h, uint16(member), st, now)
 			switch {
 			case !ok:
 				if haveVictim {
-					t.Fatalf("step %d: Insert failed with a half-open entry to evict", step)
+					t.Fatalf("step %d: Insert failed with an unconfirmed or half-open entry to evict", step)
 				}
 			case ev:
 				if !haveVictim {
-					t.Fatalf("step %d: Insert evicted with no half-open entry", step)
+					t.Fatalf("step %d: Insert evicted with no unconfirmed or half-open entry", step)
 				}
 				if _, _, found := tb.Lookup(&victim, hashFn(&victim), now); found {
-					t.Fatalf("step %d: Insert evicted, but not the oldest half-open entry", step)
+					t.Fatalf("step %d: Insert evicted, but not the oldest unconfirmed (else half-open) entry", step)
 				}
 				delete(md.m, victim)
 			}
@@ -200,12 +229,15 @@ func runModel(t testing.TB, next func(n int) (int, bool), hashFn func(*Key) uint
 			}
 		}
 
-		alive, total, halfAlive, halfTotal, per := md.counts(now)
+		alive, total, halfAlive, halfTotal, per, unconf := md.counts(now)
 		if tb.Len() < alive || tb.Len() > total || tb.Len() > capacity {
 			t.Fatalf("step %d: Len %d, model %d alive of %d, cap %d", step, tb.Len(), alive, total, capacity)
 		}
 		if tb.HalfOpen() < halfAlive || tb.HalfOpen() > halfTotal {
 			t.Fatalf("step %d: HalfOpen %d, model %d alive of %d", step, tb.HalfOpen(), halfAlive, halfTotal)
+		}
+		if tb.Unconfirmed() < unconf[0] || tb.Unconfirmed() > unconf[1] {
+			t.Fatalf("step %d: Unconfirmed %d, model %d alive of %d", step, tb.Unconfirmed(), unconf[0], unconf[1])
 		}
 		for id := range uint16(5) {
 			if c := int(tb.MemberConns(id)); c < per[id][0] || c > per[id][1] {
@@ -223,7 +255,7 @@ func runModel(t testing.TB, next func(n int) (int, bool), hashFn func(*Key) uint
 	}
 	// An unbounded reap leaves exactly the live entries.
 	tb.Expire(now, 1<<30)
-	alive, _, _, _, _ := md.counts(now)
+	alive, _, _, _, _, _ := md.counts(now)
 	if tb.Len() != alive {
 		t.Fatalf("after a full reap: Len %d, model %d alive", tb.Len(), alive)
 	}

@@ -60,23 +60,25 @@ func EntrySize() uintptr { return unsafe.Sizeof(entry{}) }
 // concurrent use: one goroutine (one lcore) owns it. Make one with New.
 type Table struct {
 	// entries holds, in order: index 0 (unused, so 0 means "none"), the capacity
-	// entries 1..capacity, then the list sentinels: the half-open FIFO, the wheel slot
-	// being reaped, and the wheel slots.
+	// entries 1..capacity, then the list sentinels: the half-open FIFO, the unconfirmed
+	// FIFO, the wheel slot being reaped, and the wheel slots.
 	entries  []entry
 	buckets  []uint32         // link to the first entry of each chain
 	mask     uint64           // len(buckets)-1
 	counts   *[1 << 16]uint32 // entries per member ID
 	timeouts [numStates]uint32
 
-	capacity uint32
-	used     uint32 // entries[1..used] have been handed out at least once
-	free     uint32 // head of the free list (through next), 0 when empty
-	n        int
-	halfOpen int
+	capacity    uint32
+	used        uint32 // entries[1..used] have been handed out at least once
+	free        uint32 // head of the free list (through next), 0 when empty
+	n           int
+	halfOpen    int
+	unconfirmed int
 
-	synList uint32 // sentinel of the half-open FIFO
-	pending uint32 // sentinel of the slot being reaped
-	wheel   uint32 // sentinel of wheel slot 0
+	synList    uint32 // sentinel of the half-open FIFO
+	unconfList uint32 // sentinel of the unconfirmed FIFO
+	pending    uint32 // sentinel of the slot being reaped
+	wheel      uint32 // sentinel of wheel slot 0
 
 	cursor  uint32 // the next wheel second to reap
 	started bool   // cursor has been set from the first Insert's now
@@ -106,7 +108,8 @@ func New(cfg Config) (*Table, error) {
 	t.counts = new([1 << 16]uint32)
 
 	t.synList = t.capacity + 1
-	t.pending = t.synList + 1
+	t.unconfList = t.synList + 1
+	t.pending = t.unconfList + 1
 	t.wheel = t.pending + 1
 	t.entries, freeEntries = hugeAlloc[entry](int(t.wheel + wheelSlots))
 	releaseWith(t, freeBuckets, freeEntries)
@@ -189,6 +192,7 @@ func (to Timeouts) seconds() ([numStates]uint32, error) {
 		{StateFin, "fin", to.Fin, DefaultFinTimeout},
 		{StateClose, "close", to.Close, DefaultCloseTimeout},
 		{StateUDP, "udp", to.UDP, DefaultUDPTimeout},
+		{StateUnconfirmed, "unconfirmed", to.Unconfirmed, DefaultUnconfirmedTimeout},
 	} {
 		var err error
 		if out[s.state], err = seconds(s.name, s.d, s.def); err != nil {
@@ -242,10 +246,12 @@ func (t *Table) Lookup(k *Key, hash uint64, now uint32) (member uint16, state St
 // TCP header's flags byte. The transitions, checked in this order, follow IPVS's:
 //
 //   - RST: Close.
-//   - SYN: a SynRecv or Established entry keeps its state; a Fin or Close entry goes back
-//     to SynRecv (the client reuses the port), keeping its member.
-//   - FIN: Fin, unless the entry is in Close.
-//   - ACK: SynRecv becomes Established; other states stay.
+//   - SYN: a SynRecv or Established entry keeps its state; a Fin, Close or Unconfirmed
+//     entry goes back to SynRecv (the client reuses the port, or opens the connection
+//     it had only sent mid-flow packets of), keeping its member.
+//   - FIN: Fin, unless the entry is in Close or Unconfirmed.
+//   - ACK: SynRecv becomes Established; other states stay. An Unconfirmed entry stays
+//     unconfirmed whatever the client sends: only its member's reply confirms it.
 //
 // A UDP entry keeps its state. An expired entry counts as absent, and is reclaimed.
 func (t *Table) LookupTCP(k *Key, hash uint64, flags uint8, now uint32) (member uint16, ok bool) {
@@ -290,11 +296,11 @@ func nextState(s State, flags uint8) State {
 	case flags&flagRST != 0:
 		return StateClose
 	case flags&flagSYN != 0:
-		if s == StateFin || s == StateClose {
+		if s == StateFin || s == StateClose || s == StateUnconfirmed {
 			return StateSynRecv
 		}
 	case flags&flagFIN != 0:
-		if s != StateClose {
+		if s != StateClose && s != StateUnconfirmed {
 			return StateFin
 		}
 	case flags&flagACK != 0:
@@ -305,14 +311,48 @@ func nextState(s State, flags uint8) State {
 	return s
 }
 
-// touch refreshes entry i's expiry in its current state. A half-open entry moves to the
-// tail of its FIFO (least recently used order); others stay where they are filed.
+// LookupReply looks up the flow k that a reply from its member belongs to (k is the
+// flow as the client sends it). On a hit it confirms an unconfirmed entry, moving it to
+// state confirmed (StateEstablished for TCP, StateUDP for UDP) with that state's
+// timeout, and refreshes the expiry of an entry in any other state but half-open (a
+// half-open entry waits for the client's ACK, whatever its member answers). An expired
+// entry counts as absent, and is reclaimed.
+func (t *Table) LookupReply(k *Key, hash uint64, confirmed State, now uint32) (member uint16, ok bool) {
+	i, link, plink := t.find(k, hash)
+	if i == 0 {
+		return 0, false
+	}
+	e := &t.entries[i]
+	if expired(now, e.expire) {
+		t.expireFound(i, link, plink)
+		return 0, false
+	}
+	switch e.state {
+	case StateSynRecv:
+	case StateUnconfirmed:
+		if confirmed == StateEstablished || confirmed == StateUDP {
+			t.refile(i, confirmed, now)
+			t.stats.Confirmed++
+		}
+	default:
+		t.touch(i, now)
+	}
+	return e.member, true
+}
+
+// touch refreshes entry i's expiry in its current state. A half-open or unconfirmed
+// entry moves to the tail of its FIFO (least recently used order); others stay where
+// they are filed.
 func (t *Table) touch(i, now uint32) {
 	e := &t.entries[i]
 	e.expire = now + t.timeouts[e.state]
-	if e.state == StateSynRecv {
+	switch e.state {
+	case StateSynRecv:
 		t.unlist(i)
 		t.append(t.synList, i)
+	case StateUnconfirmed:
+		t.unlist(i)
+		t.append(t.unconfList, i)
 	}
 }
 
@@ -328,11 +368,12 @@ func (t *Table) refile(i uint32, s State, now uint32) {
 // Insert adds k → member in state st, expiring after st's timeout from now. The caller
 // has checked that k is absent (a lookup missed); inserting a present key leaves two
 // entries, of which lookups find the newer. If the table is full, Insert first reclaims
-// expired entries, then evicts the least recently seen half-open entry and reports
-// evicted; if the table holds no half-open entry it adds nothing and returns ok false
-// (the caller drops the packet as table_full).
+// expired entries, then evicts the least recently seen unconfirmed entry, or when there
+// is none the least recently seen half-open entry, and reports evicted; if the table
+// holds neither it adds nothing and returns ok false (the caller drops the packet as
+// table_full).
 func (t *Table) Insert(k *Key, hash uint64, member uint16, st State, now uint32) (evicted, ok bool) {
-	if st < StateSynRecv || st > StateUDP {
+	if st < StateSynRecv || st > StateUnconfirmed {
 		t.stats.InsertFailures++
 		return false, false
 	}
@@ -342,11 +383,16 @@ func (t *Table) Insert(k *Key, hash uint64, member uint16, st State, now uint32)
 	i := t.alloc()
 	if i == 0 {
 		if i = t.reclaim(now); i == 0 {
-			if t.halfOpen == 0 {
+			switch {
+			case t.unconfirmed > 0:
+				t.remove(t.entries[t.unconfList].next)
+				t.stats.EvictedUnconfirmed++
+			case t.halfOpen > 0:
+				t.remove(t.entries[t.synList].next)
+			default:
 				t.stats.InsertFailures++
 				return false, false
 			}
-			t.remove(t.entries[t.synList].next)
 			t.stats.Evictions++
 			evicted = true
 			i = t.alloc()
@@ -422,14 +468,16 @@ func (t *Table) Expire(now uint32, max int) int {
 // slot taken) and returns the number of entries freed.
 func (t *Table) expire(now uint32, budget int) int {
 	freed := 0
-	for budget > 0 {
-		h := t.entries[t.synList].next
-		if h == t.synList || !expired(now, t.entries[h].expire) {
-			break
+	for _, fifo := range [2]uint32{t.unconfList, t.synList} {
+		for budget > 0 {
+			h := t.entries[fifo].next
+			if h == fifo || !expired(now, t.entries[h].expire) {
+				break
+			}
+			t.remove(h)
+			freed++
+			budget--
 		}
-		t.remove(h)
-		freed++
-		budget--
 	}
 	empty := 0
 	for budget > 0 {
@@ -507,18 +555,25 @@ func (t *Table) release(i uint32) {
 // file puts entry i on the timeout list for its state and expiry.
 func (t *Table) file(i uint32) {
 	e := &t.entries[i]
-	if e.state == StateSynRecv {
+	switch e.state {
+	case StateSynRecv:
 		t.append(t.synList, i)
 		t.halfOpen++
-		return
+	case StateUnconfirmed:
+		t.append(t.unconfList, i)
+		t.unconfirmed++
+	default:
+		t.append(t.wheel+(e.expire&wheelMask), i)
 	}
-	t.append(t.wheel+(e.expire&wheelMask), i)
 }
 
 // unfile takes entry i off its timeout list.
 func (t *Table) unfile(i uint32) {
-	if t.entries[i].state == StateSynRecv {
+	switch t.entries[i].state {
+	case StateSynRecv:
 		t.halfOpen--
+	case StateUnconfirmed:
+		t.unconfirmed--
 	}
 	t.unlist(i)
 }
@@ -560,6 +615,10 @@ func (t *Table) Cap() int { return int(t.capacity) }
 // HalfOpen returns the number of half-open (StateSynRecv) entries, including expired
 // ones not yet reclaimed.
 func (t *Table) HalfOpen() int { return t.halfOpen }
+
+// Unconfirmed returns the number of unconfirmed (StateUnconfirmed) entries, including
+// expired ones not yet reclaimed.
+func (t *Table) Unconfirmed() int { return t.unconfirmed }
 
 // MemberConns returns how many entries refer to member id, including expired ones not
 // yet reclaimed.

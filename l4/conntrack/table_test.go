@@ -3,6 +3,7 @@ package conntrack
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 )
@@ -67,7 +68,7 @@ func TestNewErrors(t *testing.T) {
 
 func TestTimeoutDefaultsAndRounding(t *testing.T) {
 	tb := newTable(t, 1)
-	want := [numStates]uint32{0, 30, 900, 60, 10, 300}
+	want := [numStates]uint32{0, 30, 900, 60, 10, 300, 10}
 	if tb.timeouts != want {
 		t.Fatalf("default timeouts %v, want %v", tb.timeouts, want)
 	}
@@ -77,7 +78,7 @@ func TestTimeoutDefaultsAndRounding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = [numStates]uint32{0, 2, 1, 2, 10, 300}
+	want = [numStates]uint32{0, 2, 1, 2, 10, 300, 10}
 	if tb.timeouts != want {
 		t.Fatalf("timeouts %v, want %v", tb.timeouts, want)
 	}
@@ -139,7 +140,7 @@ func TestInsertLookupDelete(t *testing.T) {
 }
 
 func TestTCPTransitions(t *testing.T) {
-	S, E, F, C := StateSynRecv, StateEstablished, StateFin, StateClose
+	S, E, F, C, U := StateSynRecv, StateEstablished, StateFin, StateClose, StateUnconfirmed
 	tests := []struct {
 		from  State
 		flags uint8
@@ -151,6 +152,8 @@ func TestTCPTransitions(t *testing.T) {
 		{F, ack, F}, {F, fin | ack, F}, {F, rst, C}, {F, syn, S},
 		{C, ack, C}, {C, fin, C}, {C, rst, C}, {C, syn, S},
 		{StateUDP, syn, StateUDP}, {StateUDP, rst, StateUDP},
+		{U, ack, U}, {U, psh | ack, U}, {U, fin | ack, U}, {U, fin, U}, {U, 0, U},
+		{U, syn, S}, {U, rst, C}, {U, rst | ack, C},
 	}
 	for _, tc := range tests {
 		t.Run(tc.from.String()+"/"+flagNames(tc.flags), func(t *testing.T) {
@@ -177,9 +180,19 @@ func TestTCPTransitions(t *testing.T) {
 			} else if tb.HalfOpen() != want {
 				t.Fatalf("HalfOpen %d, want %d", tb.HalfOpen(), want)
 			}
+			if want := b2i(tc.to == U); tb.Unconfirmed() != want {
+				t.Fatalf("Unconfirmed %d, want %d", tb.Unconfirmed(), want)
+			}
 			mustCheck(t, tb, testHash)
 		})
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func flagNames(f uint8) string {
@@ -203,14 +216,14 @@ func flagNames(f uint8) string {
 func TestExpiryByState(t *testing.T) {
 	tb, err := New(Config{Capacity: 16, Timeouts: Timeouts{
 		SynRecv: 5 * time.Second, Established: 50 * time.Second, Fin: 7 * time.Second,
-		Close: 3 * time.Second, UDP: 20 * time.Second,
+		Close: 3 * time.Second, UDP: 20 * time.Second, Unconfirmed: 4 * time.Second,
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	timeout := map[State]uint32{StateSynRecv: 5, StateEstablished: 50, StateFin: 7, StateClose: 3, StateUDP: 20}
+	timeout := map[State]uint32{StateSynRecv: 5, StateEstablished: 50, StateFin: 7, StateClose: 3, StateUDP: 20, StateUnconfirmed: 4}
 	const start = 4_000_000_000 // near the uint32 wrap: times wrap during the test
-	for s := StateSynRecv; s <= StateUDP; s++ {
+	for s := StateSynRecv; s <= StateUnconfirmed; s++ {
 		k := testKey(int(s))
 		insert(t, tb, k, uint16(s), s, start)
 	}
@@ -218,7 +231,7 @@ func TestExpiryByState(t *testing.T) {
 		if n := tb.Expire(now, 64); n > 1 {
 			t.Fatalf("now=start+%d: Expire reclaimed %d at once", now-start, n)
 		}
-		for s := StateSynRecv; s <= StateUDP; s++ {
+		for s := StateSynRecv; s <= StateUnconfirmed; s++ {
 			k := testKey(int(s))
 			alive := now-start <= timeout[s]
 			// Lookup would reclaim; peek at the chain instead.
@@ -232,7 +245,7 @@ func TestExpiryByState(t *testing.T) {
 		}
 		mustCheck(t, tb, testHash)
 	}
-	if tb.Len() != 0 || tb.Stats().Expired != 5 {
+	if tb.Len() != 0 || tb.Stats().Expired != 6 {
 		t.Fatalf("Len %d, Expired %d", tb.Len(), tb.Stats().Expired)
 	}
 }
@@ -385,6 +398,121 @@ func TestSYNFlood(t *testing.T) {
 	mustCheck(t, tb, testHash)
 }
 
+// TestUnconfirmedFlood fills the table with unconfirmed entries (spoofed mid-flow
+// packets) among half-open ones: new entries evict the least recently seen unconfirmed
+// entry first, then half-open ones; a reply confirms an entry, which is then safe.
+func TestUnconfirmedFlood(t *testing.T) {
+	const capacity = 8
+	tb := newTable(t, capacity)
+	insert(t, tb, testKey(0), 1, StateSynRecv, 0)
+	for i := 1; i < capacity; i++ {
+		insert(t, tb, testKey(i), 1, StateUnconfirmed, 0)
+	}
+	// Entry 1 is seen again: it is now the most recently seen unconfirmed entry.
+	k1 := testKey(1)
+	if _, ok := tb.LookupTCP(&k1, testHash(&k1), ack, 1); !ok {
+		t.Fatal("entry 1 missing")
+	}
+	// Entry 2's member answers: it is confirmed, established, and never evicted.
+	k2 := testKey(2)
+	if m, ok := tb.LookupReply(&k2, testHash(&k2), StateEstablished, 1); !ok || m != 1 {
+		t.Fatalf("LookupReply = %d, %v", m, ok)
+	}
+	if _, s, _ := tb.Lookup(&k2, testHash(&k2), 1); s != StateEstablished || tb.Unconfirmed() != capacity-2 {
+		t.Fatalf("after the reply: state %v, Unconfirmed %d", s, tb.Unconfirmed())
+	}
+	// SYNs evict 3, 4, 5, 6, 7, 1 (least recently seen first), then the half-open 0,
+	// then the SYNs' own entries.
+	var order []int
+	for n := range capacity {
+		k := testKey(100 + n)
+		present := map[int]bool{}
+		for i := range capacity {
+			ki := testKey(i)
+			_, _, present[i] = tb.Lookup(&ki, testHash(&ki), 2)
+		}
+		if ev, ok := tb.Insert(&k, testHash(&k), 2, StateSynRecv, 2); !ok || !ev {
+			t.Fatalf("SYN %d into a full table: evicted %v, ok %v", n, ev, ok)
+		}
+		for i := range capacity {
+			ki := testKey(i)
+			if _, _, ok := tb.Lookup(&ki, testHash(&ki), 2); present[i] && !ok {
+				order = append(order, i)
+			}
+		}
+		mustCheck(t, tb, testHash)
+	}
+	if want := []int{3, 4, 5, 6, 7, 1, 0}; !slices.Equal(order, want) {
+		t.Fatalf("evicted %v, want %v", order, want)
+	}
+	if _, s, ok := tb.Lookup(&k2, testHash(&k2), 2); !ok || s != StateEstablished {
+		t.Fatalf("the confirmed entry: %v %v", s, ok)
+	}
+	if st := tb.Stats(); st.Evictions != capacity || st.EvictedUnconfirmed != 6 || st.Confirmed != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestUnconfirmedTimeout checks that an unconfirmed entry lives its short timeout
+// while only the client sends, and the timeout of its confirmed state once the member
+// replies; a reply to a UDP flow confirms it as UDP.
+func TestUnconfirmedTimeout(t *testing.T) {
+	tb := newTable(t, 16)
+	tcp, udp, quiet := testKey(1), testKey(2), testKey(3)
+	for _, k := range []Key{tcp, udp, quiet} {
+		insert(t, tb, k, 1, StateUnconfirmed, 100)
+	}
+	// The client keeps sending to tcp: each packet refreshes it for 10 s only.
+	for now := uint32(101); now <= 130; now++ {
+		if _, ok := tb.LookupTCP(&tcp, testHash(&tcp), ack, now); !ok {
+			t.Fatalf("tcp lost at %d", now)
+		}
+		tb.Expire(now, 64)
+	}
+	if _, _, ok := tb.Lookup(&quiet, testHash(&quiet), 130); ok {
+		t.Fatal("an unconfirmed entry outlived its 10 s")
+	}
+	if _, _, ok := tb.Lookup(&udp, testHash(&udp), 130); ok {
+		t.Fatal("an unconfirmed UDP entry outlived its 10 s")
+	}
+	udp = testKey(4)
+	insert(t, tb, udp, 1, StateUnconfirmed, 130)
+	if _, ok := tb.LookupReply(&tcp, testHash(&tcp), StateEstablished, 130); !ok {
+		t.Fatal("LookupReply missed tcp")
+	}
+	if _, ok := tb.LookupReply(&udp, testHash(&udp), StateUDP, 130); !ok {
+		t.Fatal("LookupReply missed udp")
+	}
+	for _, tc := range []struct {
+		k     Key
+		state State
+	}{{tcp, StateEstablished}, {udp, StateUDP}} {
+		if _, s, ok := tb.Lookup(&tc.k, testHash(&tc.k), 400); !ok || s != tc.state {
+			t.Fatalf("at 400: %v %v, want %v", s, ok, tc.state)
+		}
+	}
+	// A reply refreshes a confirmed entry, but not a half-open one.
+	if _, ok := tb.LookupReply(&udp, testHash(&udp), StateUDP, 420); !ok {
+		t.Fatal("LookupReply missed udp")
+	}
+	if _, _, ok := tb.Lookup(&udp, testHash(&udp), 720); !ok {
+		t.Fatal("a reply did not refresh the UDP entry")
+	}
+	syn := testKey(5)
+	insert(t, tb, syn, 1, StateSynRecv, 700)
+	if _, ok := tb.LookupReply(&syn, testHash(&syn), StateEstablished, 720); !ok {
+		t.Fatal("LookupReply missed the half-open entry")
+	}
+	if _, _, ok := tb.Lookup(&syn, testHash(&syn), 731); ok {
+		t.Fatal("a reply refreshed or confirmed a half-open entry")
+	}
+	absent := testKey(6)
+	if _, ok := tb.LookupReply(&absent, testHash(&absent), StateEstablished, 731); ok {
+		t.Fatal("LookupReply found an absent key")
+	}
+	mustCheck(t, tb, testHash)
+}
+
 func TestFullTableReclaimsExpired(t *testing.T) {
 	tb := newTable(t, 50)
 	for i := range 50 {
@@ -410,7 +538,7 @@ func TestFullTableReclaimsExpired(t *testing.T) {
 func TestInsertInvalidState(t *testing.T) {
 	tb := newTable(t, 4)
 	k := testKey(1)
-	for _, s := range []State{0, StateUDP + 1, 255} {
+	for _, s := range []State{0, StateUnconfirmed + 1, 255} {
 		if _, ok := tb.Insert(&k, testHash(&k), 1, s, 0); ok {
 			t.Fatalf("Insert with state %v succeeded", s)
 		}
@@ -526,7 +654,7 @@ func TestMemory(t *testing.T) {
 	}
 	// 10M entries in ≤ 1 GiB, computed from the layout (BenchmarkMemory10M builds it).
 	const tenM = 10_000_000
-	bytes := (tenM+3+wheelSlots)*int(EntrySize()) + (1<<24)*4 + (1<<16)*4
+	bytes := (tenM+4+wheelSlots)*int(EntrySize()) + (1<<24)*4 + (1<<16)*4
 	if bytes > 1<<30 {
 		t.Errorf("10M entries take %d bytes", bytes)
 	}
@@ -546,7 +674,7 @@ func TestClock(t *testing.T) {
 func TestStateString(t *testing.T) {
 	for s, want := range map[State]string{
 		StateSynRecv: "syn_recv", StateEstablished: "established", StateFin: "fin",
-		StateClose: "close", StateUDP: "udp", 0: "state(0)",
+		StateClose: "close", StateUDP: "udp", StateUnconfirmed: "unconfirmed", 0: "state(0)",
 	} {
 		if s.String() != want {
 			t.Errorf("%d: %q, want %q", s, s.String(), want)
