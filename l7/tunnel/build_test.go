@@ -3,6 +3,8 @@ package tunnel
 import (
 	"encoding/binary"
 	"net/netip"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
 // Packet builders for tests: correct headers and checksums, as a real LD or client
@@ -30,7 +32,7 @@ func ipPacket(src, dst netip.Addr, proto uint8, payload []byte, csumOff int) []b
 		if proto != protoICMP {
 			init = pseudoSum(src, dst, proto, len(payload))
 		}
-		c := checksum(payload, init)
+		c := wire.Checksum(payload, init)
 		if c == 0 && proto == protoUDP {
 			c = 0xffff
 		}
@@ -46,7 +48,7 @@ func ipPacket(src, dst netip.Addr, proto uint8, payload []byte, csumOff int) []b
 		h[9] = proto
 		copy(h[12:16], src.AsSlice())
 		copy(h[16:20], dst.AsSlice())
-		binary.BigEndian.PutUint16(h[10:], checksum(h, 0))
+		binary.BigEndian.PutUint16(h[10:], wire.Checksum(h, 0))
 		return append(h, payload...)
 	}
 	h := make([]byte, 40, 40+len(payload))
@@ -100,26 +102,22 @@ func greWrap(inner []byte, key, csum bool) []byte {
 	var flags uint16
 	hl := 4
 	if csum {
-		flags |= greChecksum
+		flags |= wire.GREChecksum
 		hl += 4
 	}
 	if key {
-		flags |= greKey
+		flags |= wire.GREKey
 		hl += 4
 	}
 	g := make([]byte, hl, hl+len(inner))
 	binary.BigEndian.PutUint16(g[0:], flags)
-	pt := uint16(etherIPv4)
-	if inner[0]>>4 == 6 {
-		pt = etherIPv6
-	}
-	binary.BigEndian.PutUint16(g[2:], pt)
+	binary.BigEndian.PutUint16(g[2:], wire.GREProtocol(inner[0]>>4 == 6))
 	if key {
 		binary.BigEndian.PutUint32(g[hl-4:], 0xdeadbeef)
 	}
 	g = append(g, inner...)
 	if csum {
-		binary.BigEndian.PutUint16(g[4:], checksum(g, 0))
+		binary.BigEndian.PutUint16(g[4:], wire.Checksum(g, 0))
 	}
 	return g
 }

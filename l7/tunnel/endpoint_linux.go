@@ -19,6 +19,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
 // Endpoint is a running tunnel endpoint: a TUN device carrying the VIPs, the policy
@@ -384,16 +386,10 @@ func (w *writer) run() error {
 		var proto uint8
 		if p.mode == modeGRE {
 			proto = protoGRE
-			w.buf[0], w.buf[1], w.buf[2], w.buf[3] = 0, 0, etherIPv4>>8, etherIPv4&0xff
-			if pkt[0]>>4 == 6 {
-				w.buf[2], w.buf[3] = etherIPv6>>8, etherIPv6&0xff
-			}
+			wire.PutGRE(w.buf, wire.GREProtocol(pkt[0]>>4 == 6))
 			w.out = w.buf[:greHeaderLen+n]
 		} else {
-			proto = protoIPIP
-			if pkt[0]>>4 == 6 {
-				proto = protoIPv6
-			}
+			proto = wire.IPIPProto(pkt[0]>>4 == 6)
 			w.out = pkt
 		}
 		s := e.sock(p.v6, proto)

@@ -15,6 +15,10 @@
 // the raw socket, which builds the outer IP header. A reply that matches no flow goes to
 // the LD if exactly one has been seen lately, and is dropped otherwise.
 //
+// The tunnel format and the rules a tunnel packet must pass (GRE flags and checksum,
+// protocol types, inner version) are package wire's, which the LDs apply to the replies
+// too: a packet one end of the tunnel accepts, the other accepts.
+//
 // Every packet is counted in tiergate_l7_tunnel_packets_total{dir,result}; the flows
 // tracked are tiergate_l7_tunnel_flows.
 package tunnel

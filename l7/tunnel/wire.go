@@ -2,42 +2,24 @@ package tunnel
 
 import (
 	"encoding/binary"
-	"errors"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
-// IP protocol numbers of the tunnels and of what is inside them.
+// IP protocol numbers of the tunnels (package wire's) and of what is inside them.
 const (
 	protoICMP   = 1
-	protoIPIP   = 4 // IPv4 inside IP
+	protoIPIP   = wire.ProtoIPIP // IPv4 inside IP
 	protoTCP    = 6
 	protoUDP    = 17
-	protoIPv6   = 41 // IPv6 inside IP
-	protoGRE    = 47
+	protoIPv6   = wire.ProtoIPv6 // IPv6 inside IP
+	protoGRE    = wire.ProtoGRE
 	protoICMPv6 = 58
 )
 
-// GRE protocol types (EtherTypes) of the inner packet.
-const (
-	etherIPv4 = 0x0800
-	etherIPv6 = 0x86dd
-)
-
-// GRE header flag bits (RFC 2784, RFC 2890).
-const (
-	greChecksum   = 0x8000
-	greRouting    = 0x4000
-	greKey        = 0x2000
-	greSeq        = 0x1000
-	greStrict     = 0x0800
-	greRecursion  = 0x0700
-	greReserved0  = 0x00f8
-	greVersion    = 0x0007
-	greHeaderBase = 4
-)
-
-// greHeaderLen is the GRE header this endpoint prepends to replies: no checksum, key or
-// sequence number.
-const greHeaderLen = greHeaderBase
+// greHeaderLen is the GRE header this endpoint prepends to replies, [wire.PutGRE]'s: no
+// checksum, key or sequence number.
+const greHeaderLen = wire.GREHeaderLen
 
 // mode is how a packet was, or is to be, encapsulated.
 type mode uint8
@@ -57,12 +39,13 @@ func (m mode) String() string {
 	return "none"
 }
 
-// Parse errors; each maps to a result label of tiergate_l7_tunnel_packets_total.
+// Parse errors, wire's for the outer and inner packets alike; each maps to a result
+// label of tiergate_l7_tunnel_packets_total.
 var (
-	errTruncated   = errors.New("tunnel: truncated packet")
-	errMalformed   = errors.New("tunnel: malformed packet")
-	errUnsupported = errors.New("tunnel: unsupported encapsulation")
-	errChecksum    = errors.New("tunnel: bad GRE checksum")
+	errTruncated   = wire.ErrTruncated
+	errMalformed   = wire.ErrMalformed
+	errUnsupported = wire.ErrUnsupported
+	errChecksum    = wire.ErrChecksum
 )
 
 // outer4 parses the IPv4 header of a packet read from an IPv4 raw socket and returns its
@@ -88,72 +71,19 @@ func outer4(b []byte) (src, dst [4]byte, proto uint8, payload []byte, err error)
 }
 
 // decapsulate returns the inner packet of a tunnel payload p (what follows the outer IP
-// header) carried with outer protocol proto, and the mode it came in. The inner packet's
-// IP version must agree with the tunnel's protocol type; its own header is checked by
-// parseFlow.
+// header) carried with outer protocol proto, and the mode it came in. The rules are
+// [wire.Decap]'s, the ones l4d applies to the same packets; the inner header past its
+// version and fixed length is checked by parseFlow.
 func decapsulate(proto uint8, p []byte) (inner []byte, m mode, err error) {
-	var wantVersion byte
-	switch proto {
-	case protoIPIP:
-		inner, m, wantVersion = p, modeIPIP, 4
-	case protoIPv6:
-		inner, m, wantVersion = p, modeIPIP, 6
-	case protoGRE:
-		if len(p) < greHeaderBase {
-			return nil, 0, errTruncated
-		}
-		flags := binary.BigEndian.Uint16(p[0:2])
-		if flags&(greRouting|greStrict|greRecursion|greReserved0|greVersion) != 0 {
-			return nil, 0, errUnsupported
-		}
-		hl := greHeaderBase
-		for _, bit := range [...]uint16{greChecksum, greKey, greSeq} {
-			if flags&bit != 0 {
-				hl += 4
-			}
-		}
-		if len(p) < hl {
-			return nil, 0, errTruncated
-		}
-		if flags&greChecksum != 0 && checksum(p, 0) != 0 {
-			return nil, 0, errChecksum
-		}
-		switch binary.BigEndian.Uint16(p[2:4]) {
-		case etherIPv4:
-			wantVersion = 4
-		case etherIPv6:
-			wantVersion = 6
-		default:
-			return nil, 0, errUnsupported
-		}
-		inner, m = p[hl:], modeGRE
-	default:
-		return nil, 0, errUnsupported
+	var t wire.Tunnel
+	if err := wire.Decap(proto, p, &t); err != nil {
+		return nil, 0, err
 	}
-	if len(inner) == 0 {
-		return nil, 0, errTruncated
+	m = modeIPIP
+	if proto == protoGRE {
+		m = modeGRE
 	}
-	if inner[0]>>4 != wantVersion {
-		return nil, 0, errMalformed
-	}
-	return inner, m, nil
-}
-
-// checksum is the Internet checksum (RFC 1071) of b, starting from the partial sum
-// initial: 0 when b carries a correct checksum of itself.
-func checksum(b []byte, initial uint32) uint16 {
-	sum := initial
-	for len(b) >= 2 {
-		sum += uint32(b[0])<<8 | uint32(b[1])
-		b = b[2:]
-	}
-	if len(b) == 1 {
-		sum += uint32(b[0]) << 8
-	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
+	return p[t.Inner:], m, nil
 }
 
 // flowKey identifies one direction of a flow: addresses (IPv4 in the first four bytes),

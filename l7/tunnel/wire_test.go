@@ -3,8 +3,12 @@ package tunnel
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"testing"
+
+	"github.com/tiergate/tiergate/l4/packet"
+	"github.com/tiergate/tiergate/wire"
 )
 
 var (
@@ -17,42 +21,107 @@ var (
 	vip6   = netip.MustParseAddrPort("[2001:db8:ff::10]:443")
 )
 
-func TestDecapsulate(t *testing.T) {
+// TestTiersAgree runs tunnel packets through both ends of the tunnel, l4d's
+// (packet.Parse and packet.Decap on the frame, as a member's reply reaches an LD) and
+// l7d's (outer4 and decapsulate, or decapsulate alone for IPv6, as the raw sockets
+// read them), over an IPv4 and an IPv6 outer header. Both must give the answer of
+// wire's rules: the same inner packet, or a refusal of the same kind. Before the rules
+// were shared, the reserved-bit and bad-checksum cases passed l4d and not l7d, the
+// route and recursion cases were refused for different reasons, and a cut inner header
+// was refused by l4d alone.
+func TestTiersAgree(t *testing.T) {
 	syn := tcpPacket(client, vip, 1, 0, tcpSYN, nil)
 	syn6 := tcpPacket(cl6, vip6, 1, 0, tcpSYN, nil)
-	badSum := greWrap(syn, false, true)
-	badSum[5] ^= 1
-	for _, tc := range []struct {
-		name  string
-		proto uint8
-		p     []byte
-		inner []byte
-		mode  mode
-		err   error
+	badSum := greWrap(syn, true, true)
+	badSum[len(badSum)-1] ^= 1
+	gre := func(hdr []byte, inner []byte) []byte { return append(bytes.Clone(hdr), inner...) }
+	allFields := []byte{0xb0, 0, 0x08, 0, 0, 0, 0, 0, 0, 0, 0, 42, 0, 0, 0, 1}
+	allFields = gre(allFields, syn)
+	binary.BigEndian.PutUint16(allFields[4:], wire.Checksum(allFields, 0))
+	ld6 := netip.MustParseAddr("2001:db8:1::11")
+	cases := []struct {
+		name    string
+		proto   uint8
+		payload []byte
+		err     error // wire's kind of refusal; nil: accepted
+		mode    mode
+		inner   []byte
 	}{
-		{"gre v4", protoGRE, greWrap(syn, false, false), syn, modeGRE, nil},
-		{"gre v6", protoGRE, greWrap(syn6, false, false), syn6, modeGRE, nil},
-		{"gre key", protoGRE, greWrap(syn, true, false), syn, modeGRE, nil},
-		{"gre key checksum", protoGRE, greWrap(syn, true, true), syn, modeGRE, nil},
-		{"gre bad checksum", protoGRE, badSum, nil, 0, errChecksum},
-		{"gre seq", protoGRE, append([]byte{0x10, 0, 0x08, 0, 0, 0, 0, 1}, syn...), syn, modeGRE, nil},
-		{"gre routing", protoGRE, append([]byte{0x40, 0, 0x08, 0}, syn...), nil, 0, errUnsupported},
-		{"gre version 1", protoGRE, append([]byte{0x00, 1, 0x88, 0x0b}, syn...), nil, 0, errUnsupported},
-		{"gre recursion", protoGRE, append([]byte{0x01, 0, 0x08, 0}, syn...), nil, 0, errUnsupported},
-		{"gre ethernet", protoGRE, append([]byte{0, 0, 0x65, 0x58}, syn...), nil, 0, errUnsupported},
-		{"gre short", protoGRE, []byte{0, 0, 8}, nil, 0, errTruncated},
-		{"gre key missing", protoGRE, []byte{0x20, 0, 8, 0, 1, 2}, nil, 0, errTruncated},
-		{"gre empty inner", protoGRE, []byte{0, 0, 8, 0}, nil, 0, errTruncated},
-		{"gre v4 type carrying v6", protoGRE, append([]byte{0, 0, 0x08, 0}, syn6...), nil, 0, errMalformed},
-		{"ipip", protoIPIP, syn, syn, modeIPIP, nil},
-		{"ipip v6", protoIPv6, syn6, syn6, modeIPIP, nil},
-		{"ipip wrong version", protoIPIP, syn6, nil, 0, errMalformed},
-		{"ipip empty", protoIPIP, nil, nil, 0, errTruncated},
-		{"udp", protoUDP, syn, nil, 0, errUnsupported},
-	} {
-		inner, m, err := decapsulate(tc.proto, tc.p)
-		if err != tc.err || m != tc.mode || !bytes.Equal(inner, tc.inner) {
-			t.Errorf("%s: got %v, %v, % x; want %v, %v", tc.name, m, err, inner, tc.mode, tc.err)
+		{"gre v4", protoGRE, greWrap(syn, false, false), nil, modeGRE, syn},
+		{"gre v6", protoGRE, greWrap(syn6, false, false), nil, modeGRE, syn6},
+		{"gre key", protoGRE, greWrap(syn, true, false), nil, modeGRE, syn},
+		{"gre key checksum", protoGRE, greWrap(syn6, true, true), nil, modeGRE, syn6},
+		{"gre checksum key seq", protoGRE, allFields, nil, modeGRE, syn},
+		{"gre seq", protoGRE, gre([]byte{0x10, 0, 0x08, 0, 0, 0, 0, 1}, syn), nil, modeGRE, syn},
+		{"gre bad checksum", protoGRE, badSum, wire.ErrChecksum, 0, nil},
+		{"gre reserved bits", protoGRE, gre([]byte{0, 0xf8, 0x08, 0}, syn), wire.ErrUnsupported, 0, nil},
+		{"gre reserved bit 0x08", protoGRE, gre([]byte{0, 0x08, 0x08, 0}, syn), wire.ErrUnsupported, 0, nil},
+		{"gre strict route", protoGRE, gre([]byte{0x08, 0, 0x08, 0}, syn), wire.ErrUnsupported, 0, nil},
+		{"gre recursion", protoGRE, gre([]byte{0x01, 0, 0x08, 0}, syn), wire.ErrUnsupported, 0, nil},
+		{"gre routing", protoGRE, gre([]byte{0x40, 0, 0x08, 0, 0, 0, 0, 0}, syn), wire.ErrUnsupported, 0, nil},
+		{"gre version 1", protoGRE, gre([]byte{0x30, 1, 0x88, 0x0b, 0, 0, 0, 0, 0, 0, 0, 0}, syn), wire.ErrUnsupported, 0, nil},
+		{"gre ethernet", protoGRE, gre([]byte{0, 0, 0x65, 0x58}, syn), wire.ErrUnsupported, 0, nil},
+		{"gre v4 type carries v6", protoGRE, gre([]byte{0, 0, 0x08, 0}, syn6), wire.ErrMalformed, 0, nil},
+		{"gre v6 type carries v4", protoGRE, gre([]byte{0, 0, 0x86, 0xdd}, gre(syn, make([]byte, 20))), wire.ErrMalformed, 0, nil},
+		{"gre header cut", protoGRE, []byte{0, 0, 8}, wire.ErrTruncated, 0, nil},
+		{"gre key cut", protoGRE, []byte{0x20, 0, 8, 0, 1, 2}, wire.ErrTruncated, 0, nil},
+		{"gre empty inner", protoGRE, []byte{0, 0, 8, 0}, wire.ErrTruncated, 0, nil},
+		{"gre inner header cut", protoGRE, gre([]byte{0, 0, 8, 0}, syn[:12]), wire.ErrTruncated, 0, nil},
+		{"gre inner v6 header cut", protoGRE, gre([]byte{0, 0, 0x86, 0xdd}, syn6[:30]), wire.ErrTruncated, 0, nil},
+		{"ipip", protoIPIP, syn, nil, modeIPIP, syn},
+		{"ipip v6", protoIPv6, syn6, nil, modeIPIP, syn6},
+		{"ipip carries v6", protoIPIP, syn6, wire.ErrMalformed, 0, nil},
+		{"ipv6-in-ip carries v4", protoIPv6, gre(syn, make([]byte, 20)), wire.ErrMalformed, 0, nil},
+		{"ipip header cut", protoIPIP, syn[:19], wire.ErrTruncated, 0, nil},
+		{"ipip empty", protoIPIP, nil, wire.ErrTruncated, 0, nil},
+		{"udp", protoUDP, udpPacket(client, vip, nil)[20:], wire.ErrUnsupported, 0, nil},
+	}
+	// l4Kind is the wire error of the same kind as an error of packet.Decap.
+	l4Kind := map[error]error{
+		nil: nil, packet.ErrTruncated: wire.ErrTruncated, packet.ErrMalformed: wire.ErrMalformed,
+		packet.ErrUnsupported: wire.ErrUnsupported, packet.ErrChecksum: wire.ErrChecksum,
+	}
+	for _, tc := range cases {
+		for _, outerSrc := range []netip.Addr{ld, ld6} {
+			name := fmt.Sprintf("%s over IPv%d", tc.name, map[bool]int{true: 4, false: 6}[outerSrc.Is4()])
+			dst, et := local, []byte{0x08, 0}
+			if outerSrc.Is6() {
+				dst, et = netip.MustParseAddr("2001:db8:1::2"), []byte{0x86, 0xdd}
+			}
+			outer := ipPacket(outerSrc, dst, tc.proto, bytes.Clone(tc.payload), -1)
+
+			// l7d: an IPv4 raw socket reads the outer header, an IPv6 one does not.
+			var payload []byte
+			if outerSrc.Is4() {
+				_, _, proto, pl, err := outer4(outer)
+				if err != nil || proto != tc.proto {
+					t.Fatalf("%s: outer4: %v, protocol %d", name, err, proto)
+				}
+				payload = pl
+			} else {
+				payload = outer[40:]
+			}
+			inner7, m, err7 := decapsulate(tc.proto, payload)
+
+			// l4d: the frame on the internal port.
+			frame := append(append(make([]byte, 12, 14+len(outer)), et...), outer...)
+			var p packet.Packet
+			if err := packet.Parse(frame, &p); err != nil {
+				t.Fatalf("%s: packet.Parse: %v", name, err)
+			}
+			off, n, err4 := packet.Decap(frame, &p)
+			kind4, ok := l4Kind[err4]
+			if !ok {
+				t.Fatalf("%s: packet.Decap: unexpected error %v", name, err4)
+			}
+
+			switch {
+			case kind4 != tc.err || err7 != tc.err:
+				t.Errorf("%s: l4d says %v (%v), l7d says %v; want %v", name, kind4, err4, err7, tc.err)
+			case tc.err != nil:
+			case !bytes.Equal(frame[off:off+n], tc.inner) || !bytes.Equal(inner7, tc.inner) || m != tc.mode:
+				t.Errorf("%s: l4d inner % x, l7d inner % x (%v); want % x (%v)", name, frame[off:off+n], inner7, m, tc.inner, tc.mode)
+			}
 		}
 	}
 }
@@ -153,7 +222,9 @@ func TestICMPQuote(t *testing.T) {
 	}
 }
 
-func FuzzDecap(f *testing.F) {
+// FuzzInbound fuzzes l7d's parsing of what an IPv4 raw socket reads: outer header,
+// decapsulation (whose rules wire.FuzzDecode covers), inner packet, ICMP quote.
+func FuzzInbound(f *testing.F) {
 	syn := tcpPacket(client, vip, 1, 0, tcpSYN, nil)
 	f.Add(outerIPv4(ld, local, protoGRE, greWrap(syn, true, true)))
 	f.Add(outerIPv4(ld, local, protoIPIP, syn))
