@@ -2,18 +2,20 @@ package l7
 
 import (
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/policy/route"
 )
 
@@ -70,15 +72,11 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// ListenerConfig is one address served over TCP (TLS 1.2 and 1.3, HTTP/1.1 and HTTP/2
-// by ALPN) and, on the same port, UDP (QUIC v1, HTTP/3).
+// ListenerConfig is one listener as a program hands it to NewServer: its settings
+// (Listener, the model a configuration file or the control plane holds), and what only
+// a program can give, a TLS configuration and a listener wrapper.
 type ListenerConfig struct {
-	// Name identifies the listener in metrics and logs. Required, unique.
-	Name string
-
-	// Addr is the "ip:port" to listen on, over TCP and, unless DisableHTTP3, UDP on the
-	// same port. Port 0 picks a free port (the same for both). Default ":443".
-	Addr string
+	Listener
 
 	// TLS is the base TLS configuration: a certificate (GetCertificate or
 	// Certificates) and session ticket keys. It is cloned once per protocol and its
@@ -87,39 +85,6 @@ type ListenerConfig struct {
 	// Required.
 	TLS *tls.Config
 
-	// DisableHTTP3 turns the UDP side off: no QUIC listener and no Alt-Svc header.
-	// Default false (HTTP/3 on).
-	DisableHTTP3 bool
-
-	// TCPKeepAlive is the idle time after which the kernel probes an accepted TCP
-	// connection (TCP keepalive, with Go's default interval and count). Default 0:
-	// off, as in nginx and haproxy: IdleTimeout already closes idle connections,
-	// and turning keepalive on costs four setsockopt calls per accepted connection,
-	// which is measurable on full handshakes.
-	TCPKeepAlive time.Duration
-
-	// DeferAccept is how long the kernel keeps a new TCP connection that has sent
-	// nothing from accept (TCP_DEFER_ACCEPT, in whole seconds): a connection reaches
-	// l7d with its ClientHello (or PROXY header) already there, so the first read
-	// never waits, which saves a read and a wakeup per connection. A connection still
-	// silent after it is accepted then, and HandshakeTimeout runs from there; the
-	// client sees its connection open from the start either way. Default 0: one
-	// second; negative turns it off.
-	DeferAccept time.Duration
-
-	// QUICServerID, when not 0, makes the QUIC side issue 8-byte connection IDs that
-	// carry this server ID in clear (package l4/quiccid, QUIC-LB's plaintext format),
-	// so L4 distributors send all of a connection's packets to this node by its
-	// connection ID, even after the client's address changes. It must be unique among
-	// the nodes behind the same distributors and equal this node's quic_id in their
-	// pools. Default 0: quic-go's random connection IDs.
-	QUICServerID uint16
-
-	// Pool names the backend pool (a key of Config.Backends) that requests on this
-	// listener go to, in the simple form. Required without Config.Routing, refused
-	// with it.
-	Pool string
-
 	// WrapListener, when set, wraps the listener's TCP socket once, at Start, before
 	// any connection is accepted; TLS runs over the connections the wrapper returns.
 	// It is how a PROXY protocol reader (clientip.NewListenerWithOptions) goes in
@@ -127,186 +92,271 @@ type ListenerConfig struct {
 	// ConnInfo.Source what clientip.ConnPeer tells. The wrapper owns the socket: its
 	// Close must close it. Reload does not look at this field. Default none.
 	WrapListener func(net.Listener) (net.Listener, error)
+}
+
+// Listener is the settings of one address served over TCP (TLS 1.2 and 1.3, HTTP/1.1
+// and HTTP/2 by ALPN) and, on the same port, UDP (QUIC v1, HTTP/3): the model that
+// l7d's file and the control plane hold, with YAML and JSON names. The zero value of
+// every field means the default its comment gives; Defaults fills them in and Validate
+// checks them, naming fields by path. Only Pool may change on Reload; the others take
+// a restart.
+type Listener struct {
+	// Name identifies the listener in metrics and logs, and names its routing and
+	// its blacklist. Required, unique.
+	Name string `yaml:"name" json:"name"`
+
+	// Addr is the "ip:port" to listen on, over TCP and, unless DisableHTTP3, UDP on the
+	// same port. Port 0 picks a free port (the same for both). Default ":443".
+	Addr string `yaml:"addr" json:"addr"`
+
+	// Pool names the backend pool requests on this listener go to, in the simple form
+	// of routing (Config.Backends). Required without Config.Routing, refused with it.
+	Pool string `yaml:"pool,omitempty" json:"pool,omitempty"`
+
+	// DisableHTTP3 turns the UDP side off: no QUIC listener and no Alt-Svc header.
+	// Default false (HTTP/3 on).
+	DisableHTTP3 bool `yaml:"disable_http3,omitempty" json:"disable_http3,omitempty"`
+
+	// QUICServerID, when not 0, makes the QUIC side issue 8-byte connection IDs that
+	// carry this server ID (1 to 65535) in clear (QUIC-LB's plaintext format), so L4
+	// distributors send all of a connection's packets to this node by its connection
+	// ID, even after the client's address changes. It must be unique among the nodes
+	// behind the same distributors and equal this node's quic_id in their pools.
+	// Default 0: quic-go's random connection IDs.
+	QUICServerID uint16 `yaml:"quic_server_id,omitempty" json:"quic_server_id,omitempty"`
+
+	// TCPKeepAlive is the idle time after which the kernel probes an accepted TCP
+	// connection (TCP keepalive, with Go's default interval and count). Default 0:
+	// off, as in nginx and haproxy: IdleTimeout already closes idle connections,
+	// and turning keepalive on costs four setsockopt calls per accepted connection,
+	// which is measurable on full handshakes.
+	TCPKeepAlive config.Duration `yaml:"tcp_keepalive,omitempty" json:"tcp_keepalive,omitempty"`
+
+	// DeferAccept is how long the kernel keeps a new TCP connection that has sent
+	// nothing from accept (TCP_DEFER_ACCEPT, in whole seconds): a connection reaches
+	// l7d with its ClientHello (or PROXY header) already there, so the first read
+	// never waits, which saves a read and a wakeup per connection. A connection still
+	// silent after it is accepted then, and HandshakeTimeout runs from there; the
+	// client sees its connection open from the start either way. Default 1s; negative
+	// turns it off.
+	DeferAccept config.Duration `yaml:"defer_accept,omitempty" json:"defer_accept,omitempty"`
 
 	// HandshakeTimeout bounds the TLS handshake over TCP, and the QUIC handshake.
 	// Default 10s.
-	HandshakeTimeout time.Duration
+	HandshakeTimeout config.Duration `yaml:"handshake_timeout,omitempty" json:"handshake_timeout,omitempty"`
 
 	// ReadHeaderTimeout bounds reading a request's headers (HTTP/1.1, HTTP/2), and
 	// on HTTP/1.1 the wait for the first request of a new connection. Default 10s.
-	ReadHeaderTimeout time.Duration
+	ReadHeaderTimeout config.Duration `yaml:"read_header_timeout,omitempty" json:"read_header_timeout,omitempty"`
 
 	// ReadTimeout bounds reading a whole request, body included (HTTP/1.1, HTTP/2).
 	// Default 60s.
-	ReadTimeout time.Duration
-
-	// IdleTimeout closes a connection with no request in progress for this long.
-	// Default 60s.
-	IdleTimeout time.Duration
+	ReadTimeout config.Duration `yaml:"read_timeout,omitempty" json:"read_timeout,omitempty"`
 
 	// WriteTimeout bounds writing a response to a client that stops reading: one
 	// response on HTTP/1.1; on HTTP/2 the connection is closed when no byte could be
 	// written for this long. HTTP/3 relies on QUIC's idle timeout. Default 30s.
-	WriteTimeout time.Duration
+	WriteTimeout config.Duration `yaml:"write_timeout,omitempty" json:"write_timeout,omitempty"`
+
+	// IdleTimeout closes a connection with no request in progress for this long.
+	// Default 60s.
+	IdleTimeout config.Duration `yaml:"idle_timeout,omitempty" json:"idle_timeout,omitempty"`
 
 	// MaxHeaderBytes bounds a request's header block; beyond it the answer is 431.
-	// On HTTP/1.1 it is also the size of the connection's read buffer. Default 64 KiB.
-	MaxHeaderBytes int
+	// On HTTP/1.1 it is also the size of the connection's read buffer. At least
+	// 1024. Default 64 KiB.
+	MaxHeaderBytes int `yaml:"max_header_bytes,omitempty" json:"max_header_bytes,omitempty"`
 
 	// MaxConns bounds the connections open on this listener, TCP and QUIC together;
 	// beyond it a new connection is closed at accept (refused, for QUIC) and counted
 	// in tiergate_l7_connections_rejected_total. Default 10000.
-	MaxConns int
+	MaxConns int `yaml:"max_conns,omitempty" json:"max_conns,omitempty"`
 
 	// MaxConcurrentStreams bounds the requests in flight on one HTTP/2 or HTTP/3
 	// connection. Default 250.
-	MaxConcurrentStreams int
+	MaxConcurrentStreams int `yaml:"max_concurrent_streams,omitempty" json:"max_concurrent_streams,omitempty"`
 
 	// MaxRequestBody bounds a request body; beyond it the answer is 413. Default 16 MiB.
-	MaxRequestBody int
+	MaxRequestBody int `yaml:"max_request_body,omitempty" json:"max_request_body,omitempty"`
 }
 
-// PoolConfig is a backend pool: HTTP/1.1 servers that receive requests in turn, over
-// kept-alive connections.
+// PoolConfig is a backend pool of the simple form of routing: HTTP/1.1 servers that
+// receive requests in turn, over kept-alive connections. The zero value of every
+// optional field means the default its comment gives; Defaults fills them in.
 type PoolConfig struct {
 	// Members are the backends as "host:port". Required.
-	Members []string
+	Members []string `yaml:"members" json:"members"`
 
 	// ConnsPerMember bounds the connections open to each member; a request that finds
 	// them all busy waits for one within Timeout, then gets 503. Default 512.
-	ConnsPerMember int
+	ConnsPerMember int `yaml:"conns_per_member,omitempty" json:"conns_per_member,omitempty"`
 
 	// Timeout bounds one request to the pool, from the first connection attempt to
 	// the whole response; beyond it the answer is 504. Default 30s.
-	Timeout time.Duration
+	Timeout config.Duration `yaml:"timeout,omitempty" json:"timeout,omitempty"`
 
 	// ConnectTimeout bounds connecting to one member; a member that cannot be reached
 	// is skipped for the next one, and when none can, the answer is 502. Default 3s.
-	ConnectTimeout time.Duration
+	ConnectTimeout config.Duration `yaml:"connect_timeout,omitempty" json:"connect_timeout,omitempty"`
 }
 
+// Defaults of Listener and PoolConfig.
 const (
-	defaultAddr                 = ":443"
-	defaultHandshakeTimeout     = 10 * time.Second
-	defaultReadHeaderTimeout    = 10 * time.Second
-	defaultReadTimeout          = 60 * time.Second
-	defaultIdleTimeout          = 60 * time.Second
-	defaultWriteTimeout         = 30 * time.Second
-	defaultMaxHeaderBytes       = 64 << 10
-	defaultMaxConns             = 10000
-	defaultMaxConcurrentStreams = 250
-	defaultMaxRequestBody       = 16 << 20
+	DefaultAddr                 = ":443"
+	DefaultDeferAccept          = config.Duration(time.Second)
+	DefaultHandshakeTimeout     = config.Duration(10 * time.Second)
+	DefaultReadHeaderTimeout    = config.Duration(10 * time.Second)
+	DefaultReadTimeout          = config.Duration(60 * time.Second)
+	DefaultIdleTimeout          = config.Duration(60 * time.Second)
+	DefaultWriteTimeout         = config.Duration(30 * time.Second)
+	DefaultMaxHeaderBytes       = 64 << 10
+	DefaultMaxConns             = 10000
+	DefaultMaxConcurrentStreams = 250
+	DefaultMaxRequestBody       = 16 << 20
 
-	defaultConnsPerMember = 512
-	defaultPoolTimeout    = 30 * time.Second
-	defaultConnectTimeout = 3 * time.Second
+	DefaultConnsPerMember = 512
+	DefaultPoolTimeout    = config.Duration(30 * time.Second)
+	DefaultConnectTimeout = config.Duration(3 * time.Second)
 )
 
+// minHeaderBytes is the least MaxHeaderBytes: below it ordinary requests are refused.
+const minHeaderBytes = 1024
+
 func (c *Config) validate() error {
+	var ck config.Checker
 	if len(c.Listeners) == 0 {
-		return errors.New("l7: at least one listener is required")
+		ck.Addf("listeners", "at least one listener is required")
 	}
 	names := map[string]bool{}
 	for i := range c.Listeners {
 		l := &c.Listeners[i]
-		if l.Name == "" {
-			return fmt.Errorf("l7: listener %d: name is empty", i)
-		}
-		if names[l.Name] {
-			return fmt.Errorf("l7: listener %q: name used twice", l.Name)
+		path := config.Index("listeners", i)
+		switch {
+		case l.Name == "":
+			ck.Addf(config.At(path, "name"), "name is empty")
+		case names[l.Name]:
+			ck.Addf(config.At(path, "name"), "%q: name used twice", l.Name)
 		}
 		names[l.Name] = true
-		if err := l.validate(c.Backends, c.Routing != nil); err != nil {
-			return fmt.Errorf("l7: listener %q: %w", l.Name, err)
+		ck.Nest(path, l.Listener.Validate())
+		if l.TLS == nil || (len(l.TLS.Certificates) == 0 && l.TLS.GetCertificate == nil && l.TLS.GetConfigForClient == nil) {
+			ck.Addf(config.At(path, "tls"), "TLS with a certificate (Certificates, GetCertificate or GetConfigForClient) is required")
+		}
+		switch {
+		case c.Routing != nil && l.Pool != "":
+			ck.Addf(config.At(path, "pool"), "pool %q is set with routing, which says where requests go", l.Pool)
+		case c.Routing != nil:
+		case l.Pool == "":
+			ck.Addf(config.At(path, "pool"), "pool is empty")
+		default:
+			if _, ok := c.Backends[l.Pool]; !ok {
+				ck.Addf(config.At(path, "pool"), "pool %q is not among the backends", l.Pool)
+			}
 		}
 	}
 	if c.Routing != nil {
 		if len(c.Backends) > 0 {
-			return errors.New("l7: Backends are the simple form of Routing: give one or the other")
+			ck.Addf("backends", "the simple form of routing: give routing or backends, not both")
 		}
-		if err := c.Routing.Validate(); err != nil {
-			return fmt.Errorf("l7: routing: %w", err)
-		}
+		ck.Nest("routing", c.Routing.Validate())
 		for i, rl := range c.Routing.Listeners {
 			if !names[rl.Name] {
-				return fmt.Errorf("l7: routing: listeners[%d].name: %q is not a listener", i, rl.Name)
+				ck.Addf(config.At(config.Index("routing.listeners", i), "name"), "%q is not a listener", rl.Name)
 			}
 		}
-		return nil
 	}
-	for name, p := range c.Backends {
+	for _, name := range slices.Sorted(maps.Keys(c.Backends)) {
 		if name == "" {
-			return errors.New("l7: a backend pool has an empty name")
+			ck.Addf("backends", "a backend pool has an empty name")
+			continue
 		}
-		if err := p.validate(); err != nil {
-			return fmt.Errorf("l7: pool %q: %w", name, err)
-		}
+		p := c.Backends[name]
+		ck.Nest(config.At("backends", name), p.Validate())
+	}
+	if err := ck.Err(); err != nil {
+		return fmt.Errorf("l7: %w", err)
 	}
 	return nil
 }
 
-func (l *ListenerConfig) validate(pools map[string]PoolConfig, routing bool) error {
+// Validate checks l's own settings and returns every problem, each a
+// *config.FieldError named by its path within l ("addr", "idle_timeout"). Whether
+// its Pool exists, and its name is unique, is for the Config it is in to say.
+func (l *Listener) Validate() error {
+	var ck config.Checker
 	if l.Addr != "" {
-		_, port, err := net.SplitHostPort(l.Addr)
-		if err != nil {
-			return fmt.Errorf("address %q: %w", l.Addr, err)
-		}
-		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-			return fmt.Errorf("address %q: port is not a number from 0 to 65535", l.Addr)
+		if _, port, err := net.SplitHostPort(l.Addr); err != nil {
+			ck.Add("addr", err)
+		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			ck.Addf("addr", "address %q: port is not a number from 0 to 65535", l.Addr)
 		}
 	}
-	if l.TLS == nil || (len(l.TLS.Certificates) == 0 && l.TLS.GetCertificate == nil && l.TLS.GetConfigForClient == nil) {
-		return errors.New("TLS with a certificate (Certificates, GetCertificate or GetConfigForClient) is required")
-	}
-	switch {
-	case routing && l.Pool != "":
-		return fmt.Errorf("pool %q is set with Routing, which says where requests go", l.Pool)
-	case routing:
-	case l.Pool == "":
-		return errors.New("pool is empty")
-	default:
-		if _, ok := pools[l.Pool]; !ok {
-			return fmt.Errorf("pool %q is not among the backends", l.Pool)
+	for _, d := range []struct {
+		path string
+		v    config.Duration
+	}{
+		{"tcp_keepalive", l.TCPKeepAlive}, {"handshake_timeout", l.HandshakeTimeout},
+		{"read_header_timeout", l.ReadHeaderTimeout}, {"read_timeout", l.ReadTimeout},
+		{"write_timeout", l.WriteTimeout}, {"idle_timeout", l.IdleTimeout},
+	} {
+		if d.v < 0 {
+			ck.Addf(d.path, "%v: timeouts must not be negative", d.v)
 		}
 	}
-	if l.HandshakeTimeout < 0 || l.ReadHeaderTimeout < 0 || l.ReadTimeout < 0 || l.IdleTimeout < 0 || l.WriteTimeout < 0 || l.TCPKeepAlive < 0 {
-		return errors.New("timeouts must not be negative")
+	for _, n := range []struct {
+		path string
+		v    int
+	}{
+		{"max_header_bytes", l.MaxHeaderBytes}, {"max_conns", l.MaxConns},
+		{"max_concurrent_streams", l.MaxConcurrentStreams}, {"max_request_body", l.MaxRequestBody},
+	} {
+		if n.v < 0 {
+			ck.Addf(n.path, "%d: limits must not be negative", n.v)
+		}
 	}
-	if l.MaxHeaderBytes < 0 || l.MaxConns < 0 || l.MaxConcurrentStreams < 0 || l.MaxRequestBody < 0 {
-		return errors.New("limits must not be negative")
+	if l.MaxHeaderBytes > 0 && l.MaxHeaderBytes < minHeaderBytes {
+		ck.Addf("max_header_bytes", "%d: below 1 KiB would refuse ordinary requests", l.MaxHeaderBytes)
 	}
-	if l.MaxHeaderBytes > 0 && l.MaxHeaderBytes < 1024 {
-		return errors.New("MaxHeaderBytes below 1 KiB would refuse ordinary requests")
-	}
-	return nil
+	return ck.Err()
 }
 
-func (p *PoolConfig) validate() error {
+// Validate checks p and returns every problem, each a *config.FieldError named by its
+// path within p ("members[0]").
+func (p *PoolConfig) Validate() error {
+	var ck config.Checker
 	if len(p.Members) == 0 {
-		return errors.New("no members")
+		ck.Addf("members", "no members: at least one is required")
 	}
-	for _, m := range p.Members {
+	for i, m := range p.Members {
 		host, port, err := net.SplitHostPort(m)
 		if err != nil {
-			return fmt.Errorf("member %q: %w", m, err)
+			ck.Addf(config.Index("members", i), "member %q: %w", m, err)
+			continue
 		}
 		if n, err := strconv.ParseUint(port, 10, 16); host == "" || err != nil || n == 0 {
-			return fmt.Errorf("member %q: want host:port with a port from 1 to 65535", m)
+			ck.Addf(config.Index("members", i), "member %q: want host:port with a port from 1 to 65535", m)
 		}
 	}
-	if p.ConnsPerMember < 0 || p.Timeout < 0 || p.ConnectTimeout < 0 {
-		return errors.New("limits must not be negative")
+	if p.ConnsPerMember < 0 {
+		ck.Addf("conns_per_member", "%d: limits must not be negative", p.ConnsPerMember)
 	}
-	return nil
+	if p.Timeout < 0 {
+		ck.Addf("timeout", "%v: limits must not be negative", p.Timeout)
+	}
+	if p.ConnectTimeout < 0 {
+		ck.Addf("connect_timeout", "%v: limits must not be negative", p.ConnectTimeout)
+	}
+	return ck.Err()
 }
 
 func (c *Config) populate() {
 	for i := range c.Listeners {
-		c.Listeners[i].populate()
+		c.Listeners[i].Defaults()
 	}
 	pools := make(map[string]PoolConfig, len(c.Backends))
 	for name, p := range c.Backends {
-		p.populate()
+		p.Members = append([]string(nil), p.Members...)
+		p.Defaults()
 		pools[name] = p
 	}
 	c.Backends = pools
@@ -315,26 +365,26 @@ func (c *Config) populate() {
 	}
 }
 
-func (l *ListenerConfig) populate() {
-	if l.Addr == "" {
-		l.Addr = defaultAddr
-	}
-	setDefault(&l.HandshakeTimeout, defaultHandshakeTimeout)
-	setDefault(&l.ReadHeaderTimeout, defaultReadHeaderTimeout)
-	setDefault(&l.ReadTimeout, defaultReadTimeout)
-	setDefault(&l.IdleTimeout, defaultIdleTimeout)
-	setDefault(&l.WriteTimeout, defaultWriteTimeout)
-	setDefault(&l.MaxHeaderBytes, defaultMaxHeaderBytes)
-	setDefault(&l.MaxConns, defaultMaxConns)
-	setDefault(&l.MaxConcurrentStreams, defaultMaxConcurrentStreams)
-	setDefault(&l.MaxRequestBody, defaultMaxRequestBody)
+// Defaults fills in the default of every field left zero.
+func (l *Listener) Defaults() {
+	setDefault(&l.Addr, DefaultAddr)
+	setDefault(&l.DeferAccept, DefaultDeferAccept)
+	setDefault(&l.HandshakeTimeout, DefaultHandshakeTimeout)
+	setDefault(&l.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	setDefault(&l.ReadTimeout, DefaultReadTimeout)
+	setDefault(&l.IdleTimeout, DefaultIdleTimeout)
+	setDefault(&l.WriteTimeout, DefaultWriteTimeout)
+	setDefault(&l.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	setDefault(&l.MaxConns, DefaultMaxConns)
+	setDefault(&l.MaxConcurrentStreams, DefaultMaxConcurrentStreams)
+	setDefault(&l.MaxRequestBody, DefaultMaxRequestBody)
 }
 
-func (p *PoolConfig) populate() {
-	p.Members = append([]string(nil), p.Members...)
-	setDefault(&p.ConnsPerMember, defaultConnsPerMember)
-	setDefault(&p.Timeout, defaultPoolTimeout)
-	setDefault(&p.ConnectTimeout, defaultConnectTimeout)
+// Defaults fills in the default of every optional field left zero.
+func (p *PoolConfig) Defaults() {
+	setDefault(&p.ConnsPerMember, DefaultConnsPerMember)
+	setDefault(&p.Timeout, DefaultPoolTimeout)
+	setDefault(&p.ConnectTimeout, DefaultConnectTimeout)
 }
 
 func setDefault[T comparable](v *T, def T) {
@@ -404,10 +454,10 @@ func simpleRetries(members int) int { return min(max(members-1, 0), maxRouteRetr
 // maxRouteRetries is the most retries a route may have.
 const maxRouteRetries = 10
 
-// reloadable lists the ListenerConfig fields Reload may change; the others are bound
-// to sockets and protocol servers made at Start, apart from WrapListener, which
-// Reload ignores (functions cannot be compared).
-var reloadable = map[string]bool{"TLS": true, "Pool": true, "WrapListener": true}
+// reloadable lists the Listener fields Reload may change; the others are bound to
+// sockets and protocol servers made at Start. Of ListenerConfig's own fields, TLS is
+// reloaded and WrapListener ignored (functions cannot be compared).
+var reloadable = map[string]bool{"Pool": true}
 
 // checkReload returns an error naming the first listener setting of next that differs
 // from cur and cannot change without a restart. Both are populated.
@@ -416,18 +466,19 @@ func checkReload(cur, next []ListenerConfig) error {
 		return fmt.Errorf("l7: reload: %d listeners instead of %d; adding or removing listeners takes a restart", len(next), len(cur))
 	}
 	for i := range cur {
-		a, b := reflect.ValueOf(cur[i]), reflect.ValueOf(next[i])
 		if cur[i].Name != next[i].Name {
 			return fmt.Errorf("l7: reload: listener %d is %q, was %q; renaming or reordering listeners takes a restart", i, next[i].Name, cur[i].Name)
 		}
+		a, b := reflect.ValueOf(cur[i].Listener), reflect.ValueOf(next[i].Listener)
 		for f := 0; f < a.NumField(); f++ {
-			name := a.Type().Field(f).Name
-			if reloadable[name] {
+			field := a.Type().Field(f)
+			if reloadable[field.Name] {
 				continue
 			}
 			if !a.Field(f).Equal(b.Field(f)) {
-				return fmt.Errorf("l7: reload: listener %q: %s changed (%v → %v); it takes a restart",
-					cur[i].Name, name, a.Field(f), b.Field(f))
+				name, _, _ := strings.Cut(field.Tag.Get("yaml"), ",")
+				return fmt.Errorf("l7: reload: listeners[%d].%s (listener %q) changed (%v → %v); it takes a restart",
+					i, name, cur[i].Name, a.Field(f), b.Field(f))
 			}
 		}
 	}

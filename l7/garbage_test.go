@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // captureClientHello returns the first TLS record a Go client sends: its ClientHello.
@@ -77,7 +79,7 @@ func TestGarbage(t *testing.T) {
 	const handshakeTimeout = 500 * time.Millisecond
 	b := startBackend(t, "b1")
 	cfg := baseConfig(t, b.addr)
-	cfg.Listeners[0].HandshakeTimeout = handshakeTimeout
+	cfg.Listeners[0].HandshakeTimeout = config.Duration(handshakeTimeout)
 	ts := startServer(t, cfg)
 	r := rand.New(rand.NewPCG(1, 2))
 	hello := captureClientHello(t)

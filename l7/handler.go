@@ -87,7 +87,7 @@ func (l *listener) serve(r *Request, resp *fasthttp.Response, start time.Time) a
 		}
 		timeout, retries := route.DefaultTimeout, 0
 		if pc, ok := snap.cfg.Backends[d.Pool]; ok {
-			timeout, retries = pc.Timeout, simpleRetries(len(b.Members()))
+			timeout, retries = pc.Timeout.D(), simpleRetries(len(b.Members()))
 		} else if matched && cr.Kind() == route.ActionProxy {
 			timeout, retries = cr.Timeout(), cr.Retries()
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/keyserver/client"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 )
@@ -124,7 +125,7 @@ func TestHandshakeMetrics(t *testing.T) {
 	b := startBackend(t, "b1")
 	cfg := baseConfig(t, b.addr)
 	cfg.Listeners[0].TLS = multiCertTLS(t)
-	cfg.Listeners[0].HandshakeTimeout = 400 * time.Millisecond
+	cfg.Listeners[0].HandshakeTimeout = config.Duration(400 * time.Millisecond)
 	cfg.IsNoCertificate = func(err error) bool { return errors.Is(err, errTestNoCert) }
 	ts := startServer(t, cfg)
 

@@ -148,10 +148,8 @@ func baseConfig(t testing.TB, members ...string) Config {
 	p := getPKI(t)
 	return Config{
 		Listeners: []ListenerConfig{{
-			Name: "web",
-			Addr: "127.0.0.1:0",
-			TLS:  &tls.Config{Certificates: []tls.Certificate{p.leaf}},
-			Pool: "app",
+			Listener: Listener{Name: "web", Addr: "127.0.0.1:0", Pool: "app"},
+			TLS:      &tls.Config{Certificates: []tls.Certificate{p.leaf}},
 		}},
 		Backends: map[string]PoolConfig{"app": {Members: members}},
 		Logger:   testLogger(t),

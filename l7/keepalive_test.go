@@ -60,7 +60,8 @@ func TestListenTCPDeferAccept(t *testing.T) {
 		want        bool
 	}{
 		{-1, false},
-		{0, true},
+		{0, false},
+		{time.Second, true},
 		{2500 * time.Millisecond, true},
 	} {
 		ln, err := listenTCP("127.0.0.1:0", 0, tc.deferAccept)

@@ -124,11 +124,11 @@ func newListener(s *Server, idx int, cfg ListenerConfig) *listener {
 		ErrorHandler: l.h1Error,
 		ConnState:    l.h1State,
 		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
-			return fasthttp.RequestConfig{ReadTimeout: cfg.ReadTimeout}
+			return fasthttp.RequestConfig{ReadTimeout: cfg.ReadTimeout.D()}
 		},
-		ReadTimeout:                  cfg.ReadHeaderTimeout,
-		WriteTimeout:                 cfg.WriteTimeout,
-		IdleTimeout:                  cfg.IdleTimeout,
+		ReadTimeout:                  cfg.ReadHeaderTimeout.D(),
+		WriteTimeout:                 cfg.WriteTimeout.D(),
+		IdleTimeout:                  cfg.IdleTimeout.D(),
 		ReadBufferSize:               cfg.MaxHeaderBytes,
 		MaxRequestBodySize:           cfg.MaxRequestBody,
 		Concurrency:                  cfg.MaxConns,
@@ -142,13 +142,13 @@ func newListener(s *Server, idx int, cfg ListenerConfig) *listener {
 	l.h2q = newConnQueue()
 	l.h2 = &http.Server{
 		Handler:           l,
-		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
-		ReadTimeout:       cfg.ReadTimeout,
-		IdleTimeout:       cfg.IdleTimeout,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout.D(),
+		ReadTimeout:       cfg.ReadTimeout.D(),
+		IdleTimeout:       cfg.IdleTimeout.D(),
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams: cfg.MaxConcurrentStreams,
-			WriteByteTimeout:     cfg.WriteTimeout,
+			WriteByteTimeout:     cfg.WriteTimeout.D(),
 		},
 		ConnContext: l.h2ConnContext,
 		ConnState:   l.h2State,
@@ -183,12 +183,9 @@ func (l *listener) bind() error {
 // listenTCP listens on addr; accepted connections get TCP keepalive after
 // keepAlive of idle time, or none when it is 0 (Go's default would turn it on), and
 // are accepted once they have sent something or deferAccept has passed (none when
-// it is negative, one second when it is 0).
+// it is not positive; Listener.Defaults makes 0 one second).
 func listenTCP(addr string, keepAlive, deferAccept time.Duration) (net.Listener, error) {
 	lc := net.ListenConfig{KeepAlive: -1}
-	if deferAccept == 0 {
-		deferAccept = time.Second
-	}
 	if deferAccept > 0 {
 		secs := int((deferAccept + time.Second - 1) / time.Second)
 		lc.Control = func(_, _ string, rc syscall.RawConn) error {
@@ -215,7 +212,7 @@ func listenTCP(addr string, keepAlive, deferAccept time.Duration) (net.Listener,
 func (l *listener) bindSockets() error {
 	_, port, _ := net.SplitHostPort(l.cfg.Addr)
 	for attempt := 1; ; attempt++ {
-		tln, err := listenTCP(l.cfg.Addr, l.cfg.TCPKeepAlive, l.cfg.DeferAccept)
+		tln, err := listenTCP(l.cfg.Addr, l.cfg.TCPKeepAlive.D(), l.cfg.DeferAccept.D())
 		if err != nil {
 			return fmt.Errorf("l7: listener %q: listening on tcp %s: %w", l.cfg.Name, l.cfg.Addr, err)
 		}
@@ -246,8 +243,8 @@ func (l *listener) start() error {
 		}
 		ln, err := l.tr.Listen(l.quicTLS, &quic.Config{
 			// quic-go gives up on a handshake idle for this long, or not done in twice it.
-			HandshakeIdleTimeout: l.cfg.HandshakeTimeout / 2,
-			MaxIdleTimeout:       l.cfg.IdleTimeout,
+			HandshakeIdleTimeout: l.cfg.HandshakeTimeout.D() / 2,
+			MaxIdleTimeout:       l.cfg.IdleTimeout.D(),
 			MaxIncomingStreams:   int64(l.cfg.MaxConcurrentStreams),
 		})
 		if err != nil {
@@ -257,7 +254,7 @@ func (l *listener) start() error {
 		l.h3 = &http3.Server{
 			Handler:        l,
 			MaxHeaderBytes: l.cfg.MaxHeaderBytes,
-			IdleTimeout:    l.cfg.IdleTimeout,
+			IdleTimeout:    l.cfg.IdleTimeout.D(),
 			ConnContext:    l.h3ConnContext,
 			Logger:         l.log,
 		}
@@ -368,7 +365,7 @@ func (l *listener) lookup(tc *tls.Conn) *tcpConn {
 // serveTCP does the TLS handshake and hands the connection to HTTP/1.1 or HTTP/2.
 func (l *listener) serveTCP(c *tcpConn) {
 	hs := &handshake{start: c.start}
-	_ = c.raw.SetDeadline(c.start.Add(l.cfg.HandshakeTimeout))
+	_ = c.raw.SetDeadline(c.start.Add(l.cfg.HandshakeTimeout.D()))
 	if l.s.draining.Load() {
 		c.raw.Close()
 		l.untrack(c.tc)

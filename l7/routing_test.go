@@ -17,6 +17,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/policy/clientip"
 	"github.com/tiergate/tiergate/policy/route"
 )
@@ -30,8 +31,8 @@ func TestSimpleRouting(t *testing.T) {
 		{
 			name: "one listener, one pool",
 			cfg: Config{
-				Listeners: []ListenerConfig{{Name: "web", Pool: "app"}},
-				Backends:  map[string]PoolConfig{"app": {Members: []string{"10.0.0.1:80"}, Timeout: time.Second, ConnectTimeout: 2 * time.Second, ConnsPerMember: 7}},
+				Listeners: []ListenerConfig{{Listener: Listener{Name: "web", Pool: "app"}}},
+				Backends:  map[string]PoolConfig{"app": {Members: []string{"10.0.0.1:80"}, Timeout: config.Duration(time.Second), ConnectTimeout: config.Duration(2 * time.Second), ConnsPerMember: 7}},
 			},
 			want: &route.Config{
 				Pools: []route.Pool{{Name: "app", Members: []route.PoolMember{{Addr: "10.0.0.1:80", Weight: 1}},
@@ -43,7 +44,7 @@ func TestSimpleRouting(t *testing.T) {
 		{
 			name: "a member listed twice weighs twice; retries over the other members; pools sorted",
 			cfg: Config{
-				Listeners: []ListenerConfig{{Name: "a", Pool: "p2"}, {Name: "b", Pool: "p1"}},
+				Listeners: []ListenerConfig{{Listener: Listener{Name: "a", Pool: "p2"}}, {Listener: Listener{Name: "b", Pool: "p1"}}},
 				Backends: map[string]PoolConfig{
 					"p2": {Members: []string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.1:80"}},
 					"p1": {Members: []string{"10.0.0.3:80"}},
@@ -95,10 +96,10 @@ func TestRoutingConfigErrors(t *testing.T) {
 		mod  func(*Config)
 		want string
 	}{
-		{"backends with routing", func(c *Config) { c.Backends = map[string]PoolConfig{"x": {Members: []string{"127.0.0.1:1"}}} }, "give one or the other"},
-		{"pool with routing", func(c *Config) { c.Listeners[0].Pool = "p" }, `pool "p" is set with Routing`},
+		{"backends with routing", func(c *Config) { c.Backends = map[string]PoolConfig{"x": {Members: []string{"127.0.0.1:1"}}} }, "give routing or backends, not both"},
+		{"pool with routing", func(c *Config) { c.Listeners[0].Pool = "p" }, `listeners[0].pool: pool "p" is set with routing`},
 		{"unknown listener", func(c *Config) { c.Routing.Listeners[0].Name = "api" }, `listeners[0].name: "api" is not a listener`},
-		{"invalid route", func(c *Config) { c.Routing.Listeners[0].VHosts[0].Routes[0].Action.Pool = "q" }, `routing: listeners[0].vhosts[0].routes[0].action.pool: no pool is named "q"`},
+		{"invalid route", func(c *Config) { c.Routing.Listeners[0].VHosts[0].Routes[0].Action.Pool = "q" }, `routing.listeners[0].vhosts[0].routes[0].action.pool: no pool is named "q"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := routingConfig(t, good())
@@ -540,7 +541,7 @@ func TestDecisionDrop(t *testing.T) {
 	})
 	// quic-go's client forgets, without closing it, a connection on which a request
 	// failed: let the server's idle timeout close it before the test's shutdown.
-	cfg.Listeners[0].IdleTimeout = time.Second
+	cfg.Listeners[0].IdleTimeout = config.Duration(time.Second)
 	ts := startServer(t, cfg)
 
 	// HTTP/1.1: the connection is closed with no answer.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/testkit/testenv"
 	"github.com/tiergate/tiergate/testkit/testpki"
 )
@@ -169,7 +171,7 @@ func TestBackendDown(t *testing.T) {
 func TestSlowBackend(t *testing.T) {
 	b := startBackend(t, "slow")
 	cfg := baseConfig(t, b.addr)
-	cfg.Backends["app"] = PoolConfig{Members: []string{b.addr}, Timeout: 300 * time.Millisecond}
+	cfg.Backends["app"] = PoolConfig{Members: []string{b.addr}, Timeout: config.Duration(300 * time.Millisecond)}
 	ts := startServer(t, cfg)
 	for _, proto := range []string{"1.1", "2", "3"} {
 		start := time.Now()
@@ -474,13 +476,13 @@ func TestReload(t *testing.T) {
 	}
 
 	bad := baseConfig(t, b2.addr)
-	bad.Listeners[0].IdleTimeout = time.Minute + time.Second
-	if err := ts.Reload(bad); err == nil || !strings.Contains(err.Error(), "IdleTimeout") {
+	bad.Listeners[0].IdleTimeout = config.Duration(time.Minute + time.Second)
+	if err := ts.Reload(bad); err == nil || !strings.Contains(err.Error(), "listeners[0].idle_timeout") {
 		t.Errorf("reload changing IdleTimeout: %v", err)
 	}
 	bad = baseConfig(t, b2.addr)
 	bad.Listeners[0].Addr = "127.0.0.1:1"
-	if err := ts.Reload(bad); err == nil || !strings.Contains(err.Error(), "Addr") {
+	if err := ts.Reload(bad); err == nil || !strings.Contains(err.Error(), "listeners[0].addr") {
 		t.Errorf("reload changing Addr: %v", err)
 	}
 	if _, body := get(t, c, "GET", ts.url("/"), ""); decodeEcho(t, body).Backend != "b2" {
@@ -495,19 +497,19 @@ func TestConfigErrors(t *testing.T) {
 		mod  func(*Config)
 		want string
 	}{
-		{"no listeners", func(c *Config) { c.Listeners = nil }, "at least one listener"},
-		{"no name", func(c *Config) { c.Listeners[0].Name = "" }, "name is empty"},
-		{"duplicate name", func(c *Config) { c.Listeners = append(c.Listeners, c.Listeners[0]) }, "name used twice"},
-		{"bad addr", func(c *Config) { c.Listeners[0].Addr = "127.0.0.1" }, "missing port"},
+		{"no listeners", func(c *Config) { c.Listeners = nil }, "listeners: at least one listener"},
+		{"no name", func(c *Config) { c.Listeners[0].Name = "" }, "listeners[0].name: name is empty"},
+		{"duplicate name", func(c *Config) { c.Listeners = append(c.Listeners, c.Listeners[0]) }, `listeners[1].name: "web": name used twice`},
+		{"bad addr", func(c *Config) { c.Listeners[0].Addr = "127.0.0.1" }, "listeners[0].addr: address 127.0.0.1: missing port"},
 		{"bad port", func(c *Config) { c.Listeners[0].Addr = "127.0.0.1:https" }, "port is not a number"},
-		{"no TLS", func(c *Config) { c.Listeners[0].TLS = nil }, "TLS with a certificate"},
+		{"no TLS", func(c *Config) { c.Listeners[0].TLS = nil }, "listeners[0].tls: TLS with a certificate"},
 		{"no cert", func(c *Config) { c.Listeners[0].TLS = &tls.Config{} }, "TLS with a certificate"},
-		{"no pool", func(c *Config) { c.Listeners[0].Pool = "" }, "pool is empty"},
+		{"no pool", func(c *Config) { c.Listeners[0].Pool = "" }, "listeners[0].pool: pool is empty"},
 		{"unknown pool", func(c *Config) { c.Listeners[0].Pool = "x" }, `pool "x" is not among`},
-		{"negative timeout", func(c *Config) { c.Listeners[0].IdleTimeout = -1 }, "must not be negative"},
-		{"tiny header limit", func(c *Config) { c.Listeners[0].MaxHeaderBytes = 100 }, "below 1 KiB"},
-		{"empty pool", func(c *Config) { c.Backends["app"] = PoolConfig{} }, "no members"},
-		{"bad member", func(c *Config) { c.Backends["app"] = PoolConfig{Members: []string{"backend"}} }, `member "backend"`},
+		{"negative timeout", func(c *Config) { c.Listeners[0].IdleTimeout = -1 }, "listeners[0].idle_timeout: -1ns: timeouts must not be negative"},
+		{"tiny header limit", func(c *Config) { c.Listeners[0].MaxHeaderBytes = 100 }, "listeners[0].max_header_bytes: 100: below 1 KiB"},
+		{"empty pool", func(c *Config) { c.Backends["app"] = PoolConfig{} }, "backends.app.members: no members"},
+		{"bad member", func(c *Config) { c.Backends["app"] = PoolConfig{Members: []string{"backend"}} }, `backends.app.members[0]: member "backend"`},
 		{"member port 0", func(c *Config) { c.Backends["app"] = PoolConfig{Members: []string{"10.0.0.1:0"}} }, "port from 1 to 65535"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -526,11 +528,11 @@ func TestConfigErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := s.cfg.Listeners[0]
-	if l.HandshakeTimeout != 10*time.Second || l.MaxHeaderBytes != 64<<10 || l.MaxConns != 10000 ||
-		l.MaxConcurrentStreams != 250 || l.MaxRequestBody != 16<<20 || l.IdleTimeout != time.Minute {
+	if l.HandshakeTimeout.D() != 10*time.Second || l.MaxHeaderBytes != 64<<10 || l.MaxConns != 10000 ||
+		l.MaxConcurrentStreams != 250 || l.MaxRequestBody != 16<<20 || l.IdleTimeout.D() != time.Minute || l.DeferAccept.D() != time.Second {
 		t.Errorf("defaults not filled in: %+v", l)
 	}
-	if p := s.cfg.Backends["app"]; p.Timeout != 30*time.Second || p.ConnsPerMember != 512 {
+	if p := s.cfg.Backends["app"]; p.Timeout.D() != 30*time.Second || p.ConnsPerMember != 512 {
 		t.Errorf("pool defaults not filled in: %+v", p)
 	}
 	if cfg.Listeners[0].HandshakeTimeout != 0 {
@@ -604,5 +606,48 @@ func TestResponsePassthrough(t *testing.T) {
 			strings.Join(h.Values("X-Multi"), "|") != "1|2" || h.Get("Server") != "backend" {
 			t.Errorf("HTTP/%s: %d %q %v", p, resp.StatusCode, body, h)
 		}
+	}
+}
+
+// TestListenerModel: a Listener reads and writes the same names in YAML and JSON,
+// durations as text; Defaults fills every zero field; Validate names fields by path.
+func TestListenerModel(t *testing.T) {
+	var l Listener
+	in := "{name: web, addr: \"127.0.0.1:8443\", pool: app, idle_timeout: 90s, defer_accept: -1s, max_conns: 7}"
+	if err := config.Decode([]byte(in), "listener", &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.IdleTimeout.D() != 90*time.Second || l.DeferAccept.D() != -time.Second || l.MaxConns != 7 || l.Pool != "app" {
+		t.Fatalf("decoded %+v", l)
+	}
+	js, err := json.Marshal(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"name":"web","addr":"127.0.0.1:8443","pool":"app","defer_accept":"-1s","idle_timeout":"1m30s","max_conns":7}`; string(js) != want {
+		t.Errorf("JSON %s, want %s", js, want)
+	}
+	var back Listener
+	if err := json.Unmarshal(js, &back); err != nil || back != l {
+		t.Errorf("JSON round trip: %+v, %v", back, err)
+	}
+	l.Defaults()
+	if l.HandshakeTimeout != DefaultHandshakeTimeout || l.IdleTimeout.D() != 90*time.Second || l.DeferAccept.D() != -time.Second ||
+		l.MaxRequestBody != DefaultMaxRequestBody {
+		t.Errorf("defaults: %+v", l)
+	}
+	l.ReadTimeout, l.MaxHeaderBytes, l.Addr = -1, 10, "nowhere"
+	err = l.Validate()
+	for _, want := range []string{"addr: address nowhere", "read_timeout: -1ns: timeouts must not be negative", "max_header_bytes: 10: below 1 KiB"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v; want %q among the errors", err, want)
+		}
+	}
+	var pool PoolConfig
+	if err := config.Decode([]byte("{members: [\"10.0.0.1:80\", x], timeout: 2s}"), "pool", &pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.Validate(); err == nil || !strings.Contains(err.Error(), `members[1]: member "x"`) {
+		t.Errorf("pool Validate: %v", err)
 	}
 }

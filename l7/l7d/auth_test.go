@@ -109,7 +109,7 @@ func TestAdminNonLoopbackRefused(t *testing.T) {
 	path := testConfig(t, dir, "0.0.0.0:0", "")
 	d := &Daemon{Path: path, Stderr: io.Discard}
 	err := d.Run(context.Background())
-	if err == nil || !strings.Contains(err.Error(), `admin_listen "0.0.0.0:0"`) || !strings.Contains(err.Error(), "admin_token_file") {
+	if err == nil || !strings.Contains(err.Error(), `admin_listen: "0.0.0.0:0"`) || !strings.Contains(err.Error(), "admin_token_file") {
 		t.Fatalf("Run with a non-loopback admin address and no token: %v", err)
 	}
 	if err := (&Daemon{Path: path, Stderr: io.Discard}).Check(io.Discard); err == nil {

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -15,7 +16,9 @@ import (
 	"time"
 
 	"github.com/tiergate/tiergate/certs"
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
+	"github.com/tiergate/tiergate/l7"
 	"github.com/tiergate/tiergate/l7/tunnel"
 	"github.com/tiergate/tiergate/policy/blacklist"
 	"github.com/tiergate/tiergate/policy/clientip"
@@ -37,7 +40,7 @@ type FileConfig struct {
 	// Backends are named pools of HTTP/1.1 servers that listeners proxy to, the
 	// simple form of Routing: each listener sends every request to its pool.
 	// Required without routing, refused with it.
-	Backends map[string]PoolFile `yaml:"backends"`
+	Backends map[string]l7.PoolConfig `yaml:"backends"`
 
 	// Blacklists are the IP blacklists loaded from files, by list name: "global"
 	// (every listener) or a listener's name (that listener only). Lists may also be
@@ -113,56 +116,17 @@ type FileConfig struct {
 	GOMAXPROCS int `yaml:"gomaxprocs"`
 }
 
-// ListenerFile is one listener.
+// ListenerFile is one listener: its settings (l7.Listener: name, address, pool,
+// HTTP/3, QUIC server ID, timeouts and limits, each with its default), and where its
+// clients' addresses may come from. In this file the name defaults to "listener<N>"
+// and the address is required.
 type ListenerFile struct {
-	// Name labels the listener in metrics and logs. Default "listener<N>".
-	Name string `yaml:"name"`
-	// Addr is the "ip:port" for TCP and UDP. Required.
-	Addr string `yaml:"addr"`
-	// Pool is the backend pool requests go to, in the simple form. Required without
-	// routing, refused with it.
-	Pool string `yaml:"pool"`
+	l7.Listener `yaml:",inline"`
+
 	// ClientIP says where the client address may come from: PROXY protocol headers
 	// from trusted load balancers, and X-Forwarded-For (or a single-value header)
 	// from trusted proxies. Default: the packet's source, headers ignored.
-	ClientIP clientip.Config `yaml:"client_ip"`
-	// DisableHTTP3 turns the QUIC listener off. Default false (HTTP/3 on).
-	DisableHTTP3 bool `yaml:"disable_http3"`
-	// QUICServerID puts this server ID (1 to 65535) into the QUIC connection IDs the
-	// listener issues (package l4/quiccid), so L4 distributors route a connection by
-	// its ID; it is this node's quic_id in their pools and must be unique among the
-	// nodes behind them. Changing it takes a restart. Default 0: random IDs.
-	QUICServerID uint16 `yaml:"quic_server_id"`
-	// TCPKeepAlive turns TCP keepalive on for accepted connections, probing after
-	// this much idle time. Default 0: off (idle_timeout closes idle connections).
-	TCPKeepAlive time.Duration `yaml:"tcp_keepalive"`
-	// DeferAccept: a new TCP connection reaches l7d once its first bytes (the
-	// ClientHello) have arrived, or after this long without any (TCP_DEFER_ACCEPT),
-	// saving a read and a wakeup per connection; handshake_timeout runs from then.
-	// Default 1s; a negative value turns it off.
-	DeferAccept time.Duration `yaml:"defer_accept"`
-	// Limits; zero means the default named.
-	HandshakeTimeout     time.Duration `yaml:"handshake_timeout"`      // 10s
-	ReadHeaderTimeout    time.Duration `yaml:"read_header_timeout"`    // 10s
-	ReadTimeout          time.Duration `yaml:"read_timeout"`           // 60s: a whole request, body included
-	WriteTimeout         time.Duration `yaml:"write_timeout"`          // 30s: a whole response
-	IdleTimeout          time.Duration `yaml:"idle_timeout"`           // 60s
-	MaxHeaderBytes       int           `yaml:"max_header_bytes"`       // 64 KiB
-	MaxConns             int           `yaml:"max_conns"`              // 10000
-	MaxConcurrentStreams int           `yaml:"max_concurrent_streams"` // 250
-	MaxRequestBody       int           `yaml:"max_request_body"`       // 16 MiB; larger bodies get 413
-}
-
-// PoolFile is a backend pool.
-type PoolFile struct {
-	// Members are "host:port" of HTTP/1.1 servers. Required.
-	Members []string `yaml:"members"`
-	// ConnsPerMember bounds keep-alive connections per member. Default 512.
-	ConnsPerMember int `yaml:"conns_per_member"`
-	// Timeout bounds one proxied request. Default 30s.
-	Timeout time.Duration `yaml:"timeout"`
-	// ConnectTimeout bounds a new connection to a member. Default 3s.
-	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	ClientIP clientip.Config `yaml:"client_ip" json:"client_ip"`
 }
 
 // TunnelFile configures the tunnel endpoint (package l7/tunnel). It needs
@@ -272,98 +236,93 @@ func (c *FileConfig) validate() error {
 	if c.GCPercent == 0 {
 		c.GCPercent = DefaultGCPercent
 	}
+	var ck config.Checker
 	if c.GCPercent < -1 {
-		return fmt.Errorf("gc_percent %d: want -1 (off) or a positive percentage", c.GCPercent)
+		ck.Addf("gc_percent", "%d: want -1 (off) or a positive percentage", c.GCPercent)
 	}
 	if c.GOMAXPROCS < -1 {
-		return fmt.Errorf("gomaxprocs %d: want 0 (sized to the load), -1 (the runtime's own) or a number of Ps", c.GOMAXPROCS)
+		ck.Addf("gomaxprocs", "%d: want 0 (sized to the load), -1 (the runtime's own) or a number of Ps", c.GOMAXPROCS)
 	}
 	if _, err := daemon.LogLevel(c.LogLevel); err != nil {
-		return err
+		ck.Addf("log_level", "%q: want debug, info, warn or error", c.LogLevel)
 	}
 	if c.AdminListen != "off" && c.AdminTokenFile == "" && !c.AdminInsecure && !daemon.IsLoopbackListen(c.AdminListen) {
-		return fmt.Errorf("admin_listen %q: other hosts can reach it and the admin API would serve them unauthenticated: "+
+		ck.Addf("admin_listen", "%q: other hosts can reach it and the admin API would serve them unauthenticated: "+
 			"set admin_token_file (or admin_insecure: true when the network keeps them out)", c.AdminListen)
 	}
 	if len(c.Listeners) == 0 {
-		return errors.New("listeners: at least one is required")
+		ck.Addf("listeners", "at least one is required")
 	}
 	switch {
 	case c.Routing != nil && len(c.Backends) > 0:
-		return errors.New("backends: the simple form of routing; give routing or backends, not both")
+		ck.Addf("backends", "the simple form of routing; give routing or backends, not both")
 	case c.Routing == nil && len(c.Backends) == 0:
-		return errors.New("backends: at least one pool is required (or routing)")
+		ck.Addf("backends", "at least one pool is required (or routing)")
 	}
-	for name, p := range c.Backends {
-		if len(p.Members) == 0 {
-			return fmt.Errorf("backends.%s.members: at least one is required", name)
-		}
+	for _, name := range slices.Sorted(maps.Keys(c.Backends)) {
+		p := c.Backends[name]
+		ck.Nest(config.At("backends", name), p.Validate())
+		p.Defaults()
+		c.Backends[name] = p
 	}
 	seen := map[string]bool{}
 	for i := range c.Listeners {
 		l := &c.Listeners[i]
+		path := config.Index("listeners", i)
 		if l.Name == "" {
 			l.Name = fmt.Sprintf("listener%d", i)
 		}
 		if seen[l.Name] {
-			return fmt.Errorf("listeners[%d].name: %q used twice", i, l.Name)
+			ck.Addf(config.At(path, "name"), "%q used twice", l.Name)
 		}
 		seen[l.Name] = true
 		if c.StateDir != "" && strings.ContainsAny(l.Name, "/\x00") {
-			return fmt.Errorf("listeners[%d].name: %q names its blacklist's file in state_dir: no '/'", i, l.Name)
+			ck.Addf(config.At(path, "name"), "%q names its blacklist's file in state_dir: no '/'", l.Name)
 		}
 		if l.Addr == "" {
-			return fmt.Errorf("listeners[%d].addr: required", i)
+			ck.Addf(config.At(path, "addr"), "required")
 		}
+		ck.Nest(path, l.Listener.Validate())
+		l.Listener.Defaults()
 		if c.Routing != nil {
 			if l.Pool != "" {
-				return fmt.Errorf("listeners[%d].pool: routing says where requests go; remove pool", i)
+				ck.Addf(config.At(path, "pool"), "routing says where requests go; remove pool")
 			}
-		} else if _, ok := c.Backends[l.Pool]; !ok {
-			return fmt.Errorf("listeners[%d].pool: no backend pool %q", i, l.Pool)
+		} else if _, ok := c.Backends[l.Pool]; !ok && len(c.Backends) > 0 {
+			ck.Addf(config.At(path, "pool"), "no backend pool %q", l.Pool)
 		}
 		if _, err := clientip.New(l.ClientIP); err != nil {
-			return fmt.Errorf("listeners[%d].client_ip.%w", i, err)
+			ck.Nest(config.At(path, "client_ip"), err)
 		}
 	}
 	if c.Routing != nil {
-		if err := c.Routing.Validate(); err != nil {
-			return fmt.Errorf("routing: %w", err)
-		}
+		ck.Nest("routing", c.Routing.Validate())
 		for i, rl := range c.Routing.Listeners {
 			if !seen[rl.Name] {
-				return fmt.Errorf("routing.listeners[%d].name: no listener %q", i, rl.Name)
+				ck.Addf(config.At(config.Index("routing.listeners", i), "name"), "no listener %q", rl.Name)
 			}
 		}
 	}
-	names := make([]string, 0, len(c.Blacklists))
-	for name := range c.Blacklists {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(c.Blacklists)) {
 		b := c.Blacklists[name]
 		if name != blacklist.GlobalName && !seen[name] {
-			return fmt.Errorf("blacklists.%s: a list is %q or a listener's name", name, blacklist.GlobalName)
+			ck.Addf(config.At("blacklists", name), "a list is %q or a listener's name", blacklist.GlobalName)
 		}
-		if err := b.Validate("blacklists." + name); err != nil {
-			return err
-		}
+		ck.Nest(config.At("blacklists", name), b.Validate())
 	}
 	if len(c.Certificates.Certificates) == 0 && c.Certificates.Dir == "" {
-		return errors.New("certificates: give certificates or dir")
+		ck.Addf("certificates", "give certificates or dir")
 	}
+	var tunnelErr error // names its fields itself
 	if c.Tunnel != nil {
-		if _, err := c.Tunnel.config(); err != nil {
-			return err
-		}
+		_, tunnelErr = c.Tunnel.config()
 	}
 	if ks := c.KeyServers; ks != nil {
 		if len(ks.Servers) == 0 || ks.CertFile == "" || ks.KeyFile == "" || ks.CAFile == "" {
-			return errors.New("keyservers: servers, cert_file, key_file and ca_file are required")
+			ck.Addf("keyservers", "servers, cert_file, key_file and ca_file are required")
 		}
 	}
-	return nil
+	return errors.Join(ck.Err(), tunnelErr)
 }
 
 // keyserverTLS loads the client certificate and the keyservers' CA.

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tiergate/tiergate/l7"
 )
 
 // simpleForm turns the sample configuration into its simple form: the routing
@@ -61,7 +63,7 @@ func TestParseConfig(t *testing.T) {
 		{"routing", routed, ""},
 		{"routing and backends", routed + "backends: {web: {members: [x:1]}}\n", "give routing or backends, not both"},
 		{"routing and pool", strings.Replace(routed, "addr: x:1", "addr: x:1, pool: web", 1), "listeners[0].pool: routing says where requests go"},
-		{"bad routing", strings.Replace(routed, "pool: p}", "pool: q}", 1), `routing: listeners[0].vhosts[0].routes[0].action.pool: no pool is named "q"`},
+		{"bad routing", strings.Replace(routed, "pool: p}", "pool: q}", 1), `routing.listeners[0].vhosts[0].routes[0].action.pool: no pool is named "q"`},
 		{"routing duration", strings.Replace(routed, "pool: p}", "pool: p}, timeout: 2x", 1), `time: unknown unit "x"`},
 		{"routing unknown listener", strings.Replace(routed, "name: a, vhosts", "name: b, vhosts", 1), `routing.listeners[0].name: no listener "b"`},
 		{"routing unknown field", strings.Replace(routed, "balance: least_request", "balanse: x", 1), "field balanse not found"},
@@ -83,14 +85,14 @@ func TestParseConfig(t *testing.T) {
 		{"no certificates", "listeners: [{addr: x:1, pool: web}]\nbackends: {web: {members: [x:1]}}\n", "certificates: give certificates or dir"},
 		{"partial keyservers", minimal + "keyservers: {servers: [x:1]}\n", "keyservers: servers, cert_file, key_file and ca_file are required"},
 		{"unknown field", minimal + "listen: x\n", "field listen not found"},
-		{"bad log level", minimal + "log_level: chatty\n", `log_level "chatty"`},
-		{"bad gc percent", minimal + "gc_percent: -5\n", "gc_percent -5"},
-		{"bad gomaxprocs", minimal + "gomaxprocs: -2\n", "gomaxprocs -2"},
+		{"bad log level", minimal + "log_level: chatty\n", `log_level: "chatty": want debug`},
+		{"bad gc percent", minimal + "gc_percent: -5\n", "gc_percent: -5: want"},
+		{"bad gomaxprocs", minimal + "gomaxprocs: -2\n", "gomaxprocs: -2: want"},
 		{"admin loopback", minimal + "admin_listen: \"127.0.0.2:9241\"\n", ""},
 		{"admin IPv6 loopback", minimal + "admin_listen: \"[::1]:9241\"\n", ""},
 		{"admin localhost", minimal + "admin_listen: \"localhost:9241\"\n", ""},
 		{"admin off", minimal + "admin_listen: \"off\"\n", ""},
-		{"admin every address", minimal + "admin_listen: \":9241\"\n", `admin_listen ":9241": other hosts can reach it`},
+		{"admin every address", minimal + "admin_listen: \":9241\"\n", `admin_listen: ":9241": other hosts can reach it`},
 		{"admin any", minimal + "admin_listen: \"0.0.0.0:9241\"\n", "set admin_token_file (or admin_insecure: true"},
 		{"admin host name", minimal + "admin_listen: \"admin.example:9241\"\n", "other hosts can reach it"},
 		{"admin public with token", minimal + "admin_listen: \"0.0.0.0:9241\"\nadmin_token_file: /etc/t\n", ""},
@@ -126,6 +128,10 @@ func TestDefaultsAndSample(t *testing.T) {
 	if c.AdminListen != DefaultAdminListen || c.ShutdownGrace != 10*time.Second || c.Listeners[0].Name != "listener0" ||
 		c.StateDir != "" || c.AdminTokenFile != "" || c.AdminInsecure {
 		t.Errorf("defaults: %+v", c)
+	}
+	if l := c.Listeners[0]; l.IdleTimeout != l7.DefaultIdleTimeout || l.MaxConns != l7.DefaultMaxConns || l.DeferAccept != l7.DefaultDeferAccept ||
+		c.Backends["web"].ConnsPerMember != l7.DefaultConnsPerMember || c.Backends["web"].Timeout != l7.DefaultPoolTimeout {
+		t.Errorf("listener and pool defaults (l7's, filled in once): %+v %+v", l, c.Backends["web"])
 	}
 	s, err := LoadConfig("../../deploy/l7d.yaml")
 	if err != nil {

@@ -259,10 +259,7 @@ func (d *Daemon) l7Config(cfg *FileConfig, pol decider) l7.Config {
 		Logger:          d.log,
 	}
 	if cfg.Routing == nil {
-		c.Backends = map[string]l7.PoolConfig{}
-		for name, p := range cfg.Backends {
-			c.Backends[name] = l7.PoolConfig{Members: p.Members, ConnsPerMember: p.ConnsPerMember, Timeout: p.Timeout, ConnectTimeout: p.ConnectTimeout}
-		}
+		c.Backends = cfg.Backends
 	}
 	for _, l := range cfg.Listeners {
 		var wrap func(net.Listener) (net.Listener, error)
@@ -273,26 +270,7 @@ func (d *Daemon) l7Config(cfg *FileConfig, pol decider) l7.Config {
 				return clientip.NewListenerWithOptions(ln, res, clientip.Options{Name: name, Registerer: d.reg, Logger: d.log})
 			}
 		}
-		c.Listeners = append(c.Listeners, l7.ListenerConfig{
-			WrapListener:         wrap,
-			Name:                 l.Name,
-			Addr:                 l.Addr,
-			TLS:                  d.store.TLSConfig(),
-			Pool:                 l.Pool,
-			DisableHTTP3:         l.DisableHTTP3,
-			TCPKeepAlive:         l.TCPKeepAlive,
-			DeferAccept:          l.DeferAccept,
-			QUICServerID:         l.QUICServerID,
-			HandshakeTimeout:     l.HandshakeTimeout,
-			ReadHeaderTimeout:    l.ReadHeaderTimeout,
-			ReadTimeout:          l.ReadTimeout,
-			WriteTimeout:         l.WriteTimeout,
-			IdleTimeout:          l.IdleTimeout,
-			MaxHeaderBytes:       l.MaxHeaderBytes,
-			MaxConns:             l.MaxConns,
-			MaxConcurrentStreams: l.MaxConcurrentStreams,
-			MaxRequestBody:       l.MaxRequestBody,
-		})
+		c.Listeners = append(c.Listeners, l7.ListenerConfig{Listener: l.Listener, TLS: d.store.TLSConfig(), WrapListener: wrap})
 	}
 	return c
 }

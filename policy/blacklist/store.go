@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 )
 
@@ -42,19 +43,21 @@ const (
 	ActionClose  = "close"
 )
 
-// Validate checks c, naming its fields from path ("blacklists.web").
-func (c ListConfig) Validate(path string) error {
+// Validate checks c and returns every problem, each a *config.FieldError named by its
+// path within c ("action", "files[0]").
+func (c ListConfig) Validate() error {
+	var ck config.Checker
 	switch c.Action {
 	case "", ActionForbid, ActionClose:
 	default:
-		return fmt.Errorf("%s.action: %q: want %s or %s", path, c.Action, ActionForbid, ActionClose)
+		ck.Addf("action", "%q: want %s or %s", c.Action, ActionForbid, ActionClose)
 	}
 	for j, f := range c.Files {
 		if f == "" {
-			return fmt.Errorf("%s.files[%d]: empty", path, j)
+			ck.Addf(config.Index("files", j), "empty")
 		}
 	}
-	return nil
+	return ck.Err()
 }
 
 // Source is what a list in force was loaded from: its pushed state file, or its

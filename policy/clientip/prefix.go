@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // prefixTable is a set of addresses given as CIDRs, compiled to sorted, disjoint
@@ -82,7 +84,7 @@ func compilePrefixes(field string, list []string) (*prefixTable, error) {
 	for i, s := range list {
 		p, err := parsePrefix(s)
 		if err != nil {
-			return nil, fmt.Errorf("%s[%d]: %w", field, i, err)
+			return nil, &config.FieldError{Path: config.Index(field, i), Err: err}
 		}
 		a := p.Addr()
 		if a.Is4() {

@@ -1,13 +1,14 @@
 package clientip
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"net/textproto"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // Source says how a client address was found.
@@ -106,14 +107,14 @@ func New(cfg Config) (*Resolver, error) {
 
 	switch {
 	case cfg.Header != "" && len(cfg.TrustedProxies) == 0:
-		return nil, fmt.Errorf("header: %q is set but trusted_proxies is empty, so no peer's header would be believed", cfg.Header)
+		return nil, fieldErrorf("header", "%q is set but trusted_proxies is empty, so no peer's header would be believed", cfg.Header)
 	case cfg.Header != "":
 		if !validFieldName(cfg.Header) {
-			return nil, fmt.Errorf("header: %q is not a valid header name", cfg.Header)
+			return nil, fieldErrorf("header", "%q is not a valid header name", cfg.Header)
 		}
 		cfg.Header = textproto.CanonicalMIMEHeaderKey(cfg.Header)
 		if cfg.Header == "Forwarded" {
-			return nil, errors.New(`header: "Forwarded" (RFC 7239) is not supported; use X-Forwarded-For or a single-value header`)
+			return nil, fieldErrorf("header", `"Forwarded" (RFC 7239) is not supported; use X-Forwarded-For or a single-value header`)
 		}
 	case len(cfg.TrustedProxies) > 0:
 		cfg.Header = HeaderXFF
@@ -122,7 +123,7 @@ func New(cfg Config) (*Resolver, error) {
 	r.xff = cfg.Header == HeaderXFF
 
 	if cfg.MaxHops < 0 {
-		return nil, fmt.Errorf("max_hops: %d is negative", cfg.MaxHops)
+		return nil, fieldErrorf("max_hops", "%d is negative", cfg.MaxHops)
 	}
 	if cfg.MaxHops == 0 {
 		cfg.MaxHops = DefaultMaxHops
@@ -130,21 +131,21 @@ func New(cfg Config) (*Resolver, error) {
 	r.maxHops = cfg.MaxHops
 
 	if cfg.ProxyTimeout < 0 {
-		return nil, fmt.Errorf("proxy_timeout: %v is negative", cfg.ProxyTimeout)
+		return nil, fieldErrorf("proxy_timeout", "%v is negative", cfg.ProxyTimeout)
 	}
 	if cfg.ProxyProtocol {
 		if len(cfg.ProxyTrusted) == 0 {
-			return nil, errors.New("proxy_trusted: required when proxy_protocol is on (a PROXY header from anyone would let them choose their address)")
+			return nil, fieldErrorf("proxy_trusted", "required when proxy_protocol is on (a PROXY header from anyone would let them choose their address)")
 		}
 		if cfg.ProxyTimeout == 0 {
 			cfg.ProxyTimeout = DefaultProxyTimeout
 		}
 	} else {
 		if len(cfg.ProxyTrusted) > 0 {
-			return nil, errors.New("proxy_trusted: set but proxy_protocol is off")
+			return nil, fieldErrorf("proxy_trusted", "set but proxy_protocol is off")
 		}
 		if cfg.ProxyTimeout != 0 {
-			return nil, errors.New("proxy_timeout: set but proxy_protocol is off")
+			return nil, fieldErrorf("proxy_timeout", "set but proxy_protocol is off")
 		}
 	}
 
@@ -227,4 +228,9 @@ func (r *Resolver) FromHeaders(peer netip.Addr, peerSource Source, get func(name
 		}
 	}
 	return peer, peerSource
+}
+
+// fieldErrorf is a problem with the field of Config at path, as New reports it.
+func fieldErrorf(path, format string, args ...any) error {
+	return &config.FieldError{Path: path, Err: fmt.Errorf(format, args...)}
 }
