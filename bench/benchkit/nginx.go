@@ -2,7 +2,12 @@ package benchkit
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
 )
 
 // NginxErrorLog is where the nginx.conf of NginxHTTPTop has nginx write its errors,
@@ -34,4 +39,21 @@ http {
 `, workers, filepath.Join(dir, "nginx.pid"), filepath.Join(dir, NginxErrorLog),
 		filepath.Join(dir, "body"), filepath.Join(dir, "proxy"), filepath.Join(dir, "fastcgi"),
 		filepath.Join(dir, "uwsgi"), filepath.Join(dir, "scgi"))
+}
+
+// StopNginx stops an nginx master process (SIGTERM: its fast shutdown, which stops
+// its workers), then kills any worker it left behind: those in workers (the ones the
+// caller saw) and the master's children at the time of the call.
+func StopNginx(p *Process, workers []int, grace time.Duration) error {
+	if kids, err := ChildPIDs(p.PID()); err == nil {
+		workers = append(slices.Clone(workers), kids...)
+	}
+	err := p.Stop(grace)
+	for _, pid := range workers {
+		cmdline, rerr := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if rerr == nil && strings.HasPrefix(string(cmdline), "nginx: worker") {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	return err
 }

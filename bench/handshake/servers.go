@@ -12,12 +12,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/tiergate/tiergate/bench/benchkit"
+	"github.com/tiergate/tiergate/internal/proc"
 )
 
 // Servers, in the order each group of rows measures them.
@@ -248,7 +248,7 @@ func (b *bench) startNginx(ctx context.Context) (*server, error) {
 	s.clock = benchkit.ProcessTreeCPU(s.proc.PID())
 	if err := b.waitTLS(ctx, s, 20*time.Second); err != nil {
 		stopNginx(s)
-		return nil, fmt.Errorf("%w; error log:\n%s", err, tail(errLog, 20))
+		return nil, fmt.Errorf("%w; error log:\n%s", err, proc.Tail(errLog, 20))
 	}
 	// The workers are up once one has answered; wait for all of them to be forked.
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -264,7 +264,7 @@ func (b *bench) startNginx(ctx context.Context) (*server, error) {
 	}
 	if len(s.workers) != b.o.nginxWorkers {
 		stopNginx(s)
-		return nil, fmt.Errorf("nginx has %d worker processes, want %d; error log:\n%s", len(s.workers), b.o.nginxWorkers, tail(errLog, 20))
+		return nil, fmt.Errorf("nginx has %d worker processes, want %d; error log:\n%s", len(s.workers), b.o.nginxWorkers, proc.Tail(errLog, 20))
 	}
 	return s, nil
 }
@@ -363,32 +363,5 @@ func (b *bench) stopFleet() {
 	b.fl = nil
 }
 
-// stopNginx stops nginx's master (SIGTERM: fast shutdown, it stops its workers) and
-// then kills any worker it left behind.
-func stopNginx(s *server) error {
-	workers := s.workers
-	if kids, err := benchkit.ChildPIDs(s.proc.PID()); err == nil {
-		workers = append(workers, kids...)
-	}
-	err := s.proc.Stop(10 * time.Second)
-	for _, pid := range workers {
-		cmdline, rerr := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if rerr == nil && strings.HasPrefix(string(cmdline), "nginx: worker") {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
-	return err
-}
-
-// tail returns the last n lines of a file.
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+// stopNginx stops nginx's master and any worker it left behind.
+func stopNginx(s *server) error { return benchkit.StopNginx(s.proc, s.workers, 10*time.Second) }

@@ -10,11 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/tiergate/tiergate/bench/benchkit"
+	"github.com/tiergate/tiergate/internal/proc"
 	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
@@ -184,15 +184,7 @@ func (e *endpoint) stop() error {
 	if !e.nginx {
 		return e.proc.Stop(10 * time.Second)
 	}
-	workers, _ := benchkit.ChildPIDs(e.proc.PID())
-	err := e.proc.Stop(10 * time.Second)
-	for _, pid := range workers {
-		cmdline, rerr := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if rerr == nil && strings.HasPrefix(string(cmdline), "nginx: worker") {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
-	return err
+	return benchkit.StopNginx(e.proc, nil, 10*time.Second)
 }
 
 // exited returns an error if the process is gone, and marks it reported.
@@ -319,7 +311,7 @@ func (b *bench) startNginx(ctx context.Context, id, dir, conf string, workers in
 	e.clock, e.user = benchkit.ProcessTreeCPU(e.proc.PID()), benchkit.ProcessUserCPU(e.proc.PID(), true)
 	if err := ready(e); err != nil {
 		e.stop()
-		return nil, fmt.Errorf("%w; error log:\n%s", err, tail(errLog, 20))
+		return nil, fmt.Errorf("%w; error log:\n%s", err, proc.Tail(errLog, 20))
 	}
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		kids, err := benchkit.ChildPIDs(e.proc.PID())
@@ -332,7 +324,7 @@ func (b *bench) startNginx(ctx context.Context, id, dir, conf string, workers in
 		}
 		if time.Now().After(end) {
 			e.stop()
-			return nil, fmt.Errorf("nginx has %d worker processes, want %d; error log:\n%s", len(kids), workers, tail(errLog, 20))
+			return nil, fmt.Errorf("nginx has %d worker processes, want %d; error log:\n%s", len(kids), workers, proc.Tail(errLog, 20))
 		}
 	}
 	return e, nil
@@ -543,17 +535,4 @@ func plural(n int, thing string) string {
 		return "1 " + thing
 	}
 	return fmt.Sprintf("%d %ss", n, thing)
-}
-
-// tail returns the last n lines of a file.
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
