@@ -11,8 +11,6 @@
 //   - sched: weighted Maglev, smooth weighted round robin, weighted least connections.
 //   - conntrack: the per-core connection table (fixed memory, 40-byte entries,
 //     timeouts by TCP state, O(1) eviction of the oldest half-open entry when full).
-//   - quiccid: the QUIC connection-ID format that carries an L7 node's server ID, so
-//     QUIC flows keep their node when the client's address changes.
 //   - port: the burst I/O interface workers use, and an in-memory port.
 //   - dpdk: the thin cgo binding to DPDK 22.11 (one cgo call per burst).
 //   - datapath: the workers (run-to-completion, one RX queue and one table shard
@@ -20,5 +18,8 @@
 //     checks) that publishes immutable snapshots the workers read.
 //   - l4d: the daemon: YAML configuration, DPDK start-up, admin API, metrics.
 //
-// The L7 end of the tunnel is l7/tunnel.
+// The L7 end of the tunnel is l7/tunnel. What both ends must read alike, the tunnel
+// format and its rules, the checksum and the QUIC connection-ID layout that carries an
+// L7 node's server ID (so QUIC flows keep their node when the client's address
+// changes), is package wire, outside both tiers.
 package l4

@@ -19,7 +19,6 @@ import (
 	"github.com/quic-go/quic-go/http3"
 	"github.com/valyala/fasthttp"
 
-	"github.com/tiergate/tiergate/l4/quiccid"
 	"github.com/tiergate/tiergate/policy/clientip"
 )
 
@@ -239,7 +238,7 @@ func (l *listener) start() error {
 	if l.udp != nil {
 		l.tr = &quic.Transport{Conn: l.udp, ConnContext: l.quicConnContext}
 		if l.cfg.QUICServerID != 0 {
-			l.tr.ConnectionIDGenerator = quiccid.Generator{ServerID: l.cfg.QUICServerID}
+			l.tr.ConnectionIDGenerator = connIDGenerator{serverID: l.cfg.QUICServerID}
 		}
 		ln, err := l.tr.Listen(l.quicTLS, &quic.Config{
 			// quic-go gives up on a handshake idle for this long, or not done in twice it.

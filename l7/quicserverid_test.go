@@ -12,12 +12,12 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
-	"github.com/tiergate/tiergate/l4/quiccid"
+	"github.com/tiergate/tiergate/wire"
 )
 
 // cidProxy relays UDP between one client and a server and records the connection IDs
 // on the wire: the source IDs of the server's long-header packets, and the destination
-// IDs of the client's short-header packets (the first quiccid.Len bytes after the first
+// IDs of the client's short-header packets (the first wire.ConnIDLen bytes after the first
 // byte), the ones a distributor routes by.
 type cidProxy struct {
 	front *net.UDPConn
@@ -51,9 +51,9 @@ func newCIDProxy(t *testing.T, server string) *cidProxy {
 			cmu.Lock()
 			client = from
 			cmu.Unlock()
-			if n > quiccid.Len && b[0]&0x80 == 0 {
+			if n > wire.ConnIDLen && b[0]&0x80 == 0 {
 				p.mu.Lock()
-				p.dcids = append(p.dcids, append([]byte(nil), b[1:1+quiccid.Len]...))
+				p.dcids = append(p.dcids, append([]byte(nil), b[1:1+wire.ConnIDLen]...))
 				p.mu.Unlock()
 			}
 			back.Write(b[:n])
@@ -121,14 +121,14 @@ func TestQUICServerID(t *testing.T) {
 			}
 			for _, ids := range [][][]byte{px.scids, px.dcids} {
 				for _, id := range ids {
-					got, ok := quiccid.Decode(id)
+					got, ok := wire.DecodeConnID(id)
 					if tc.id == 0 {
-						if ok && len(id) == quiccid.Len {
+						if ok && len(id) == wire.ConnIDLen {
 							t.Errorf("without a server ID, connection ID % x decodes to %d", id, got)
 						}
 						continue
 					}
-					if !ok || got != tc.id || len(id) != quiccid.Len {
+					if !ok || got != tc.id || len(id) != wire.ConnIDLen {
 						t.Errorf("connection ID % x: server ID %d, %v; want %d", id, got, ok, tc.id)
 					}
 				}

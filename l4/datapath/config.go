@@ -122,7 +122,7 @@ type MemberConfig struct {
 	// Weight for scheduling. Default 1 (use Drain to stop sending new flows).
 	Weight uint32
 	// QUICID is the server ID the member's l7d puts in the QUIC connection IDs it
-	// issues (l4/quiccid). 0: none.
+	// issues (in wire's layout). 0: none.
 	QUICID uint16
 	// Drained members get no new flows; their existing flows stay until they end.
 	Drained bool

@@ -13,7 +13,7 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 
-	"github.com/tiergate/tiergate/l4/quiccid"
+	"github.com/tiergate/tiergate/wire"
 )
 
 func TestValidateNamesFields(t *testing.T) {
@@ -215,8 +215,8 @@ func TestQUICByConnectionID(t *testing.T) {
 		sid  uint16
 		want string
 	}{{1, "198.18.1.11"}, {2, "198.18.1.12"}} {
-		cid := make([]byte, quiccid.Len)
-		if err := quiccid.Encode(cid, tc.sid); err != nil {
+		cid := make([]byte, wire.ConnIDLen)
+		if err := wire.EncodeConnID(cid, tc.sid); err != nil {
 			t.Fatal(err)
 		}
 		// Short-header packets from many client addresses and ports: every one

@@ -28,7 +28,7 @@
 //   - A flow whose member failed its health check is rescheduled; a drained or
 //     removed member keeps its flows until they end.
 //   - QUIC rules: Handshake and short-header packets carry a connection ID the member
-//     issued (l4/quiccid) and go to that member whatever the client's address; Initial
+//     issued (in wire's layout) and go to that member whatever the client's address; Initial
 //     and 0-RTT packets, whose connection ID the client chose, go by the table.
 //   - ICMP and ICMPv6 errors about a flow (fragmentation needed, packet too big,
 //     unreachable) go to the flow's member, found from the quoted header.

@@ -9,14 +9,14 @@ import (
 	"github.com/tiergate/tiergate/l4/conntrack"
 	"github.com/tiergate/tiergate/l4/packet"
 	"github.com/tiergate/tiergate/l4/port"
-	"github.com/tiergate/tiergate/l4/quiccid"
 	"github.com/tiergate/tiergate/l4/sched"
+	"github.com/tiergate/tiergate/wire"
 )
 
 const (
 	defaultBurst = 32
 	maxBurst     = 256
-	quicCIDLen   = quiccid.Len
+	quicCIDLen   = wire.ConnIDLen
 	// publishEvery is how often a worker publishes its counters for metrics.
 	publishEvery = 100 * time.Millisecond
 )
@@ -389,7 +389,7 @@ func (w *worker) quicMember(s *snapshot, r *rule, frame []byte, p *packet.Packet
 	if !ok || long && typ != 2 {
 		return 0, false
 	}
-	sid, ok := quiccid.Decode(cid)
+	sid, ok := wire.DecodeConnID(cid)
 	if !ok {
 		return 0, false
 	}
