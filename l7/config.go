@@ -2,6 +2,7 @@ package l7
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -459,15 +460,19 @@ const maxRouteRetries = 10
 // reloaded and WrapListener ignored (functions cannot be compared).
 var reloadable = map[string]bool{"Pool": true}
 
+// ErrRestartRequired is wrapped by the errors of a Reload refused because it changes
+// what only a restart applies (the listeners, their addresses, timeouts and limits).
+var ErrRestartRequired = errors.New("it takes a restart")
+
 // checkReload returns an error naming the first listener setting of next that differs
 // from cur and cannot change without a restart. Both are populated.
 func checkReload(cur, next []ListenerConfig) error {
 	if len(cur) != len(next) {
-		return fmt.Errorf("l7: reload: %d listeners instead of %d; adding or removing listeners takes a restart", len(next), len(cur))
+		return fmt.Errorf("l7: reload: %d listeners instead of %d; adding or removing listeners: %w", len(next), len(cur), ErrRestartRequired)
 	}
 	for i := range cur {
 		if cur[i].Name != next[i].Name {
-			return fmt.Errorf("l7: reload: listener %d is %q, was %q; renaming or reordering listeners takes a restart", i, next[i].Name, cur[i].Name)
+			return fmt.Errorf("l7: reload: listener %d is %q, was %q; renaming or reordering listeners: %w", i, next[i].Name, cur[i].Name, ErrRestartRequired)
 		}
 		a, b := reflect.ValueOf(cur[i].Listener), reflect.ValueOf(next[i].Listener)
 		for f := 0; f < a.NumField(); f++ {
@@ -477,8 +482,8 @@ func checkReload(cur, next []ListenerConfig) error {
 			}
 			if !a.Field(f).Equal(b.Field(f)) {
 				name, _, _ := strings.Cut(field.Tag.Get("yaml"), ",")
-				return fmt.Errorf("l7: reload: listeners[%d].%s (listener %q) changed (%v → %v); it takes a restart",
-					i, name, cur[i].Name, a.Field(f), b.Field(f))
+				return fmt.Errorf("l7: reload: listeners[%d].%s (listener %q) changed (%v → %v); %w",
+					i, name, cur[i].Name, a.Field(f), b.Field(f), ErrRestartRequired)
 			}
 		}
 	}

@@ -1,25 +1,32 @@
 package l7d
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"slices"
 
 	"github.com/tiergate/tiergate/internal/daemon"
+	"github.com/tiergate/tiergate/l7"
 	"github.com/tiergate/tiergate/policy/blacklist"
 )
 
-// apiError is the one error shape of the admin API.
-type apiError struct {
-	Status  int    `json:"status"`
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	// BadLines is how many lines of an upload were bad; Lines the first of them.
-	BadLines int       `json:"bad_lines,omitempty"`
-	Lines    []badLine `json:"lines,omitempty"`
+// Error codes of l7d's admin API, besides daemon's.
+const (
+	codeReloadFailed     = "reload_failed"      // 422: the file is not a configuration l7d can apply
+	codeRestartRequired  = "restart_required"   // 422: the file changes what only a restart applies
+	codeUnknownList      = "unknown_list"       // 404: no such blacklist
+	codeInvalidList      = "invalid_list"       // 422: an upload that is not a list or delta
+	codeBadLines         = "bad_lines"          // 422: an upload with bad lines, listed
+	codeStateWriteFailed = "state_write_failed" // 500: the list's state file could not be written
+	codeListFilesFailed  = "list_files_failed"  // 500: the list's files could not be loaded
+)
+
+// badLines are the details of a bad_lines error: how many lines were bad, and the
+// first of them.
+type badLines struct {
+	BadLines int       `json:"bad_lines"`
+	Lines    []badLine `json:"lines"`
 }
 
 type badLine struct {
@@ -27,16 +34,6 @@ type badLine struct {
 	Text  string `json:"text"`
 	Error string `json:"error"`
 }
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
-}
-
-func writeError(w http.ResponseWriter, e *apiError) { writeJSON(w, e.Status, e) }
 
 // listInfo describes a blacklist in the admin API's answers.
 type listInfo struct {
@@ -75,152 +72,162 @@ func (d *Daemon) listInfo(l *blacklist.List) listInfo {
 // changes: a bad one is answered 422 with the bad lines by number, and the list in
 // force stays; a good one is written to the list's state file when there is a
 // state_dir (a failure answers 500, code state_write_failed, and the list in force
-// stays), then swapped in atomically and answered 200 with the list's new size.
-// With an admin token, every request but GET /healthz and GET /metrics must carry
-// it (daemon.AdminAuth).
+// stays), then swapped in atomically and answered 200 with the list's new size. A
+// reload that fails is answered 422, code reload_failed (or restart_required). Every
+// error has daemon.APIError's JSON shape. Changes run on the owner goroutine, one after
+// the other. With an admin token, every request but GET /healthz and GET /metrics must
+// carry it (daemon.AdminAuth).
 func (d *Daemon) adminHandler() http.Handler {
 	mux := daemon.AdminMux(d.reg, d.srv.Healthy)
-	mux.HandleFunc("/reload", func(w http.ResponseWriter, r *http.Request) {
+	handle := func(pattern string, h daemon.Handler) { mux.Handle(pattern, h) }
+	handle("/reload", func(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", "POST")
-			http.Error(w, "use POST", http.StatusMethodNotAllowed)
-			return
+			return daemon.Errorf(http.StatusMethodNotAllowed, daemon.CodeBadRequest, "use POST")
 		}
 		if err := d.Reload(); err != nil {
-			http.Error(w, "reload failed; the running configuration stays: "+err.Error(), http.StatusUnprocessableEntity)
-			return
+			return reloadError(err)
 		}
 		io.WriteString(w, "reloaded\n")
+		return nil
 	})
-	mux.HandleFunc("GET /blacklists", func(w http.ResponseWriter, r *http.Request) {
+	handle("GET /blacklists", func(w http.ResponseWriter, r *http.Request) error {
 		names := append([]string{blacklist.GlobalName}, d.lists.Names()...)
 		out := make([]listInfo, 0, len(names))
 		for _, n := range names {
 			out = append(out, d.listInfo(d.lists.Listener(n)))
 		}
-		writeJSON(w, http.StatusOK, out)
+		daemon.WriteJSON(w, http.StatusOK, out)
+		return nil
 	})
-	mux.HandleFunc("GET /blacklists/{name}", func(w http.ResponseWriter, r *http.Request) {
-		if l := d.list(w, r); l != nil {
-			writeJSON(w, http.StatusOK, d.listInfo(l))
+	handle("GET /blacklists/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := d.list(r)
+		if err != nil {
+			return err
 		}
+		daemon.WriteJSON(w, http.StatusOK, d.listInfo(l))
+		return nil
 	})
-	mux.HandleFunc("PUT /blacklists/{name}", func(w http.ResponseWriter, r *http.Request) {
-		l := d.list(w, r)
-		if l == nil {
-			return
+	handle("PUT /blacklists/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := d.list(r)
+		if err != nil {
+			return err
 		}
 		s, err := blacklist.Read(r.Body)
 		if err != nil {
-			writeError(w, uploadError(err))
-			return
+			return uploadError(err)
 		}
 		var info listInfo
 		if e := d.do(func(*control) { err = d.bl.Replace(l, s); info = d.listInfo(l) }); e != nil {
-			writeError(w, stoppingError())
-			return
+			return stoppingError(e)
 		}
 		if err != nil {
-			writeError(w, d.stateError(l, err))
-			return
+			return d.stateError(l, err)
 		}
 		d.log.Info("blacklist replaced through the admin API", "list", l.Name(), "entries", info.Entries, "from", r.RemoteAddr)
-		writeJSON(w, http.StatusOK, info)
+		daemon.WriteJSON(w, http.StatusOK, info)
+		return nil
 	})
-	mux.HandleFunc("POST /blacklists/{name}/delta", func(w http.ResponseWriter, r *http.Request) {
-		l := d.list(w, r)
-		if l == nil {
-			return
+	handle("POST /blacklists/{name}/delta", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := d.list(r)
+		if err != nil {
+			return err
 		}
 		delta, err := blacklist.ReadDelta(r.Body)
 		if err != nil {
-			writeError(w, uploadError(err))
-			return
+			return uploadError(err)
 		}
 		var info listInfo
 		if e := d.do(func(*control) { err = d.bl.Apply(l, delta); info = d.listInfo(l) }); e != nil {
-			writeError(w, stoppingError())
-			return
+			return stoppingError(e)
 		}
 		var sw *blacklist.StateWriteError
 		switch {
 		case errors.As(err, &sw):
-			writeError(w, d.stateError(l, err))
-			return
+			return d.stateError(l, err)
 		case err != nil:
-			writeError(w, uploadError(err))
-			return
+			return uploadError(err)
 		}
 		d.log.Info("blacklist changed through the admin API", "list", l.Name(), "added", len(delta.Add),
 			"removed", len(delta.Remove), "entries", info.Entries, "from", r.RemoteAddr)
-		writeJSON(w, http.StatusOK, info)
+		daemon.WriteJSON(w, http.StatusOK, info)
+		return nil
 	})
-	mux.HandleFunc("DELETE /blacklists/{name}/state", func(w http.ResponseWriter, r *http.Request) {
-		l := d.list(w, r)
-		if l == nil {
-			return
+	handle("DELETE /blacklists/{name}/state", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := d.list(r)
+		if err != nil {
+			return err
 		}
-		var err error
 		var info listInfo
 		if e := d.do(func(*control) { err = d.bl.Drop(l); info = d.listInfo(l) }); e != nil {
-			writeError(w, stoppingError())
-			return
+			return stoppingError(e)
 		}
 		var sw *blacklist.StateWriteError
 		switch {
 		case errors.As(err, &sw):
-			writeError(w, d.stateError(l, err))
-			return
+			return d.stateError(l, err)
 		case err != nil:
-			writeError(w, &apiError{Status: http.StatusInternalServerError, Code: "list_files_failed",
-				Message: "the list's files cannot be loaded; the list in force and its pushed state stay: " + err.Error()})
-			return
+			return daemon.Wrap(http.StatusInternalServerError, codeListFilesFailed,
+				"the list's files cannot be loaded; the list in force and its pushed state stay", err)
 		}
 		d.log.Info("blacklist's pushed state dropped through the admin API: back to its files", "list", l.Name(),
 			"entries", info.Entries, "files", info.Files, "from", r.RemoteAddr)
-		writeJSON(w, http.StatusOK, info)
+		daemon.WriteJSON(w, http.StatusOK, info)
+		return nil
 	})
 	return d.auth.Wrap(mux)
 }
 
+// reloadError describes a failed reload: 422, code restart_required for a change
+// only a restart applies, else reload_failed.
+func reloadError(err error) *daemon.APIError {
+	if errors.Is(err, errStopped) {
+		return stoppingError(err)
+	}
+	var re *restartError
+	if errors.As(err, &re) || errors.Is(err, l7.ErrRestartRequired) {
+		return daemon.Wrap(http.StatusUnprocessableEntity, codeRestartRequired, "reload refused; the running configuration stays", err)
+	}
+	return daemon.Wrap(http.StatusUnprocessableEntity, codeReloadFailed, "reload failed; the running configuration stays", err)
+}
+
 // stateError describes a change refused because the list's state file could not be
 // written or removed (500), and logs it.
-func (d *Daemon) stateError(l *blacklist.List, err error) *apiError {
-	msg := "the list's state file could not be written; the list in force stays: " + err.Error()
+func (d *Daemon) stateError(l *blacklist.List, err error) *daemon.APIError {
+	e := daemon.Wrap(http.StatusInternalServerError, codeStateWriteFailed, "the list's state file could not be written; the list in force stays", err)
 	if errors.Is(err, daemon.ErrNotDurable) {
-		msg = err.Error()
+		e.Message = ""
 	}
-	d.log.Error("blacklist change through the admin API failed", "list", l.Name(), "err", msg)
-	return &apiError{Status: http.StatusInternalServerError, Code: "state_write_failed", Message: msg}
+	d.log.Error("blacklist change through the admin API failed", "list", l.Name(), "err", e.Error())
+	return e
 }
 
 // stoppingError answers a change asked of an l7d that is stopping (503).
-func stoppingError() *apiError {
-	return &apiError{Status: http.StatusServiceUnavailable, Code: "stopping", Message: "l7d is stopping; nothing was changed"}
+func stoppingError(err error) *daemon.APIError {
+	return daemon.Wrap(http.StatusServiceUnavailable, daemon.CodeUnavailable, "nothing was changed", err)
 }
 
-// list returns the list a request names, or answers 404 and returns nil.
-func (d *Daemon) list(w http.ResponseWriter, r *http.Request) *blacklist.List {
+// list returns the list a request names, or a 404 error.
+func (d *Daemon) list(r *http.Request) (*blacklist.List, error) {
 	name := r.PathValue("name")
 	if name != blacklist.GlobalName && !slices.Contains(d.listenerNames, name) {
-		writeError(w, &apiError{Status: http.StatusNotFound, Code: "unknown_list",
-			Message: fmt.Sprintf("no list %q: a list is %q or a listener's name (%v)", name, blacklist.GlobalName, d.listenerNames)})
-		return nil
+		return nil, daemon.Errorf(http.StatusNotFound, codeUnknownList,
+			"no list %q: a list is %q or a listener's name (%v)", name, blacklist.GlobalName, d.listenerNames)
 	}
-	return d.lists.Listener(name)
+	return d.lists.Listener(name), nil
 }
 
 // uploadError describes a rejected upload: 422, with its bad lines when it is text.
-func uploadError(err error) *apiError {
-	e := &apiError{Status: http.StatusUnprocessableEntity, Code: "invalid_list",
-		Message: "upload rejected; the list in force stays: " + err.Error()}
+func uploadError(err error) *daemon.APIError {
+	e := daemon.Wrap(http.StatusUnprocessableEntity, codeInvalidList, "upload rejected; the list in force stays", err)
 	var pe *blacklist.ParseErrors
 	if errors.As(err, &pe) {
-		e.Code = "bad_lines"
-		e.BadLines = pe.Count
+		e.Code = codeBadLines
+		details := badLines{BadLines: pe.Count}
 		for _, l := range pe.Errors {
-			e.Lines = append(e.Lines, badLine{Line: l.Line, Text: l.Text, Error: l.Err.Error()})
+			details.Lines = append(details.Lines, badLine{Line: l.Line, Text: l.Text, Error: l.Err.Error()})
 		}
+		e.Details = details
 	}
 	return e
 }

@@ -479,16 +479,16 @@ func (c *control) prepare() (*reload, error) {
 		return nil, err
 	}
 	if !sameKeyServers(cfg.KeyServers, cur.KeyServers) {
-		return nil, errors.New("keyservers changed: restart l7d to apply")
+		return nil, &restartError{"keyservers"}
 	}
 	if !reflect.DeepEqual(cfg.Tunnel, cur.Tunnel) {
-		return nil, errors.New("tunnel changed: restart l7d to apply")
+		return nil, &restartError{"tunnel"}
 	}
 	if cfg.StateDir != cur.StateDir {
-		return nil, errors.New("state_dir changed: restart l7d to apply")
+		return nil, &restartError{"state_dir"}
 	}
 	if cfg.GOMAXPROCS != cur.GOMAXPROCS || cfg.GCPercent != cur.GCPercent {
-		return nil, errors.New("gomaxprocs or gc_percent changed: restart l7d to apply")
+		return nil, &restartError{"gomaxprocs or gc_percent"}
 	}
 	if err := checkProxyProtocol(cur, cfg); err != nil {
 		return nil, err
@@ -525,6 +525,11 @@ func (c *control) commitReload(r *reload) {
 	c.setConfig(r.cfg)
 }
 
+// restartError is a reload refused because it changes what only a restart applies.
+type restartError struct{ what string }
+
+func (e *restartError) Error() string { return e.what + " changed: restart l7d to apply" }
+
 // checkProxyProtocol refuses a reload that changes a listener's PROXY protocol
 // settings, which are bound to its socket at start.
 func checkProxyProtocol(cur, next *FileConfig) error {
@@ -535,7 +540,7 @@ func checkProxyProtocol(cur, next *FileConfig) error {
 			}
 			a, b := c.ClientIP, n.ClientIP
 			if a.ProxyProtocol != b.ProxyProtocol || a.ProxyTimeout != b.ProxyTimeout || !slices.Equal(a.ProxyTrusted, b.ProxyTrusted) {
-				return fmt.Errorf("listener %q: client_ip.proxy_protocol, proxy_trusted or proxy_timeout changed: restart l7d to apply", n.Name)
+				return &restartError{fmt.Sprintf("listener %q: client_ip.proxy_protocol, proxy_trusted or proxy_timeout", n.Name)}
 			}
 		}
 	}

@@ -69,13 +69,14 @@ func TestReloadRefusedKeepsCertificate(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		bad  string // the listener's and backends' lines of a refused configuration
+		code string // the error's code
 	}{
 		{"backend member without a port",
 			`listeners: [{name: web, addr: "LISTEN", pool: app, disable_http3: true}]
-backends: {app: {members: ["127.0.0.1"]}}`},
+backends: {app: {members: ["127.0.0.1"]}}`, "reload_failed"},
 		{"listener limit that takes a restart",
 			`listeners: [{name: web, addr: "LISTEN", pool: app, disable_http3: true, max_conns: 7}]
-backends: {app: {members: ["127.0.0.1:9"]}}`},
+backends: {app: {members: ["127.0.0.1:9"]}}`, "restart_required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -102,8 +103,9 @@ backends: {app: {members: ["127.0.0.1:9"]}}
 
 			newSerial := writeLeaf(t, dir)
 			write(tc.bad)
-			if code, _, body := c.call("POST", "/reload", ""); code != 422 {
-				t.Fatalf("the bad reload was answered %d %s, want 422", code, body)
+			if code, out, body := c.call("POST", "/reload", ""); code != 422 || out["status"] != 422.0 || out["code"] != tc.code ||
+				!strings.Contains(body, "the running configuration stays") {
+				t.Fatalf("the bad reload was answered %d %s, want 422 in the JSON error shape, code %s", code, body, tc.code)
 			}
 			if got := servedSerial(t, listen); got.Cmp(oldSerial) != 0 {
 				t.Errorf("after a refused reload the listener serves serial %x (the new certificate), want the old %x", got, oldSerial)
