@@ -220,30 +220,14 @@ func prepare(dir string) (*site, error) {
 	if err := os.MkdirAll(st.pki, 0o700); err != nil {
 		return nil, err
 	}
-	ksCA, err := testpki.NewCA("Tiergate demo keyserver CA")
+	mtls, err := testpki.NewMutualTLS(st.pki, "Tiergate demo keyserver", "keyserverd", []string{"127.0.0.1", l4KeyserverIP}, "l7-demo")
 	if err != nil {
 		return nil, err
 	}
-	clientCA, err := testpki.NewCA("Tiergate demo L7 client CA")
-	if err != nil {
-		return nil, err
-	}
+	st.ksCert, st.ksKey, st.l7ClientCA = mtls.ServerCert, mtls.ServerKey, mtls.ClientCAFile
+	st.ksCA, st.l7Cert, st.l7Key = mtls.ServerCAFile, mtls.ClientCert, mtls.ClientKey
 	siteCA, err := testpki.NewCA("Tiergate demo site CA")
 	if err != nil {
-		return nil, err
-	}
-	ksLeaf, err := ksCA.Leaf("keyserverd", "127.0.0.1", l4KeyserverIP)
-	if err != nil {
-		return nil, err
-	}
-	l7Leaf, err := clientCA.Leaf("l7-demo")
-	if err != nil {
-		return nil, err
-	}
-	if st.ksCA, err = ksCA.WriteFiles(st.pki, "keyserver", ksLeaf); err != nil {
-		return nil, err
-	}
-	if st.l7ClientCA, err = clientCA.WriteFiles(st.pki, "client", l7Leaf); err != nil {
 		return nil, err
 	}
 	_, siteDER, err := siteCA.Issue("demo.tiergate.test", siteKey.Public(), "demo.tiergate.test")
@@ -258,8 +242,6 @@ func prepare(dir string) (*site, error) {
 		return nil, err
 	}
 	st.roots = siteCA.Pool()
-	st.ksCert, st.ksKey = filepath.Join(st.pki, "keyserverd.pem"), filepath.Join(st.pki, "keyserverd.key")
-	st.l7Cert, st.l7Key = filepath.Join(st.pki, "l7-demo.pem"), filepath.Join(st.pki, "l7-demo.key")
 	return st, nil
 }
 

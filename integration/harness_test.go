@@ -148,25 +148,12 @@ type pki struct {
 func newPKI(t *testing.T) *pki {
 	t.Helper()
 	p := &pki{dir: t.TempDir()}
-	var err error
-	if p.serverCA, err = testpki.NewCA("keyserver CA"); err != nil {
-		t.Fatal(err)
-	}
-	if p.clientCA, err = testpki.NewCA("L7 client CA"); err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := p.serverCA.Leaf("keyserverd", "127.0.0.1")
+	m, err := testpki.NewMutualTLS(p.dir, "keyserver", "keyserverd", []string{"127.0.0.1"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.serverCA.WriteFiles(p.dir, "server", leaf); err != nil {
-		t.Fatal(err)
-	}
-	if p.clientCAF, err = p.clientCA.WriteFiles(p.dir, "client"); err != nil {
-		t.Fatal(err)
-	}
-	p.serverCert = filepath.Join(p.dir, "keyserverd.pem")
-	p.serverKey = filepath.Join(p.dir, "keyserverd.key")
+	p.serverCA, p.clientCA = m.ServerCA, m.ClientCA
+	p.serverCert, p.serverKey, p.clientCAF = m.ServerCert, m.ServerKey, m.ClientCAFile
 	return p
 }
 

@@ -93,30 +93,12 @@ func newFixture(dir string) (*fixture, error) {
 		return nil, err
 	}
 
-	ksCA, err := testpki.NewCA("Tiergate bench keyserver CA")
+	mtls, err := testpki.NewMutualTLS(pki, "Tiergate bench keyserver", "keyserverd", []string{"127.0.0.1"}, l7Client)
 	if err != nil {
 		return nil, err
 	}
-	clientCA, err := testpki.NewCA("Tiergate bench L7 client CA")
-	if err != nil {
-		return nil, err
-	}
-	ksLeaf, err := ksCA.Leaf("keyserverd", "127.0.0.1")
-	if err != nil {
-		return nil, err
-	}
-	l7Leaf, err := clientCA.Leaf(l7Client)
-	if err != nil {
-		return nil, err
-	}
-	if f.ksCA, err = ksCA.WriteFiles(pki, "keyserver", ksLeaf); err != nil {
-		return nil, err
-	}
-	if f.ksClientCA, err = clientCA.WriteFiles(pki, "l7-client", l7Leaf); err != nil {
-		return nil, err
-	}
-	f.ksCert, f.ksKey = filepath.Join(pki, "keyserverd.pem"), filepath.Join(pki, "keyserverd.key")
-	f.l7Cert, f.l7Key = filepath.Join(pki, l7Client+".pem"), filepath.Join(pki, l7Client+".key")
+	f.ksCert, f.ksKey, f.ksClientCA = mtls.ServerCert, mtls.ServerKey, mtls.ClientCAFile
+	f.ksCA, f.l7Cert, f.l7Key = mtls.ServerCAFile, mtls.ClientCert, mtls.ClientKey
 
 	f.tok, err = softhsm.CreateToken(filepath.Join(dir, "softhsm"), tokenLabel, "bench-so-pin", "bench-user-pin")
 	if err != nil {

@@ -83,32 +83,13 @@ func newFixture(dir, ksBin string, sessions int) (*fixture, error) {
 	if err := os.Mkdir(pki, 0o700); err != nil {
 		return nil, err
 	}
-	serverCA, err := testpki.NewCA("bench keyserver CA")
+	mtls, err := testpki.NewMutualTLS(pki, "bench keyserver", "keyserverd", []string{"127.0.0.1"}, clientName)
 	if err != nil {
 		return nil, err
 	}
-	clientCA, err := testpki.NewCA("bench client CA")
-	if err != nil {
-		return nil, err
-	}
-	serverLeaf, err := serverCA.Leaf("keyserverd", "127.0.0.1")
-	if err != nil {
-		return nil, err
-	}
-	clientLeaf, err := clientCA.Leaf(clientName)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := serverCA.WriteFiles(pki, "server", serverLeaf); err != nil {
-		return nil, err
-	}
-	if f.clientCAFile, err = clientCA.WriteFiles(pki, "client"); err != nil {
-		return nil, err
-	}
-	f.serverCert = filepath.Join(pki, "keyserverd.pem")
-	f.serverKey = filepath.Join(pki, "keyserverd.key")
-	f.serverTLS = &tls.Config{Certificates: []tls.Certificate{serverLeaf}, ClientCAs: clientCA.Pool()}
-	f.clientTLS = &tls.Config{Certificates: []tls.Certificate{clientLeaf}, RootCAs: serverCA.Pool(), ServerName: "127.0.0.1"}
+	f.serverCert, f.serverKey, f.clientCAFile = mtls.ServerCert, mtls.ServerKey, mtls.ClientCAFile
+	f.serverTLS = &tls.Config{Certificates: []tls.Certificate{mtls.ServerLeaf}, ClientCAs: mtls.ClientCA.Pool()}
+	f.clientTLS = &tls.Config{Certificates: []tls.Certificate{mtls.ClientLeaf}, RootCAs: mtls.ServerCA.Pool(), ServerName: "127.0.0.1"}
 
 	// The import goes through keyserverd itself, as an operator would do it.
 	cfg, err := f.writeConfig("import", "127.0.0.1:0", "off", pkcs11Backend, false)
