@@ -207,9 +207,15 @@ func (d *Daemon) startOwner(c *control) {
 // errStopped is the error of a change asked of a Daemon that is stopping.
 var errStopped = errors.New("l7d is stopping")
 
+// errNotStarted is the error of a change asked of a Daemon that has not started.
+var errNotStarted = errors.New("l7d has not started")
+
 // do runs op on the owner goroutine, after the changes queued before it, and waits
 // for it.
 func (d *Daemon) do(op func(*control)) error {
+	if d.ops == nil {
+		return errNotStarted
+	}
 	done := make(chan struct{})
 	select {
 	case d.ops <- func(c *control) { op(c); close(done) }:

@@ -188,3 +188,18 @@ func TestConcurrentReloadsAndPushes(t *testing.T) {
 		t.Errorf("not %d reloads counted ok", reloads)
 	}
 }
+
+// TestReloadBeforeStart: a Daemon that has not started refuses a reload instead of
+// waiting for an owner that is not there.
+func TestReloadBeforeStart(t *testing.T) {
+	done := make(chan error, 1)
+	go func() { done <- (&Daemon{Path: "unused.yaml"}).Reload() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "not started") {
+			t.Errorf("Reload before start: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Reload before start hangs")
+	}
+}
