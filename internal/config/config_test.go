@@ -3,6 +3,7 @@ package config
 import (
 	"encoding/json"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -72,5 +73,48 @@ func TestCheckerPaths(t *testing.T) {
 	}
 	if At("", "x") != "x" || At("x", "") != "x" {
 		t.Fatal("At with an empty side")
+	}
+}
+
+type located struct {
+	Rules []struct {
+		VIP     netip.Addr `yaml:"vip" json:"vip"`
+		Timeout Duration   `yaml:"timeout" json:"timeout"`
+	} `yaml:"rules" json:"rules"`
+	Pools  map[string]struct{ Addr netip.Prefix } `yaml:"pools"`
+	Inline `yaml:",inline"`
+	Hidden netip.Addr `yaml:"-"`
+}
+
+type Inline struct {
+	Gateway *netip.Addr `yaml:"gateway"`
+}
+
+func TestLocate(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"rules:\n  - {vip: 192.0.2.1}\n  - {vip: www}\n", `rules[1].vip: line 3: "www": ParseAddr("www"): unable to parse IP`},
+		{"rules: [{timeout: 5x}]\n", `rules[0].timeout: line 1: "5x": time: unknown unit "x" in duration "5x"`},
+		{"pools:\n  web:\n    addr: 192.0.2.1\n", `pools.web.addr: line 3: "192.0.2.1": netip.ParsePrefix("192.0.2.1"): no '/'`},
+		{"gateway: x\n", `gateway: line 1: "x": ParseAddr("x"): unable to parse IP`},
+		{`{"rules": [{"vip": "192.0.2.1"}, {"vip": ""}, {"vip": "2001:db8::x"}]}`, `rules[2].vip: line 1: "2001:db8::x"`},
+		{"rules: [{vip: 192.0.2.1}]\nhidden: x\nunknown: y\n", ""},
+		{"rules: 3\n", ""},
+		{"[", ""},
+	} {
+		var v located
+		err := Decode([]byte(tc.in), "test", &v)
+		got := Locate([]byte(tc.in), &v)
+		switch {
+		case tc.want == "" && got != nil:
+			t.Errorf("%q: located %v", tc.in, got)
+		case tc.want != "" && (got == nil || !strings.Contains(got.Error(), tc.want)):
+			t.Errorf("%q: located %v, want %q (Decode said %v)", tc.in, got, tc.want, err)
+		case tc.want != "" && err == nil:
+			t.Errorf("%q: Decode accepted what Locate refuses", tc.in)
+		}
+		var fe *FieldError
+		if got != nil && !errors.As(got, &fe) {
+			t.Errorf("%q: %T is not a FieldError", tc.in, got)
+		}
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // APIError is the one error shape of the daemons' admin APIs, rendered by WriteError
@@ -146,11 +148,23 @@ func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // DecodeJSON decodes exactly one JSON value from r into v, refusing unknown fields
-// and anything after the value.
+// and anything after the value. A value v's type reads as text (an address, a
+// duration) that does not parse is reported as a config.FieldError naming its path
+// (config.Locate).
 func DecodeJSON(r io.Reader, v any) error {
-	dec := json.NewDecoder(r)
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		var syntax *json.SyntaxError
+		if !errors.As(err, &syntax) {
+			if fe := config.Locate(data, v); fe != nil {
+				return fe
+			}
+		}
 		return err
 	}
 	if dec.More() {

@@ -7,8 +7,11 @@ import (
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // decodeError reads an answer's JSON object and checks its content type.
@@ -137,5 +140,29 @@ func TestDecodeRequest(t *testing.T) {
 		if e.Status != tc.status || !strings.Contains(e.Error(), tc.msg) {
 			t.Errorf("%q: %d %v, want %d with %q", tc.in, e.Status, err, tc.status, tc.msg)
 		}
+	}
+}
+
+// TestDecodeNamesBadValues: a value read as text (an address) that does not parse is
+// reported by its path, in JSON bodies and YAML files alike.
+func TestDecodeNamesBadValues(t *testing.T) {
+	type rule struct {
+		VIP netip.Addr `yaml:"vip" json:"vip"`
+	}
+	type file struct {
+		Rules []rule `yaml:"rules" json:"rules"`
+	}
+	var f file
+	err := DecodeJSON(strings.NewReader(`{"rules": [{"vip": "192.0.2.1"}, {"vip": "www"}]}`), &f)
+	var fe *config.FieldError
+	if !errors.As(err, &fe) || fe.Path != "rules[1].vip" || !strings.Contains(err.Error(), `"www"`) {
+		t.Errorf("JSON: %v", err)
+	}
+	if err := DecodeJSON(strings.NewReader(`{"rules": [{"vip": "www"}`), &f); errors.As(err, &fe) || err == nil {
+		t.Errorf("JSON cut short: %v", err)
+	}
+	err = DecodeYAML([]byte("rules:\n  - vip: 192.0.2.1\n  - vip: www\n"), "f.yaml", &f)
+	if !errors.As(err, &fe) || !strings.Contains(err.Error(), `configuration f.yaml: rules[1].vip: line 3: "www"`) {
+		t.Errorf("YAML: %v", err)
 	}
 }

@@ -16,14 +16,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // DecodeYAML decodes data into v, refusing unknown fields; an empty document leaves v
-// as it is. name is used in errors.
+// as it is. name is used in errors. A value v's type reads as text (an address, a
+// duration) that does not parse is reported by its path and line (config.Locate).
 func DecodeYAML(data []byte, name string, v any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(v); err != nil && err != io.EOF {
+		if fe := config.Locate(data, v); fe != nil {
+			err = fe
+		}
 		return fmt.Errorf("configuration %s: %w", name, err)
 	}
 	return nil

@@ -1,13 +1,12 @@
 package datapath
 
 import (
-	"errors"
-	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/l4/conntrack"
 	"github.com/tiergate/tiergate/l4/packet"
 )
@@ -29,127 +28,143 @@ const (
 // protocol, port → pool) and the pools of L7 members. It is applied as a whole
 // (Distributor.Apply) and swapped in atomically; the zero value of every optional
 // field means its documented default.
+//
+// It is the L4 forwarding model, with the same names in YAML and JSON (l4d's
+// configuration file, its admin API and its state file use it), and Validate names
+// each bad field by its path in that form ("pools.web.members[1].address").
 type Config struct {
 	// External is the LD's address on the external port (clients, routers):
 	// the port answers ARP/ND for it and for every VIP, and sends replies to
 	// clients through Gateway (or straight to the client when it is on link).
-	External Interface
+	External Interface `yaml:"external" json:"external"`
 
 	// Internal is the LD's address on the internal port (L7 members): the outer
 	// source of tunnelled packets, and where members send replies back. Members
 	// must be on link, or reached through Internal.Gateway. When the datapath runs
 	// on one port for both sides, Internal may equal External.
-	Internal Interface
+	Internal Interface `yaml:"internal" json:"internal"`
 
 	// Tunnel sets the encapsulation towards members.
-	Tunnel TunnelConfig
+	Tunnel TunnelConfig `yaml:"tunnel" json:"tunnel"`
 
 	// Rules map (VIP, protocol, port) to a pool. Names and (VIP, protocol, port)
 	// must be unique.
-	Rules []RuleConfig
+	Rules []RuleConfig `yaml:"rules" json:"rules"`
 
 	// Pools are the named pools of L7 members that rules send to.
-	Pools map[string]PoolConfig
+	Pools map[string]PoolConfig `yaml:"pools" json:"pools"`
 
 	// Conntrack sets the connection table. Its Capacity is for the whole LD; each
 	// worker gets an equal share. Default 1,000,000 entries; default timeouts are
 	// conntrack's (half-open 30 s, established 900 s, FIN 60 s, RST 10 s, UDP 300 s).
-	Conntrack conntrack.Config
+	// conntrack.Config has no YAML/JSON form of its own yet: l4d writes it as
+	// conntrack.capacity and conntrack.timeouts.
+	Conntrack conntrack.Config `yaml:"-" json:"-"`
 }
 
 // Interface is one side of the LD: its own addresses and its next hop.
 type Interface struct {
 	// Addr is the LD's IPv4 address with its on-link prefix, e.g. 198.18.0.2/24.
-	Addr netip.Prefix
+	// Addr or Addr6 is required.
+	Addr netip.Prefix `yaml:"addr" json:"addr,omitzero"`
 	// Addr6 is the LD's optional IPv6 address with its on-link prefix.
-	Addr6 netip.Prefix
+	Addr6 netip.Prefix `yaml:"addr6" json:"addr6,omitzero"`
 	// Gateway and Gateway6 are the next hops for destinations that are not on
-	// link. Optional: without them only on-link destinations are reachable.
-	Gateway, Gateway6 netip.Addr
-	// GatewayMAC and Gateway6MAC, when set, are the gateways' Ethernet addresses,
-	// used as is instead of resolving them (static neighbours).
-	GatewayMAC, Gateway6MAC packet.MAC
+	// link. Default none: only on-link destinations are reachable.
+	Gateway  netip.Addr `yaml:"gateway" json:"gateway,omitzero"`
+	Gateway6 netip.Addr `yaml:"gateway6" json:"gateway6,omitzero"`
+	// GatewayMAC and Gateway6MAC, when set ("02:00:00:00:00:01"), are the gateways'
+	// Ethernet addresses, used as is instead of resolving them (static
+	// neighbours). Default: resolved.
+	GatewayMAC  packet.MAC `yaml:"gateway_mac" json:"gateway_mac,omitzero"`
+	Gateway6MAC packet.MAC `yaml:"gateway6_mac" json:"gateway6_mac,omitzero"`
 }
 
 // TunnelConfig sets the encapsulation of packets sent to members.
 type TunnelConfig struct {
 	// Mode is "gre" (default) or "ipip".
-	Mode string
+	Mode string `yaml:"mode" json:"mode,omitempty"`
 	// MTU is the largest outer IP packet the internal network carries. TCP SYNs
 	// have their MSS clamped so that full-sized segments fit once encapsulated,
 	// and larger packets are dropped (reason too_big). Default 1500.
-	MTU int
+	MTU int `yaml:"mtu" json:"mtu,omitempty"`
 	// TTL of the outer header. Default 64.
-	TTL uint8
+	TTL uint8 `yaml:"ttl" json:"ttl,omitempty"`
 }
 
 // RuleConfig is one virtual service: packets to VIP:Port over Protocol go to Pool.
 type RuleConfig struct {
 	// Name identifies the rule in metrics and the admin API. Required, unique.
-	Name string
+	Name string `yaml:"name" json:"name"`
 	// VIP is the virtual address (IPv4 or IPv6). Required.
-	VIP netip.Addr
+	VIP netip.Addr `yaml:"vip" json:"vip"`
 	// Protocol is "tcp" or "udp". Required.
-	Protocol string
+	Protocol string `yaml:"protocol" json:"protocol"`
 	// Port is the destination port. Required.
-	Port uint16
+	Port uint16 `yaml:"port" json:"port"`
 	// Pool names the pool of members. Required.
-	Pool string
-	// Scheduler picks members for new flows: "maglev" (default), "wrr" or "wlc".
-	Scheduler string
+	Pool string `yaml:"pool" json:"pool"`
+	// Scheduler picks members for new flows: "maglev" (consistent hashing,
+	// default), "wrr" (weighted round robin) or "wlc" (weighted least connections).
+	Scheduler string `yaml:"scheduler" json:"scheduler,omitempty"`
 	// QUIC routes UDP packets by the connection ID the member issued (its QUICID)
 	// so a client that changes address keeps its member. Only with Protocol "udp".
-	QUIC bool
+	// Default false.
+	QUIC bool `yaml:"quic" json:"quic,omitempty"`
 }
 
 // PoolConfig is a set of L7 members with a health check.
 type PoolConfig struct {
 	// Members of the pool. Names must be unique within the pool.
-	Members []MemberConfig
+	Members []MemberConfig `yaml:"members" json:"members"`
 	// Health is the active health check. Default: TCP connect to each member's
 	// address on port 443 every 2 s, 1 s timeout, down after 3 failures, up
 	// after 2 successes.
-	Health HealthConfig
+	Health HealthConfig `yaml:"health" json:"health"`
 }
 
 // MemberConfig is one L7 node.
 type MemberConfig struct {
-	// Name identifies the member in metrics and the admin API. Required.
-	Name string
+	// Name identifies the member in metrics and the admin API. Required, unique
+	// within the pool.
+	Name string `yaml:"name" json:"name"`
 	// Address is the member's tunnel address (outer destination). Required; same
 	// family as the internal address that reaches it.
-	Address netip.Addr
+	Address netip.Addr `yaml:"address" json:"address"`
 	// Weight for scheduling. Default 1 (use Drain to stop sending new flows).
-	Weight uint32
+	Weight uint32 `yaml:"weight" json:"weight,omitempty"`
 	// QUICID is the server ID the member's l7d puts in the QUIC connection IDs it
-	// issues (in wire's layout). 0: none.
-	QUICID uint16
+	// issues (in wire's layout). Default 0: none.
+	QUICID uint16 `yaml:"quic_id" json:"quic_id,omitempty"`
 	// Drained members get no new flows; their existing flows stay until they end.
-	Drained bool
+	// Default false.
+	Drained bool `yaml:"drained" json:"drained,omitempty"`
 	// HealthAddr is where the health check connects, "ip:port". Default the
 	// member's Address and the pool's Health.Port.
-	HealthAddr string
-	// MAC, when set, is the member's (or its next hop's) Ethernet address, used
-	// as is instead of resolving it with ARP/ND (a static neighbour).
-	MAC packet.MAC
+	HealthAddr string `yaml:"health_addr" json:"health_addr,omitempty"`
+	// MAC, when set ("02:00:00:00:00:11"), is the member's (or its next hop's)
+	// Ethernet address, used as is instead of resolving it with ARP/ND (a static
+	// neighbour). Default: resolved.
+	MAC packet.MAC `yaml:"mac" json:"mac,omitzero"`
 }
 
 // HealthConfig is an active health check.
 type HealthConfig struct {
 	// Type is "tcp" (connect, default), "http" (GET Path, 2xx/3xx is up) or
 	// "none" (always up).
-	Type string
+	Type string `yaml:"type" json:"type,omitempty"`
 	// Port of the check when a member has no HealthAddr. Default 443.
-	Port uint16
+	Port uint16 `yaml:"port" json:"port,omitempty"`
 	// Path for "http". Default "/healthz".
-	Path string
-	// Interval between checks. Default 2 s.
-	Interval time.Duration
-	// Timeout of one check. Default 1 s.
-	Timeout time.Duration
+	Path string `yaml:"path" json:"path,omitempty"`
+	// Interval between checks, at least 10ms. Default 2s.
+	Interval config.Duration `yaml:"interval" json:"interval,omitempty"`
+	// Timeout of one check, at most Interval. Default 1s.
+	Timeout config.Duration `yaml:"timeout" json:"timeout,omitempty"`
 	// Rise successes make a down member up; Fall failures make an up member down.
 	// Defaults 2 and 3. Members start up.
-	Rise, Fall int
+	Rise int `yaml:"rise" json:"rise,omitempty"`
+	Fall int `yaml:"fall" json:"fall,omitempty"`
 }
 
 const (
@@ -161,6 +176,7 @@ const (
 
 func (c *Config) withDefaults() Config {
 	out := *c
+	out.Tunnel.Mode = strings.ToLower(out.Tunnel.Mode)
 	if out.Tunnel.Mode == "" {
 		out.Tunnel.Mode = ModeGRE
 	}
@@ -175,6 +191,7 @@ func (c *Config) withDefaults() Config {
 	}
 	out.Rules = slices.Clone(c.Rules)
 	for i := range out.Rules {
+		out.Rules[i].Scheduler = strings.ToLower(out.Rules[i].Scheduler)
 		if out.Rules[i].Scheduler == "" {
 			out.Rules[i].Scheduler = SchedMaglev
 		}
@@ -189,6 +206,7 @@ func (c *Config) withDefaults() Config {
 			}
 		}
 		h := &p.Health
+		h.Type = strings.ToLower(h.Type)
 		if h.Type == "" {
 			h.Type = "tcp"
 		}
@@ -199,10 +217,10 @@ func (c *Config) withDefaults() Config {
 			h.Path = "/healthz"
 		}
 		if h.Interval == 0 {
-			h.Interval = defaultHealthInt
+			h.Interval = config.Duration(defaultHealthInt)
 		}
 		if h.Timeout == 0 {
-			h.Timeout = time.Second
+			h.Timeout = config.Duration(time.Second)
 		}
 		if h.Rise == 0 {
 			h.Rise = 2
@@ -215,13 +233,12 @@ func (c *Config) withDefaults() Config {
 	return out
 }
 
-// Validate reports every problem of the configuration, each naming its field.
+// Validate reports every problem of the configuration, each a config.FieldError
+// naming its field by its YAML/JSON path ("pools.web.members[1].address").
 func (c *Config) Validate() error {
 	d := c.withDefaults()
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
-	}
+	var ck config.Checker
+	bad := ck.Addf
 	checkIf := func(field string, in Interface) {
 		if !in.Addr.IsValid() && !in.Addr6.IsValid() {
 			bad(field, "an address (addr or addr6) is required")
@@ -238,6 +255,8 @@ func (c *Config) Validate() error {
 		if in.Gateway6.IsValid() && (!in.Gateway6.Is6() || !in.Addr6.IsValid() || !in.Addr6.Contains(in.Gateway6)) {
 			bad(field+".gateway6", "%s is not an IPv6 address on link of %s", in.Gateway6, in.Addr6)
 		}
+		checkMAC(&ck, field+".gateway_mac", in.GatewayMAC)
+		checkMAC(&ck, field+".gateway6_mac", in.Gateway6MAC)
 	}
 	checkIf("external", d.External)
 	checkIf("internal", d.Internal)
@@ -258,14 +277,16 @@ func (c *Config) Validate() error {
 	names := map[string]bool{}
 	keys := map[ruleKey]string{}
 	for i, r := range d.Rules {
-		f := fmt.Sprintf("rules[%d]", i)
+		f := config.Index("rules", i)
 		if r.Name == "" {
 			bad(f+".name", "required")
 		} else if names[r.Name] {
 			bad(f+".name", "%q is used twice", r.Name)
 		}
 		names[r.Name] = true
-		if !r.VIP.IsValid() || r.VIP.Zone() != "" || r.VIP.IsUnspecified() || r.VIP.IsMulticast() {
+		if !r.VIP.IsValid() {
+			bad(f+".vip", "required")
+		} else if r.VIP.Zone() != "" || r.VIP.IsUnspecified() || r.VIP.IsMulticast() {
 			bad(f+".vip", "%v is not a unicast address", r.VIP)
 		}
 		proto := protoNumber(r.Protocol)
@@ -306,18 +327,23 @@ func (c *Config) Validate() error {
 	})
 	for _, pn := range poolNames {
 		p := d.Pools[pn]
-		f := fmt.Sprintf("pools[%q]", pn)
+		f := config.At("pools", pn)
+		if pn == "" {
+			bad("pools", "a pool has an empty name")
+		}
 		mnames := map[string]bool{}
 		qids := map[uint16]string{}
 		for i, m := range p.Members {
-			mf := fmt.Sprintf("%s.members[%d]", f, i)
+			mf := config.Index(config.At(f, "members"), i)
 			if m.Name == "" {
 				bad(mf+".name", "required")
 			} else if mnames[m.Name] {
 				bad(mf+".name", "%q is used twice", m.Name)
 			}
 			mnames[m.Name] = true
-			if !m.Address.IsValid() || m.Address.Zone() != "" || m.Address.IsUnspecified() || m.Address.IsMulticast() {
+			if !m.Address.IsValid() {
+				bad(mf+".address", "required")
+			} else if m.Address.Zone() != "" || m.Address.IsUnspecified() || m.Address.IsMulticast() {
 				bad(mf+".address", "%v is not a unicast address", m.Address)
 			} else if a := m.Address.Unmap(); a.Is4() && !d.Internal.Addr.IsValid() || a.Is6() && !d.Internal.Addr6.IsValid() {
 				bad(mf+".address", "%s has no internal address of its family", m.Address)
@@ -333,20 +359,35 @@ func (c *Config) Validate() error {
 					bad(mf+".health_addr", "%v", err)
 				}
 			}
+			checkMAC(&ck, mf+".mac", m.MAC)
 		}
 		switch p.Health.Type {
 		case "tcp", "http", "none":
 		default:
 			bad(f+".health.type", "%q is not tcp, http or none", p.Health.Type)
 		}
-		if p.Health.Interval < 10*time.Millisecond {
+		if p.Health.Rise < 0 {
+			bad(f+".health.rise", "%d is negative", p.Health.Rise)
+		}
+		if p.Health.Fall < 0 {
+			bad(f+".health.fall", "%d is negative", p.Health.Fall)
+		}
+		if p.Health.Interval.D() < 10*time.Millisecond {
 			bad(f+".health.interval", "%v is below 10ms", p.Health.Interval)
 		}
 		if p.Health.Timeout <= 0 || p.Health.Timeout > p.Health.Interval {
 			bad(f+".health.timeout", "%v must be positive and at most the interval", p.Health.Timeout)
 		}
 	}
-	return errors.Join(errs...)
+	return ck.Err()
+}
+
+// checkMAC reports a static neighbour's Ethernet address that is set but not a
+// unicast one.
+func checkMAC(ck *config.Checker, field string, m packet.MAC) {
+	if !m.IsZero() && (m.IsBroadcast() || m.IsMulticast()) {
+		ck.Addf(field, "%s is not a unicast Ethernet address (02:00:00:00:00:11)", m)
+	}
 }
 
 func protoNumber(s string) uint8 {

@@ -34,12 +34,12 @@ func TestValidateNamesFields(t *testing.T) {
 			p := c.Pools["l7"]
 			p.Members[0].Address = netip.MustParseAddr("2001:db8::1")
 			c.Pools["l7"] = p
-		}, `pools["l7"].members[0].address: 2001:db8::1 has no internal address of its family`},
+		}, `pools.l7.members[0].address: 2001:db8::1 has no internal address of its family`},
 		{"dup quic id", func(c *Config) {
 			p := c.Pools["l7"]
 			p.Members[1].QUICID = 1
 			c.Pools["l7"] = p
-		}, `pools["l7"].members[1].quic_id: 1 is also member "a"`},
+		}, `pools.l7.members[1].quic_id: 1 is also member "a"`},
 		{"gateway off link", func(c *Config) { c.External.Gateway = netip.MustParseAddr("192.0.2.1") }, "external.gateway"},
 		{"mtu", func(c *Config) { c.Tunnel.MTU = 100 }, "tunnel.mtu"},
 		{"mode", func(c *Config) { c.Tunnel.Mode = "vxlan" }, "tunnel.mode"},

@@ -107,10 +107,10 @@ func (c *control) healthResult(r healthResult) {
 
 func (hc *healthChecker) run(ctx context.Context, out chan<- healthResult) {
 	client := &http.Client{
-		Timeout:   hc.cfg.Timeout,
+		Timeout:   hc.cfg.Timeout.D(),
 		Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil},
 	}
-	t := time.NewTicker(hc.cfg.Interval)
+	t := time.NewTicker(hc.cfg.Interval.D())
 	defer t.Stop()
 	for {
 		err := hc.probe(ctx, client)
@@ -128,7 +128,7 @@ func (hc *healthChecker) run(ctx context.Context, out chan<- healthResult) {
 }
 
 func (hc *healthChecker) probe(ctx context.Context, client *http.Client) error {
-	ctx, cancel := context.WithTimeout(ctx, hc.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, hc.cfg.Timeout.D())
 	defer cancel()
 	switch hc.cfg.Type {
 	case "http":

@@ -20,6 +20,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/l4/port"
 )
 
@@ -806,7 +807,7 @@ func fastHealth(typ string) HealthConfig {
 	if typ == "http" {
 		iv = 50 * time.Millisecond
 	}
-	return HealthConfig{Type: typ, Interval: iv, Timeout: iv, Rise: 2, Fall: 2}
+	return HealthConfig{Type: typ, Interval: config.Duration(iv), Timeout: config.Duration(iv), Rise: 2, Fall: 2}
 }
 
 // TestHealthCheckTCP takes a member down when its health port stops accepting
@@ -823,7 +824,7 @@ func TestHealthCheckTCP(t *testing.T) {
 	r := newRig(t, cfg)
 	r.resolve()
 
-	time.Sleep(5 * fastHealth("tcp").Interval) // both pass a few checks
+	time.Sleep(5 * fastHealth("tcp").Interval.D()) // both pass a few checks
 	st := r.d.Status()
 	for _, name := range []string{"a", "b"} {
 		if m, ok := memberStatus(st, name); !ok || !m.Up {
@@ -993,7 +994,7 @@ func TestApply(t *testing.T) {
 			p := c.Pools["l7"]
 			p.Members = append(slices.Clone(p.Members), MemberConfig{Name: "c"})
 			c.Pools["l7"] = p
-		}, `pools["l7"].members[2].address`},
+		}, `pools.l7.members[2].address`},
 		{"too many rules", func(c *Config) {
 			for i := range maxRules {
 				c.Rules = append(c.Rules, RuleConfig{Name: fmt.Sprintf("r%d", i), VIP: vip, Protocol: "udp", Port: uint16(10000 + i), Pool: "l7"})

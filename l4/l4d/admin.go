@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/l4/datapath"
 )
@@ -37,9 +38,17 @@ func invalidConfig(err error) *daemon.APIError {
 	return daemon.Wrap(http.StatusBadRequest, codeInvalidConfig, "", err)
 }
 
-// decodeBody decodes the request's JSON body into v, refusing unknown fields.
+// decodeBody decodes the request's JSON body into v, refusing unknown fields. A
+// value that does not parse (an address, a duration) is invalid_config, like any
+// other value the configuration refuses; a body that is not the JSON expected is
+// bad_request.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
-	return daemon.DecodeRequest(w, r, maxBody, v)
+	err := daemon.DecodeRequest(w, r, maxBody, v)
+	var fe *config.FieldError
+	if errors.As(err, &fe) {
+		return invalidConfig(fe)
+	}
+	return err
 }
 
 // configBody is the body of PUT /config: the forwarding configuration, optionally
@@ -110,7 +119,7 @@ func (d *Daemon) adminHandler() http.Handler {
 	})
 	handle("PUT /rules/{name}", func(w http.ResponseWriter, r *http.Request) error {
 		name := r.PathValue("name")
-		var rule RuleFile
+		var rule datapath.RuleConfig
 		if err := decodeBody(w, r, &rule); err != nil {
 			return err
 		}
@@ -156,14 +165,14 @@ func (d *Daemon) adminHandler() http.Handler {
 	})
 	handle("PUT /pools/{pool}", func(w http.ResponseWriter, r *http.Request) error {
 		name := r.PathValue("pool")
-		var pool PoolFile
+		var pool datapath.PoolConfig
 		if err := decodeBody(w, r, &pool); err != nil {
 			return err
 		}
 		created := false
 		return d.respond(w, r, func(f *Forwarding) (any, error) {
 			if f.Pools == nil {
-				f.Pools = map[string]PoolFile{}
+				f.Pools = map[string]datapath.PoolConfig{}
 			}
 			_, exists := f.Pools[name]
 			created = !exists
@@ -184,7 +193,7 @@ func (d *Daemon) adminHandler() http.Handler {
 
 	handle("PUT /pools/{pool}/members/{member}", func(w http.ResponseWriter, r *http.Request) error {
 		pool, name := r.PathValue("pool"), r.PathValue("member")
-		var m MemberFile
+		var m datapath.MemberConfig
 		if err := decodeBody(w, r, &m); err != nil {
 			return err
 		}
@@ -395,16 +404,16 @@ func (f Forwarding) clone() Forwarding {
 	return f
 }
 
-func ruleIndex(rules []RuleFile, name string) int {
-	return slices.IndexFunc(rules, func(r RuleFile) bool { return r.Name == name })
+func ruleIndex(rules []datapath.RuleConfig, name string) int {
+	return slices.IndexFunc(rules, func(r datapath.RuleConfig) bool { return r.Name == name })
 }
 
-func memberIndex(members []MemberFile, name string) int {
-	return slices.IndexFunc(members, func(m MemberFile) bool { return m.Name == name })
+func memberIndex(members []datapath.MemberConfig, name string) int {
+	return slices.IndexFunc(members, func(m datapath.MemberConfig) bool { return m.Name == name })
 }
 
 // findMember returns the pool holding member name and its index, or a 404.
-func findMember(f *Forwarding, pool, name string) (PoolFile, int, error) {
+func findMember(f *Forwarding, pool, name string) (datapath.PoolConfig, int, error) {
 	p, ok := f.Pools[pool]
 	if !ok {
 		return p, -1, notFound("no pool %q", pool)

@@ -6,21 +6,14 @@ package l4d
 
 import (
 	"errors"
-	"fmt"
-	"net/netip"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/l4/conntrack"
 	"github.com/tiergate/tiergate/l4/datapath"
 	"github.com/tiergate/tiergate/l4/dpdk"
-	"github.com/tiergate/tiergate/l4/packet"
 )
 
 // FileConfig is l4d's configuration file. Every field may be left out unless marked
@@ -76,16 +69,18 @@ type FileConfig struct {
 
 // Forwarding is the part of the configuration that changes without a restart: the
 // tunnel, the connection timeouts, the rules and the pools. It is also the body of
-// GET and PUT /config and the content of the state file.
+// GET and PUT /config and the content of the state file. Its sections are the
+// datapath's model (datapath.Config), with the datapath's names and defaults.
 type Forwarding struct {
-	// Tunnel is the encapsulation towards members.
-	Tunnel TunnelFile `yaml:"tunnel" json:"tunnel"`
+	// Tunnel is the encapsulation towards members (datapath.TunnelConfig).
+	Tunnel datapath.TunnelConfig `yaml:"tunnel" json:"tunnel"`
 	// Conntrack sizes the connection table (fixed at start) and sets its timeouts.
 	Conntrack ConntrackFile `yaml:"conntrack" json:"conntrack"`
-	// Rules map (VIP, protocol, port) to a pool.
-	Rules []RuleFile `yaml:"rules" json:"rules"`
-	// Pools are the L7 members that rules send to, by pool name.
-	Pools map[string]PoolFile `yaml:"pools" json:"pools"`
+	// Rules map (VIP, protocol, port) to a pool (datapath.RuleConfig).
+	Rules []datapath.RuleConfig `yaml:"rules" json:"rules"`
+	// Pools are the L7 members that rules send to, by pool name
+	// (datapath.PoolConfig).
+	Pools map[string]datapath.PoolConfig `yaml:"pools" json:"pools"`
 }
 
 // DPDKFile sets DPDK up. It is fixed at start.
@@ -113,7 +108,7 @@ type DPDKFile struct {
 	Burst int `yaml:"burst" json:"burst,omitempty"`
 	// IdleSleep is how long a worker sleeps after a run of empty polls, so an idle LD
 	// does not spin. Default 50µs. Ignored with BusyPoll.
-	IdleSleep Duration `yaml:"idle_sleep" json:"idle_sleep,omitempty"`
+	IdleSleep config.Duration `yaml:"idle_sleep" json:"idle_sleep,omitempty"`
 	// BusyPoll makes workers poll without ever sleeping: the lowest latency, and a
 	// whole core per worker. Default false.
 	BusyPoll bool `yaml:"busy_poll" json:"busy_poll,omitempty"`
@@ -135,35 +130,15 @@ type PortFile struct {
 	// ("0000:03:00.0") made available through dpdk.eal_args. Required on the external
 	// port.
 	Device string `yaml:"device" json:"device,omitempty"`
-	// Addr is the LD's IPv4 address with its on-link prefix ("198.18.0.2/24"). Addr or
-	// Addr6 is required.
-	Addr string `yaml:"addr" json:"addr,omitempty"`
-	// Addr6 is the LD's IPv6 address with its on-link prefix.
-	Addr6 string `yaml:"addr6" json:"addr6,omitempty"`
-	// Gateway and Gateway6 are the next hops for destinations that are not on link.
-	// Default none: only on-link destinations are reached.
-	Gateway  string `yaml:"gateway" json:"gateway,omitempty"`
-	Gateway6 string `yaml:"gateway6" json:"gateway6,omitempty"`
-	// GatewayMAC and Gateway6MAC, when set, are the gateways' Ethernet addresses,
-	// used as is instead of ARP/ND (static neighbours). Default: resolved.
-	GatewayMAC  string `yaml:"gateway_mac" json:"gateway_mac,omitempty"`
-	Gateway6MAC string `yaml:"gateway6_mac" json:"gateway6_mac,omitempty"`
+	// Interface holds the LD's addresses on the port (addr, addr6: one is
+	// required), its gateways and their static MACs (datapath.Interface).
+	datapath.Interface `yaml:",inline"`
 	// MTU of the device. Default: the device's own.
 	MTU int `yaml:"mtu" json:"mtu,omitempty"`
 }
 
-// TunnelFile is the encapsulation towards members.
-type TunnelFile struct {
-	// Mode is gre or ipip. Default gre.
-	Mode string `yaml:"mode" json:"mode,omitempty"`
-	// MTU is the largest outer packet the internal network carries; SYNs have their
-	// MSS clamped to fit. Default 1500.
-	MTU int `yaml:"mtu" json:"mtu,omitempty"`
-	// TTL of the outer header. Default 64.
-	TTL uint8 `yaml:"ttl" json:"ttl,omitempty"`
-}
-
-// ConntrackFile is the connection table.
+// ConntrackFile is the connection table: conntrack.Config with its YAML/JSON names
+// and text durations, which conntrack's model does not carry yet.
 type ConntrackFile struct {
 	// Capacity is the number of connections the LD tracks, shared equally by the
 	// workers. Fixed at start. Default 1,000,000.
@@ -174,112 +149,14 @@ type ConntrackFile struct {
 
 // TimeoutsFile are the idle timeouts of connection-table entries by state.
 type TimeoutsFile struct {
-	SynRecv     Duration `yaml:"syn_recv" json:"syn_recv,omitempty"`       // half-open (SYN seen); default 30s
-	Established Duration `yaml:"established" json:"established,omitempty"` // default 15m
-	Fin         Duration `yaml:"fin" json:"fin,omitempty"`                 // after a FIN; default 1m
-	Close       Duration `yaml:"close" json:"close,omitempty"`             // after a RST; default 10s
-	UDP         Duration `yaml:"udp" json:"udp,omitempty"`                 // default 5m
-}
-
-// RuleFile is one virtual service.
-type RuleFile struct {
-	// Name identifies the rule in metrics and the admin API. Required, unique.
-	Name string `yaml:"name" json:"name"`
-	// VIP is the virtual IPv4 or IPv6 address. Required.
-	VIP string `yaml:"vip" json:"vip"`
-	// Protocol is tcp or udp. Required.
-	Protocol string `yaml:"protocol" json:"protocol"`
-	// Port is the destination port. Required.
-	Port uint16 `yaml:"port" json:"port"`
-	// Pool names the pool. Required.
-	Pool string `yaml:"pool" json:"pool"`
-	// Scheduler is maglev (consistent hashing), wrr (weighted round robin) or wlc
-	// (weighted least connections). Default maglev.
-	Scheduler string `yaml:"scheduler" json:"scheduler,omitempty"`
-	// QUIC routes the rule's UDP packets by the connection ID the member issued, so a
-	// client that changes address keeps its member. Udp only. Default false.
-	QUIC bool `yaml:"quic" json:"quic,omitempty"`
-}
-
-// PoolFile is a pool of L7 members.
-type PoolFile struct {
-	// Members of the pool; names unique within the pool.
-	Members []MemberFile `yaml:"members" json:"members"`
-	// Health is the active health check of every member.
-	Health HealthFile `yaml:"health" json:"health"`
-}
-
-// MemberFile is one L7 node.
-type MemberFile struct {
-	// Name identifies the member in metrics and the admin API. Required.
-	Name string `yaml:"name" json:"name"`
-	// Address is the member's tunnel address (outer destination). Required.
-	Address string `yaml:"address" json:"address"`
-	// Weight for scheduling. Default 1.
-	Weight uint32 `yaml:"weight" json:"weight,omitempty"`
-	// QUICID is the server ID the member's l7d encodes in its QUIC connection IDs.
-	// Default 0: none.
-	QUICID uint16 `yaml:"quic_id" json:"quic_id,omitempty"`
-	// Drained members get no new flows; their flows stay until they end.
-	Drained bool `yaml:"drained" json:"drained,omitempty"`
-	// HealthAddr is "ip:port" where the health check connects. Default the member's
-	// address and the pool's health port.
-	HealthAddr string `yaml:"health_addr" json:"health_addr,omitempty"`
-	// MAC, when set ("02:00:00:00:00:11"), is the Ethernet address of the member (or
-	// of the internal gateway that reaches it), used as is instead of ARP/ND: a
-	// static neighbour. Default: resolved.
-	MAC string `yaml:"mac" json:"mac,omitempty"`
-}
-
-// HealthFile is an active health check.
-type HealthFile struct {
-	// Type is tcp (connect), http (GET Path: 2xx and 3xx are up) or none. Default tcp.
-	Type string `yaml:"type" json:"type,omitempty"`
-	// Port checked on members without health_addr. Default 443.
-	Port uint16 `yaml:"port" json:"port,omitempty"`
-	// Path for http. Default /healthz.
-	Path string `yaml:"path" json:"path,omitempty"`
-	// Interval between checks. Default 2s.
-	Interval Duration `yaml:"interval" json:"interval,omitempty"`
-	// Timeout of one check, at most Interval. Default 1s.
-	Timeout Duration `yaml:"timeout" json:"timeout,omitempty"`
-	// Rise successes bring a member up, Fall failures take it down. Defaults 2 and 3.
-	Rise int `yaml:"rise" json:"rise,omitempty"`
-	Fall int `yaml:"fall" json:"fall,omitempty"`
-}
-
-// Duration is a time.Duration written as text ("2s", "500ms") in YAML and JSON.
-type Duration time.Duration
-
-// D returns d as a time.Duration.
-func (d Duration) D() time.Duration { return time.Duration(d) }
-
-// String returns d in time.Duration's form.
-func (d Duration) String() string { return time.Duration(d).String() }
-
-// MarshalText writes d as time.Duration.String does.
-func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
-
-// UnmarshalYAML reads a duration as time.ParseDuration does, naming the line of a
-// bad one.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind != yaml.ScalarNode {
-		return fmt.Errorf("line %d: want a duration such as 2s", n.Line)
-	}
-	if err := d.UnmarshalText([]byte(n.Value)); err != nil {
-		return fmt.Errorf("line %d: %w", n.Line, err)
-	}
-	return nil
-}
-
-// UnmarshalText reads a duration as time.ParseDuration does.
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	if err != nil {
-		return err
-	}
-	*d = Duration(v)
-	return nil
+	SynRecv     config.Duration `yaml:"syn_recv" json:"syn_recv,omitempty"`       // half-open (SYN seen); default 30s
+	Established config.Duration `yaml:"established" json:"established,omitempty"` // default 15m
+	Fin         config.Duration `yaml:"fin" json:"fin,omitempty"`                 // after a FIN; default 1m
+	Close       config.Duration `yaml:"close" json:"close,omitempty"`             // after a RST; default 10s
+	UDP         config.Duration `yaml:"udp" json:"udp,omitempty"`                 // default 5m
+	// Unconfirmed is for flows picked up mid-way (a TCP packet without SYN, a UDP
+	// datagram of an unknown flow) until the member's reply confirms them; default 10s.
+	Unconfirmed config.Duration `yaml:"unconfirmed" json:"unconfirmed,omitempty"`
 }
 
 // Defaults of the sections fixed at start.
@@ -310,17 +187,16 @@ func ParseConfig(data []byte, name string) (*FileConfig, error) {
 }
 
 // validate fills the defaults of the start-time sections and checks everything,
-// the forwarding section included (as the datapath would).
+// the forwarding section included (as the datapath would), naming each bad field by
+// its path in the file.
 func (c *FileConfig) validate() error {
 	if c.AdminListen == "" {
 		c.AdminListen = DefaultAdminListen
 	}
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
-	}
+	var ck config.Checker
+	bad := ck.Addf
 	if _, err := daemon.LogLevel(c.LogLevel); err != nil {
-		errs = append(errs, err)
+		bad("log_level", "%q: want debug, info, warn or error", c.LogLevel)
 	}
 	if c.LameDuck < 0 {
 		bad("lame_duck", "%v is negative", c.LameDuck)
@@ -358,7 +234,7 @@ func (c *FileConfig) validate() error {
 	}
 	for i, a := range p.EALArgs {
 		if a == "" {
-			bad(fmt.Sprintf("dpdk.eal_args[%d]", i), "empty")
+			bad(config.Index("dpdk.eal_args", i), "empty")
 		}
 	}
 	if err := dpdk.CheckEALArgs(p.EALArgs); err != nil {
@@ -378,13 +254,11 @@ func (c *FileConfig) validate() error {
 			bad(pf.field+".mtu", "%d is outside 576..9600", pf.p.MTU)
 		}
 	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	if _, err := c.Datapath(); err != nil {
+	if err := ck.Err(); err != nil {
 		return err
 	}
-	return nil
+	_, err := c.Datapath()
+	return err
 }
 
 // fill sets the defaults of the DPDK section.
@@ -408,7 +282,7 @@ func (p *DPDKFile) fill() {
 		p.Burst = DefaultBurst
 	}
 	if p.IdleSleep == 0 {
-		p.IdleSleep = Duration(DefaultIdleSleep)
+		p.IdleSleep = config.Duration(DefaultIdleSleep)
 	}
 }
 
@@ -441,133 +315,61 @@ func (c *FileConfig) sameDevice() bool {
 }
 
 // Datapath returns the datapath's configuration: the ports' addresses and the
-// forwarding section. Errors name fields by their YAML path.
+// forwarding section, validated. Errors name fields by their path in the file: the
+// datapath's own paths, with its interfaces ("external", "internal") under "ports".
 func (c *FileConfig) Datapath() (datapath.Config, error) {
-	var errs []error
-	var cfg datapath.Config
-	cfg.External = parseInterface("ports.external", &c.Ports.External, &errs)
-	if c.Ports.Internal == nil {
-		cfg.Internal = cfg.External
-	} else {
-		cfg.Internal = parseInterface("ports.internal", c.Ports.Internal, &errs)
+	cfg := datapath.Config{
+		External:  c.Ports.External.Interface,
+		Tunnel:    c.Tunnel,
+		Rules:     c.Rules,
+		Pools:     c.Pools,
+		Conntrack: conntrackConfig(c.Conntrack),
 	}
-	c.Forwarding.into(&cfg, &errs)
-	if len(errs) > 0 {
-		return cfg, errors.Join(errs...)
+	cfg.Internal = cfg.External
+	if c.Ports.Internal != nil {
+		cfg.Internal = c.Ports.Internal.Interface
+	}
+	var ck config.Checker
+	t := &c.Conntrack.Timeouts
+	for _, to := range []struct {
+		name string
+		d    config.Duration
+	}{{"syn_recv", t.SynRecv}, {"established", t.Established}, {"fin", t.Fin}, {"close", t.Close}, {"udp", t.UDP}, {"unconfirmed", t.Unconfirmed}} {
+		if to.d < 0 || to.d.D() > conntrack.MaxTimeout {
+			ck.Addf("conntrack.timeouts."+to.name, "%v is outside 0..%v", to.d, conntrack.MaxTimeout)
+		}
+	}
+	if c.Conntrack.Capacity > conntrack.MaxCapacity {
+		ck.Addf("conntrack.capacity", "%d is above %d", c.Conntrack.Capacity, conntrack.MaxCapacity)
+	}
+	if err := ck.Err(); err != nil {
+		return cfg, err
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, yamlPaths(err)
+		return cfg, underPorts(err)
 	}
 	return cfg, nil
 }
 
-func parseInterface(field string, p *PortFile, errs *[]error) datapath.Interface {
-	var in datapath.Interface
-	prefix := func(name, s string) netip.Prefix {
-		if s == "" {
-			return netip.Prefix{}
-		}
-		v, err := netip.ParsePrefix(s)
-		if err != nil {
-			*errs = append(*errs, fmt.Errorf("%s.%s: %q is not an address with its prefix length (198.18.0.2/24)", field, name, s))
-		}
-		return v
+// underPorts puts the datapath's interface fields ("external.addr") where the file
+// has them ("ports.external.addr"); its other paths are the file's already.
+func underPorts(err error) error {
+	var ck config.Checker
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
 	}
-	addr := func(name, s string) netip.Addr {
-		if s == "" {
-			return netip.Addr{}
-		}
-		v, err := netip.ParseAddr(s)
-		if err != nil {
-			*errs = append(*errs, fmt.Errorf("%s.%s: %q is not an IP address", field, name, s))
-		}
-		return v
-	}
-	in.Addr = prefix("addr", p.Addr)
-	in.Addr6 = prefix("addr6", p.Addr6)
-	in.Gateway = addr("gateway", p.Gateway)
-	in.Gateway6 = addr("gateway6", p.Gateway6)
-	in.GatewayMAC = parseMAC(field+".gateway_mac", p.GatewayMAC, errs)
-	in.Gateway6MAC = parseMAC(field+".gateway6_mac", p.Gateway6MAC, errs)
-	return in
-}
-
-// parseMAC parses an optional Ethernet address of the configuration.
-func parseMAC(field, s string, errs *[]error) packet.MAC {
-	if s == "" {
-		return packet.MAC{}
-	}
-	m, err := packet.ParseMAC(s)
-	if err != nil || m.IsBroadcast() || m.IsMulticast() || m.IsZero() {
-		*errs = append(*errs, fmt.Errorf("%s: %q is not a unicast Ethernet address (02:00:00:00:00:11)", field, s))
-	}
-	return m
-}
-
-// into adds the forwarding section to cfg, collecting parse errors.
-func (f *Forwarding) into(cfg *datapath.Config, errs *[]error) {
-	bad := func(field, format string, args ...any) {
-		*errs = append(*errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
-	}
-	cfg.Tunnel = datapath.TunnelConfig{Mode: strings.ToLower(f.Tunnel.Mode), MTU: f.Tunnel.MTU, TTL: f.Tunnel.TTL}
-	cfg.Conntrack = conntrackConfig(f.Conntrack)
-	t := &f.Conntrack.Timeouts
-	for _, to := range []struct {
-		name string
-		d    Duration
-	}{{"syn_recv", t.SynRecv}, {"established", t.Established}, {"fin", t.Fin}, {"close", t.Close}, {"udp", t.UDP}} {
-		if to.d < 0 || to.d.D() > conntrack.MaxTimeout {
-			bad("conntrack.timeouts."+to.name, "%v is outside 0..%v", to.d, conntrack.MaxTimeout)
-		}
-	}
-	if f.Conntrack.Capacity > conntrack.MaxCapacity {
-		bad("conntrack.capacity", "%d is above %d", f.Conntrack.Capacity, conntrack.MaxCapacity)
-	}
-	cfg.Rules = make([]datapath.RuleConfig, len(f.Rules))
-	for i, r := range f.Rules {
-		field := fmt.Sprintf("rules[%d]", i)
-		var vip netip.Addr
-		if r.VIP == "" {
-			bad(field+".vip", "required")
-		} else if v, err := netip.ParseAddr(r.VIP); err != nil {
-			bad(field+".vip", "%q is not an IP address", r.VIP)
-		} else {
-			vip = v
-		}
-		cfg.Rules[i] = datapath.RuleConfig{Name: r.Name, VIP: vip, Protocol: r.Protocol, Port: r.Port,
-			Pool: r.Pool, Scheduler: strings.ToLower(r.Scheduler), QUIC: r.QUIC}
-	}
-	cfg.Pools = make(map[string]datapath.PoolConfig, len(f.Pools))
-	for name, p := range f.Pools {
-		field := "pools." + name
-		if name == "" {
-			bad("pools", "a pool has an empty name")
-		}
-		pc := datapath.PoolConfig{Health: datapath.HealthConfig{
-			Type: strings.ToLower(p.Health.Type), Port: p.Health.Port, Path: p.Health.Path,
-			Interval: p.Health.Interval.D(), Timeout: p.Health.Timeout.D(), Rise: p.Health.Rise, Fall: p.Health.Fall,
-		}}
-		if p.Health.Rise < 0 {
-			bad(field+".health.rise", "%d is negative", p.Health.Rise)
-		}
-		if p.Health.Fall < 0 {
-			bad(field+".health.fall", "%d is negative", p.Health.Fall)
-		}
-		for i, m := range p.Members {
-			mf := fmt.Sprintf("%s.members[%d]", field, i)
-			var a netip.Addr
-			if m.Address == "" {
-				bad(mf+".address", "required")
-			} else if v, err := netip.ParseAddr(m.Address); err != nil {
-				bad(mf+".address", "%q is not an IP address", m.Address)
-			} else {
-				a = v
+	for _, e := range errs {
+		var fe *config.FieldError
+		if errors.As(e, &fe) {
+			if first, _, _ := strings.Cut(fe.Path, "."); first == "external" || first == "internal" {
+				ck.Nest("ports", fe)
+				continue
 			}
-			pc.Members = append(pc.Members, datapath.MemberConfig{Name: m.Name, Address: a, Weight: m.Weight,
-				QUICID: m.QUICID, Drained: m.Drained, HealthAddr: m.HealthAddr, MAC: parseMAC(mf+".mac", m.MAC, errs)})
 		}
-		cfg.Pools[name] = pc
+		ck.Nest("", e)
 	}
+	return ck.Err()
 }
 
 // conntrackConfig maps the file's connection table to the datapath's.
@@ -580,37 +382,7 @@ func conntrackConfig(f ConntrackFile) conntrack.Config {
 			Fin:         f.Timeouts.Fin.D(),
 			Close:       f.Timeouts.Close.D(),
 			UDP:         f.Timeouts.UDP.D(),
+			Unconfirmed: f.Timeouts.Unconfirmed.D(),
 		},
 	}
-}
-
-// dpField matches the datapath's names for fields that the file spells otherwise.
-var dpField = regexp.MustCompile(`^(external|internal)\b|^pools\[("(?:[^"\\]|\\.)*")\]`)
-
-// yamlPaths rewrites the field names at the start of each of the datapath's
-// validation errors into the file's YAML paths: "external.addr" becomes
-// "ports.external.addr", `pools["web"]` becomes "pools.web".
-func yamlPaths(err error) error {
-	var list []error
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		list = j.Unwrap()
-	} else {
-		list = []error{err}
-	}
-	out := make([]error, 0, len(list))
-	for _, e := range list {
-		msg := e.Error()
-		if m := dpField.FindStringSubmatchIndex(msg); m != nil {
-			switch {
-			case m[2] >= 0:
-				msg = "ports." + msg
-			case m[4] >= 0:
-				if name, uerr := strconv.Unquote(msg[m[4]:m[5]]); uerr == nil {
-					msg = "pools." + name + msg[m[1]:]
-				}
-			}
-		}
-		out = append(out, errors.New(msg))
-	}
-	return errors.Join(out...)
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 const minimal = `
@@ -42,8 +44,8 @@ func TestParseConfig(t *testing.T) {
 		{"empty", "", "ports.external.device: required"},
 		{"unknown field", minimal + "listen: x\n", "field listen not found"},
 		{"unknown nested field", repl(minimal, "name: a,", "nme: a,"), "field nme not found"},
-		{"bad log level", minimal + "log_level: chatty\n", `log_level "chatty"`},
-		{"bad duration", minimal + "dpdk: {idle_sleep: 5x}\n", `line 8: time: unknown unit "x"`},
+		{"bad log level", minimal + "log_level: chatty\n", `log_level: "chatty": want debug, info, warn or error`},
+		{"bad duration", minimal + "dpdk: {idle_sleep: 5x}\n", `dpdk.idle_sleep: line 8: "5x": time: unknown unit "x"`},
 		{"negative lame duck", minimal + "lame_duck: -1s\n", "lame_duck: -1s is negative"},
 		{"negative idle", minimal + "dpdk: {idle_sleep: -1s}\n", "dpdk.idle_sleep: -1s is negative"},
 		{"workers", minimal + "dpdk: {workers: 65}\n", "dpdk.workers: 65 is outside 1..64"},
@@ -55,14 +57,14 @@ func TestParseConfig(t *testing.T) {
 		{"af_packet interface twice", minimal + "dpdk: {eal_args: [\"--vdev=net_af_packet0,iface=x0\", \"--vdev=net_af_packet1,iface=x0\"]}\n", "dpdk.eal_args: dpdk: interface already bound by another net_af_packet device: net_af_packet0 and net_af_packet1 both on \"x0\""},
 		{"no device", repl(minimal, "device: net_null0, ", ""), "ports.external.device: required"},
 		{"no address", repl(minimal, ", addr: 198.18.0.2/24", ""), "ports.external: an address (addr or addr6) is required"},
-		{"bad prefix", repl(minimal, "198.18.0.2/24", "198.18.0.2"), `ports.external.addr: "198.18.0.2" is not an address with its prefix length`},
+		{"bad prefix", repl(minimal, "198.18.0.2/24", "198.18.0.2"), `ports.external.addr: line 3: "198.18.0.2": netip.ParsePrefix("198.18.0.2"): no '/'`},
 		{"v6 as v4", repl(minimal, "addr: 198.18.0.2/24", "addr: 2001:db8::2/64"), "ports.external.addr: 2001:db8::2/64 is not IPv4"},
 		{"bad gateway", repl(twoPorts, "gateway: 198.18.0.1", "gateway: 10.9.9.9"), "ports.external.gateway: 10.9.9.9 is not an IPv4 address on link"},
-		{"gateway syntax", repl(twoPorts, "gateway: 198.18.0.1", "gateway: router"), `ports.external.gateway: "router" is not an IP address`},
-		{"internal address", repl(twoPorts, "addr: 10.0.0.2/24", "addr: 10.0.0.2/33"), `ports.internal.addr: "10.0.0.2/33" is not an address`},
+		{"gateway syntax", repl(twoPorts, "gateway: 198.18.0.1", "gateway: router"), `ports.external.gateway: line 3: "router": ParseAddr("router"): unable to parse IP`},
+		{"internal address", repl(twoPorts, "addr: 10.0.0.2/24", "addr: 10.0.0.2/33"), `ports.internal.addr: line 4: "10.0.0.2/33": netip.ParsePrefix("10.0.0.2/33"): prefix length out of range`},
 		{"mtu", repl(minimal, "addr: 198.18.0.2/24", "addr: 198.18.0.2/24, mtu: 100"), "ports.external.mtu: 100 is outside 576..9600"},
 		{"same device mtus", repl(twoPorts, "device: net_null1", "device: net_null0, mtu: 9000"), `ports.internal.mtu: 9000 differs from the external port's 0 on the same device "net_null0"`},
-		{"vip syntax", repl(minimal, "vip: 198.18.0.10", "vip: www"), `rules[0].vip: "www" is not an IP address`},
+		{"vip syntax", repl(minimal, "vip: 198.18.0.10", "vip: www"), `rules[0].vip: line 4: "www": ParseAddr("www"): unable to parse IP`},
 		{"no vip", repl(minimal, "vip: 198.18.0.10, ", ""), "rules[0].vip: required"},
 		{"vip family", repl(minimal, "vip: 198.18.0.10", "vip: \"2001:db8::10\""), "rules[0].vip: 2001:db8::10 has no external address of its family"},
 		{"protocol", repl(minimal, "protocol: tcp", "protocol: sctp"), `rules[0].protocol: "sctp" is not tcp or udp`},
@@ -72,14 +74,15 @@ func TestParseConfig(t *testing.T) {
 		{"scheduler", repl(minimal, "pool: l7}", "pool: l7, scheduler: random}"), `rules[0].scheduler: "random" is not maglev, wrr or wlc`},
 		{"quic on tcp", repl(minimal, "pool: l7}", "pool: l7, quic: true}"), "rules[0].quic: needs protocol udp"},
 		{"duplicate rule", repl(minimal, "rules: [", "rules: [{name: web, vip: 198.18.0.11, protocol: tcp, port: 80, pool: l7}, "), `rules[1].name: "web" is used twice`},
-		{"member address", repl(minimal, "address: 198.18.0.11", "address: l7-a"), `pools.l7.members[0].address: "l7-a" is not an IP address`},
+		{"member address", repl(minimal, "address: 198.18.0.11", "address: l7-a"), `pools.l7.members[0].address: line 7: "l7-a": ParseAddr("l7-a"): unable to parse IP`},
 		{"member no address", repl(minimal, ", address: 198.18.0.11", ""), "pools.l7.members[0].address: required"},
 		{"member family", repl(minimal, "address: 198.18.0.11", "address: \"2001:db8::11\""), "pools.l7.members[0].address: 2001:db8::11 has no internal address of its family"},
 		{"member name", repl(minimal, "name: a, ", ""), "pools.l7.members[0].name: required"},
 		{"duplicate quic id", repl(minimal, "{name: a, address: 198.18.0.11}", "{name: a, address: 198.18.0.11, quic_id: 7}, {name: b, address: 198.18.0.12, quic_id: 7}"), `pools.l7.members[1].quic_id: 7 is also member "a"`},
 		{"health addr", repl(minimal, "address: 198.18.0.11}", "address: 198.18.0.11, health_addr: x}"), "pools.l7.members[0].health_addr:"},
-		{"member mac", repl(minimal, "address: 198.18.0.11}", "address: 198.18.0.11, mac: \"ff:ff:ff:ff:ff:ff\"}"), `pools.l7.members[0].mac: "ff:ff:ff:ff:ff:ff" is not a unicast Ethernet address`},
-		{"gateway mac", repl(minimal, "addr: 198.18.0.2/24", "addr: 198.18.0.2/24, gateway_mac: nope"), `ports.external.gateway_mac: "nope" is not a unicast Ethernet address`},
+		{"member mac", repl(minimal, "address: 198.18.0.11}", "address: 198.18.0.11, mac: \"ff:ff:ff:ff:ff:ff\"}"), `pools.l7.members[0].mac: ff:ff:ff:ff:ff:ff is not a unicast Ethernet address`},
+		{"gateway multicast mac", repl(minimal, "addr: 198.18.0.2/24", "addr: 198.18.0.2/24, gateway_mac: \"01:00:5e:00:00:01\""), `ports.external.gateway_mac: 01:00:5e:00:00:01 is not a unicast Ethernet address`},
+		{"gateway mac", repl(minimal, "addr: 198.18.0.2/24", "addr: 198.18.0.2/24, gateway_mac: nope"), `ports.external.gateway_mac: line 3: "nope": packet: parsing MAC address "nope"`},
 		{"health type", minimal + "    health: {type: icmp}\n", `pools.l7.health.type: "icmp" is not tcp, http or none`},
 		{"health timeout", minimal + "    health: {interval: 1s, timeout: 2s}\n", "pools.l7.health.timeout: 2s must be positive and at most the interval"},
 		{"health rise", minimal + "    health: {rise: -1}\n", "pools.l7.health.rise: -1 is negative"},
@@ -104,7 +107,7 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := DPDKFile{Workers: 1, MbufCache: 256, RxDesc: 1024, TxDesc: 1024, Burst: 32, IdleSleep: Duration(50 * time.Microsecond)}
+	want := DPDKFile{Workers: 1, MbufCache: 256, RxDesc: 1024, TxDesc: 1024, Burst: 32, IdleSleep: config.Duration(50 * time.Microsecond)}
 	if c.AdminListen != DefaultAdminListen || !reflect.DeepEqual(c.DPDK, want) {
 		t.Errorf("defaults: %q %+v", c.AdminListen, c.DPDK)
 	}
@@ -144,7 +147,7 @@ func TestSample(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(dc.Rules) != 3 || !dc.Rules[1].QUIC || len(dc.Pools["l7"].Members) != 2 || dc.Pools["l7"].Members[1].QUICID != 2 ||
-		dc.Pools["l7"].Health.Interval != 2*time.Second || dc.Conntrack.Timeouts.Established != 15*time.Minute ||
+		dc.Pools["l7"].Health.Interval.D() != 2*time.Second || dc.Conntrack.Timeouts.Established != 15*time.Minute ||
 		dc.Tunnel.Mode != "gre" || dc.Internal.Addr != netip.MustParsePrefix("10.0.0.2/24") {
 		t.Errorf("sample parsed as %+v", dc)
 	}
@@ -173,14 +176,13 @@ func TestEALArgs(t *testing.T) {
 	}
 }
 
-func TestYAMLPaths(t *testing.T) {
-	in := strings.Join([]string{
-		"external.addr: x",
-		"internal: an address is required",
-		`pools["a \"b\""].members[0].name: required`,
-		"rules[0].vip: x",
-		"externally: untouched",
-	}, "\n")
+func TestUnderPorts(t *testing.T) {
+	var ck config.Checker
+	ck.Addf("external.addr", "x")
+	ck.Addf("internal", "an address is required")
+	ck.Addf(`pools.a "b".members[0].name`, "required")
+	ck.Addf("rules[0].vip", "x")
+	ck.Addf("externally", "untouched")
 	want := strings.Join([]string{
 		"ports.external.addr: x",
 		"ports.internal: an address is required",
@@ -188,11 +190,11 @@ func TestYAMLPaths(t *testing.T) {
 		"rules[0].vip: x",
 		"externally: untouched",
 	}, "\n")
-	var errs []error
-	for l := range strings.SplitSeq(in, "\n") {
-		errs = append(errs, errors.New(l))
+	if got := underPorts(ck.Err()).Error(); got != want {
+		t.Errorf("underPorts:\n%s\nwant\n%s", got, want)
 	}
-	if got := yamlPaths(errors.Join(errs...)).Error(); got != want {
-		t.Errorf("yamlPaths:\n%s\nwant\n%s", got, want)
+	var fe *config.FieldError
+	if !errors.As(underPorts(ck.Err()), &fe) || fe.Path != "ports.external.addr" {
+		t.Errorf("not field errors: %v", fe)
 	}
 }

@@ -21,6 +21,19 @@ func (m MAC) String() string {
 	return string(b[:])
 }
 
+// MarshalText writes m as String does, for YAML and JSON.
+func (m MAC) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText parses m as ParseMAC does.
+func (m *MAC) UnmarshalText(b []byte) error {
+	v, err := ParseMAC(string(b))
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}
+
 // IsBroadcast reports whether m is ff:ff:ff:ff:ff:ff.
 func (m MAC) IsBroadcast() bool { return m == Broadcast }
 

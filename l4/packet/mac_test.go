@@ -36,6 +36,14 @@ func TestMAC(t *testing.T) {
 	if !(MAC{0x33, 0x33, 0, 0, 0, 1}).IsMulticast() {
 		t.Error("33:33:00:00:00:01 is multicast")
 	}
+	text, err := m.MarshalText()
+	var back MAC
+	if err != nil || string(text) != "02:ab:00:10:ff:0c" || back.UnmarshalText(text) != nil || back != m {
+		t.Errorf("text round trip: %q %v %v", text, err, back)
+	}
+	if err := back.UnmarshalText([]byte("nope")); err == nil || back != m {
+		t.Errorf("UnmarshalText of a bad address: %v, changed to %v", err, back)
+	}
 }
 
 func TestEncapModeString(t *testing.T) {
