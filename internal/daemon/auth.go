@@ -38,6 +38,19 @@ func ReadTokenFile(path string) ([]byte, error) {
 	return tok, nil
 }
 
+// ReadAdminTokenFile reads the token of a configuration's admin_token_file as
+// ReadTokenFile does; an empty path means no token (nil). Errors name the field.
+func ReadAdminTokenFile(path string) ([]byte, error) {
+	if path == "" {
+		return nil, nil
+	}
+	tok, err := ReadTokenFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("admin_token_file: %w", err)
+	}
+	return tok, nil
+}
+
 // AdminAuth guards an admin endpoint with a bearer token (RFC 6750). Once a token is
 // set, every request except GET (or HEAD) /healthz and /metrics, which load balancers
 // and Prometheus poll, must carry "Authorization: Bearer <token>"; any other request

@@ -176,3 +176,22 @@ func FuzzAdminAuth(f *testing.F) {
 		}
 	})
 }
+
+func TestReadAdminTokenFile(t *testing.T) {
+	if tok, err := ReadAdminTokenFile(""); tok != nil || err != nil {
+		t.Errorf("no file: %q %v", tok, err)
+	}
+	path := filepath.Join(t.TempDir(), "token")
+	if _, err := ReadAdminTokenFile(path); err == nil || !strings.HasPrefix(err.Error(), "admin_token_file: ") {
+		t.Errorf("missing file: %v", err)
+	}
+	if err := os.WriteFile(path, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := ReadAdminTokenFile(path); err != nil || string(tok) != "0123456789abcdef0123" {
+		t.Errorf("token: %q %v", tok, err)
+	}
+	if Result(nil) != "ok" || Result(os.ErrNotExist) != "error" {
+		t.Errorf("Result")
+	}
+}

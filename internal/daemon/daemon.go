@@ -56,6 +56,15 @@ func NewLogger(level string, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
 }
 
+// Result is the result label of a change's metric: "ok" when err is nil, else
+// "error".
+func Result(err error) string {
+	if err != nil {
+		return "error"
+	}
+	return "ok"
+}
+
 // AdminMux serves /metrics from reg and /healthz from healthy; callers may add routes.
 func AdminMux(reg *prometheus.Registry, healthy func() error) *http.ServeMux {
 	mux := http.NewServeMux()

@@ -73,7 +73,7 @@ func (d *Daemon) setup() error {
 	lvl, _ := daemon.LogLevel(cfg.LogLevel)
 	d.level.Set(lvl)
 	d.log = slog.New(slog.NewTextHandler(d.Stderr, &slog.HandlerOptions{Level: &d.level}))
-	token, err := readAdminToken(cfg)
+	token, err := daemon.ReadAdminTokenFile(cfg.AdminTokenFile)
 	if err != nil {
 		return err
 	}
@@ -102,7 +102,7 @@ func (d *Daemon) Check(out io.Writer) error {
 	if _, err := cfg.serverTLS(); err != nil {
 		return err
 	}
-	if _, err := readAdminToken(cfg); err != nil {
+	if _, err := daemon.ReadAdminTokenFile(cfg.AdminTokenFile); err != nil {
 		return err
 	}
 	stderr := d.Stderr
@@ -283,7 +283,7 @@ func (d *Daemon) reload() (err error) {
 	if err := fixedChanges(d.file, cfg); err != nil {
 		return err
 	}
-	token, err := readAdminToken(cfg)
+	token, err := daemon.ReadAdminTokenFile(cfg.AdminTokenFile)
 	if err != nil {
 		return err
 	}
@@ -325,22 +325,6 @@ func (d *Daemon) retire(bs []backend.Backend) {
 	}()
 }
 
-// readAdminToken reads cfg's admin token; nil without admin_token_file.
-func readAdminToken(cfg *FileConfig) ([]byte, error) {
-	if cfg.AdminTokenFile == "" {
-		return nil, nil
-	}
-	tok, err := daemon.ReadTokenFile(cfg.AdminTokenFile)
-	if err != nil {
-		return nil, fmt.Errorf("admin_token_file: %w", err)
-	}
-	return tok, nil
-}
-
 func (d *Daemon) count(source string, err error) {
-	result := "ok"
-	if err != nil {
-		result = "error"
-	}
-	d.changes.WithLabelValues(source, result).Inc()
+	d.changes.WithLabelValues(source, daemon.Result(err)).Inc()
 }

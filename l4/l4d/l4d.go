@@ -98,7 +98,7 @@ func (d *Daemon) setup() error {
 		d.log.Info("forwarding configuration from the state file; the configuration file's tunnel, timeouts, rules and pools are not used",
 			"state_file", cfg.StateFile, "rules", len(fwd.Rules), "pools", len(fwd.Pools))
 	}
-	token, err := readAdminToken(cfg)
+	token, err := daemon.ReadAdminTokenFile(cfg.AdminTokenFile)
 	if err != nil {
 		return err
 	}
@@ -386,7 +386,7 @@ func (d *Daemon) Reload() (err error) {
 	if err := fixedChanges(d.file, cfg); err != nil {
 		return err
 	}
-	token, err := readAdminToken(cfg)
+	token, err := daemon.ReadAdminTokenFile(cfg.AdminTokenFile)
 	if err != nil {
 		return err
 	}
@@ -409,22 +409,6 @@ func (d *Daemon) Reload() (err error) {
 	return nil
 }
 
-// readAdminToken reads cfg's admin token; nil without admin_token_file.
-func readAdminToken(cfg *FileConfig) ([]byte, error) {
-	if cfg.AdminTokenFile == "" {
-		return nil, nil
-	}
-	tok, err := daemon.ReadTokenFile(cfg.AdminTokenFile)
-	if err != nil {
-		return nil, fmt.Errorf("admin_token_file: %w", err)
-	}
-	return tok, nil
-}
-
 func (d *Daemon) count(source string, err error) {
-	result := "ok"
-	if err != nil {
-		result = "error"
-	}
-	d.changes.WithLabelValues(source, result).Inc()
+	d.changes.WithLabelValues(source, daemon.Result(err)).Inc()
 }
