@@ -8,30 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/tiergate/tiergate/testkit/testenv"
 )
-
-// patchesFor returns the patch directory for Go release version (_go1.N, "" when
-// there is none) and the release its files were made from (its GOVERSION file).
-func patchesFor(version string) (dir, madeFrom string, err error) {
-	minor := regexp.MustCompile(`^go[0-9]+\.[0-9]+`).FindString(version)
-	if minor == "" {
-		return "", "", fmt.Errorf("Go version %q: no go1.N in it", version)
-	}
-	dir = "_" + minor
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		return "", "", nil
-	}
-	b, err := os.ReadFile(filepath.Join(dir, "GOVERSION"))
-	if err != nil {
-		return "", "", fmt.Errorf("patches in %s: %w", dir, err)
-	}
-	return dir, strings.TrimSpace(string(b)), nil
-}
 
 // patchDir is the one _go1.N directory and the release it was made from.
 func patchDir(t *testing.T) (dir, madeFrom string) {

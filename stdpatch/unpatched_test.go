@@ -3,7 +3,13 @@
 package stdpatch
 
 import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/tiergate/tiergate/testkit/testenv"
@@ -30,4 +36,22 @@ func TestPatchApplied(t *testing.T) {
 	default:
 		t.Skipf("%s is the Go the patches in %s were made from, but this build did not apply them (make test does)", madeFrom, dir)
 	}
+}
+
+// patchesFor returns the patch directory for Go release version (_go1.N, "" when
+// there is none) and the release its files were made from (its GOVERSION file).
+func patchesFor(version string) (dir, madeFrom string, err error) {
+	minor := regexp.MustCompile(`^go[0-9]+\.[0-9]+`).FindString(version)
+	if minor == "" {
+		return "", "", fmt.Errorf("Go version %q: no go1.N in it", version)
+	}
+	dir = "_" + minor
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return "", "", nil
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "GOVERSION"))
+	if err != nil {
+		return "", "", fmt.Errorf("patches in %s: %w", dir, err)
+	}
+	return dir, strings.TrimSpace(string(b)), nil
 }
