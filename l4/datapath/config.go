@@ -56,10 +56,37 @@ type Config struct {
 
 	// Conntrack sets the connection table. Its Capacity is for the whole LD; each
 	// worker gets an equal share. Default 1,000,000 entries; default timeouts are
-	// conntrack's (half-open 30 s, established 900 s, FIN 60 s, RST 10 s, UDP 300 s).
-	// conntrack.Config has no YAML/JSON form of its own yet: l4d writes it as
-	// conntrack.capacity and conntrack.timeouts.
+	// conntrack's (half-open 30 s, established 900 s, FIN 60 s, RST 10 s, UDP 300 s,
+	// unconfirmed 10 s: a flow picked up mid-way, by a TCP packet without SYN or a UDP
+	// datagram, until its member's reply confirms it). conntrack.Config has no
+	// YAML/JSON form of its own yet: l4d writes it as conntrack.capacity and
+	// conntrack.timeouts.
 	Conntrack conntrack.Config `yaml:"-" json:"-"`
+
+	// MaxNeighbours bounds the neighbour table (the ARP and ND entries of both ports),
+	// as the kernel's gc_thresh3 does. The gateways and the members' next hops are
+	// pinned: always kept, never evicted. When the table is full, resolving another
+	// on-link destination evicts the entry that was used least recently; when every
+	// entry is pinned, it is refused (tiergate_l4_neighbour_evictions_total and
+	// tiergate_l4_neighbour_refused_total count both). Default 1024.
+	MaxNeighbours int `yaml:"max_neighbours" json:"max_neighbours,omitempty"`
+
+	// ICMP limits the ICMP errors the LD sends clients, as a router does, when a
+	// packet that may not be fragmented (IPv4 with DF set, and every IPv6 packet) does
+	// not fit the tunnel: fragmentation needed (IPv4) or packet too big (IPv6), with
+	// the largest size that fits.
+	ICMP ICMPConfig `yaml:"icmp" json:"icmp"`
+}
+
+// ICMPConfig rate-limits the ICMP errors the LD sends, per worker, with a token
+// bucket; the errors it suppresses are counted
+// (tiergate_l4_icmp_errors_total{result="suppressed"}).
+type ICMPConfig struct {
+	// Rate is how many ICMP errors each worker sends per second at most. Default
+	// 1000; negative: none is sent (the packets are only dropped, as too_big).
+	Rate int `yaml:"rate" json:"rate,omitempty"`
+	// Burst is how many a worker may send at once after a quiet spell. Default 50.
+	Burst int `yaml:"burst" json:"burst,omitempty"`
 }
 
 // Interface is one side of the LD: its own addresses and its next hop.
@@ -90,6 +117,10 @@ type TunnelConfig struct {
 	MTU int `yaml:"mtu" json:"mtu,omitempty"`
 	// TTL of the outer header. Default 64.
 	TTL uint8 `yaml:"ttl" json:"ttl,omitempty"`
+	// Key, when not 0, is the GRE key (RFC 2890) that members' replies must carry:
+	// a reply without it or with another is dropped (reason return_bad_key). Only
+	// with mode gre. Default 0: replies are not checked for a key.
+	Key uint32 `yaml:"key" json:"key,omitempty"`
 }
 
 // RuleConfig is one virtual service: packets to VIP:Port over Protocol go to Pool.
@@ -168,10 +199,13 @@ type HealthConfig struct {
 }
 
 const (
-	defaultMTU       = 1500
-	defaultTTL       = 64
-	defaultCapacity  = 1_000_000
-	defaultHealthInt = 2 * time.Second
+	defaultMTU           = 1500
+	defaultTTL           = 64
+	defaultCapacity      = 1_000_000
+	defaultHealthInt     = 2 * time.Second
+	defaultMaxNeighbours = 1024
+	defaultICMPRate      = 1000
+	defaultICMPBurst     = 50
 )
 
 func (c *Config) withDefaults() Config {
@@ -188,6 +222,15 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.Conntrack.Capacity == 0 {
 		out.Conntrack.Capacity = defaultCapacity
+	}
+	if out.MaxNeighbours == 0 {
+		out.MaxNeighbours = defaultMaxNeighbours
+	}
+	if out.ICMP.Rate == 0 {
+		out.ICMP.Rate = defaultICMPRate
+	}
+	if out.ICMP.Burst == 0 {
+		out.ICMP.Burst = defaultICMPBurst
 	}
 	out.Rules = slices.Clone(c.Rules)
 	for i := range out.Rules {
@@ -267,6 +310,15 @@ func (c *Config) Validate() error {
 	}
 	if d.Tunnel.MTU < 1280 || d.Tunnel.MTU > 9216 {
 		bad("tunnel.mtu", "%d is outside 1280..9216", d.Tunnel.MTU)
+	}
+	if d.Tunnel.Key != 0 && d.Tunnel.Mode != ModeGRE {
+		bad("tunnel.key", "needs mode gre")
+	}
+	if d.MaxNeighbours < 0 {
+		bad("max_neighbours", "%d is negative", d.MaxNeighbours)
+	}
+	if d.ICMP.Burst < 0 {
+		bad("icmp.burst", "%d is negative", d.ICMP.Burst)
 	}
 	if d.Conntrack.Capacity < 0 {
 		bad("conntrack.capacity", "%d is negative", d.Conntrack.Capacity)

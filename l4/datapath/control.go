@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/tiergate/tiergate/l4/packet"
@@ -20,8 +21,7 @@ const (
 	neighStale     = 5 * time.Minute  // and forgotten after this without an answer
 	neighOnDemand  = 2 * time.Minute  // an on-demand entry (a client) lives this long unused
 	controlTick    = 200 * time.Millisecond
-	onDemandLimit  = 4096 // on-demand neighbours (on-link clients) kept at most
-	resolveRetries = 5    // requests before an unanswered address is given up on
+	resolveRetries = 5 // requests before an unanswered address is given up on
 )
 
 type ctlFrame struct {
@@ -36,15 +36,32 @@ const (
 
 // neighbour is one resolved (or being resolved) next hop.
 type neighbour struct {
-	mac      packet.MAC
-	valid    bool
-	side     int
-	wanted   bool // a gateway or member: always kept resolved
-	static   bool // configured MAC: never resolved, never aged
-	learned  time.Time
-	asked    time.Time
-	tries    int
-	lastUsed time.Time
+	mac     packet.MAC
+	valid   bool
+	side    int
+	wanted  bool // a gateway or member: always kept resolved, never evicted
+	static  bool // configured MAC: never resolved, never aged
+	learned time.Time
+	asked   time.Time
+	tries   int
+	// used is when the entry was last used, in milliseconds of the distributor's
+	// clock (msClock): by a worker (through the snapshot's neighHit), or by the
+	// request that created it.
+	used atomic.Uint32
+}
+
+// pinned reports whether e is never evicted: a gateway, a member's next hop, or static.
+func (e *neighbour) pinned() bool { return e.wanted || e.static }
+
+// idle is how long e has not been used, at msClock now.
+func (e *neighbour) idle(now uint32) time.Duration {
+	return time.Duration(int32(now-e.used.Load())) * time.Millisecond
+}
+
+// msClock is t in milliseconds since the distributor's epoch, modulo 2^32: the clock
+// of neighbour use, which workers read from their own clock.
+func (d *Distributor) msClock(t time.Time) uint32 {
+	return uint32(t.Sub(d.epoch) / time.Millisecond)
 }
 
 type neighbours struct {
@@ -275,6 +292,7 @@ func (c *control) run(ctx context.Context, closed <-chan struct{}) {
 		if c.dirty {
 			c.rebuild()
 		}
+		c.d.neighCount.Store(int64(len(c.neigh.entries)))
 	}
 }
 
@@ -315,6 +333,10 @@ func (c *control) wantNeighbours() {
 			e.static, e.valid, e.mac = true, true, static
 		}
 	}
+	defer func() {
+		for len(c.neigh.entries) > c.cfg.MaxNeighbours && c.evictNeighbour() {
+		}
+	}()
 	want(c.cfg.External.Gateway, sideExt, c.cfg.External.GatewayMAC)
 	want(c.cfg.External.Gateway6, sideExt, c.cfg.External.Gateway6MAC)
 	for _, ms := range c.members {
@@ -333,12 +355,13 @@ func (c *control) wantNeighbours() {
 // resolveAll sends requests for unresolved and aging neighbours and forgets stale
 // ones.
 func (c *control) resolveAll(now time.Time) {
+	clock := c.d.msClock(now)
 	for a, e := range c.neigh.entries {
 		if e.static {
 			continue
 		}
 		switch {
-		case !e.wanted && now.Sub(e.lastUsed) > neighOnDemand && now.Sub(e.asked) > neighOnDemand:
+		case !e.wanted && e.idle(clock) > neighOnDemand && now.Sub(e.asked) > neighOnDemand:
 			delete(c.neigh.entries, a)
 			if e.valid {
 				c.dirty = true
@@ -356,22 +379,49 @@ func (c *control) resolveAll(now time.Time) {
 	}
 }
 
-// resolveOnDemand starts resolving an on-link client a worker could not reach.
+// resolveOnDemand starts resolving an on-link client a worker could not reach. When
+// the table is full it makes room by evicting the least recently used entry that is
+// not pinned, or gives up when every entry is.
 func (c *control) resolveOnDemand(a netip.Addr) {
 	a = a.Unmap()
 	now := time.Now()
 	e := c.neigh.entries[a]
 	if e == nil {
-		if len(c.neigh.entries) >= onDemandLimit {
+		if len(c.neigh.entries) >= c.cfg.MaxNeighbours && !c.evictNeighbour() {
+			c.d.neighRefused.Add(1)
 			return
 		}
 		e = &neighbour{side: sideExt}
 		c.neigh.entries[a] = e
 	}
-	e.lastUsed = now
+	e.used.Store(c.d.msClock(now))
 	if !e.valid && now.Sub(e.asked) >= resolveRetry {
 		c.request(a, e, now)
 	}
+}
+
+// evictNeighbour forgets the entry that is not pinned and was used least recently, and
+// reports whether there was one.
+func (c *control) evictNeighbour() bool {
+	var victim netip.Addr
+	var oldest uint32
+	for a, e := range c.neigh.entries {
+		if e.pinned() {
+			continue
+		}
+		if u := e.used.Load(); !victim.IsValid() || int32(u-oldest) < 0 {
+			victim, oldest = a, u
+		}
+	}
+	if !victim.IsValid() {
+		return false
+	}
+	if c.neigh.entries[victim].valid {
+		c.dirty = true
+	}
+	delete(c.neigh.entries, victim)
+	c.d.neighEvictions.Add(1)
+	return true
 }
 
 // request sends an ARP request or a neighbour solicitation for a.

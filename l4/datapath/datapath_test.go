@@ -287,12 +287,14 @@ func TestDropsAreCounted(t *testing.T) {
 	r.ext.Inject(tcp4(t, client, 1, vip, 80, true, false, nil))                                  // no rule
 	r.ext.Inject(tcp4(t, client, 1, netip.MustParseAddr("203.0.113.99"), 443, true, false, nil)) // not local
 	r.int.Inject(gre4(t, netip.MustParseAddr("198.18.1.99"), make([]byte, 40)))                  // not a member
+	r.int.Inject(gre4(t, memberA, make([]byte, 40)))                                             // not IP inside
 	r.ext.Inject([]byte{1, 2, 3})                                                                // truncated
 	bad := tcp4(t, client, 1, vip, 443, true, false, nil)
 	bad[14+10] ^= 0xff // IPv4 header checksum
 	r.ext.Inject(bad)
 	r.waitCount(dirIn, resNoRule, 1)
 	r.waitCount(dirIn, resNotLocal, 1)
+	r.waitCount(dirOut, resReturnNotMember, 1)
 	r.waitCount(dirOut, resBadTunnel, 1)
 	r.waitCount(dirIn, resTruncated, 1)
 	r.waitCount(dirIn, resBadChecksum, 1)

@@ -67,6 +67,13 @@ type Distributor struct {
 	ops        chan func(*control)
 	ctl        *control
 
+	// Neighbour table counters, written by the control goroutine.
+	neighCount     atomic.Int64
+	neighEvictions atomic.Uint64
+	neighRefused   atomic.Uint64
+
+	epoch time.Time // origin of the workers' nanosecond clock
+
 	stop      atomic.Bool
 	started   atomic.Bool
 	done      chan struct{}
@@ -121,6 +128,7 @@ func NewDistributor(cfg Config, opts Options) (*Distributor, error) {
 		ops:        make(chan func(*control)),
 		done:       make(chan struct{}),
 		closed:     make(chan struct{}),
+		epoch:      time.Now(),
 	}
 	ct := cfg.Conntrack
 	ct.Capacity = max(1, cfg.Conntrack.Capacity/opts.Workers)
@@ -132,7 +140,7 @@ func NewDistributor(cfg Config, opts Options) (*Distributor, error) {
 		w := &worker{
 			d: d, id: i, ext: opts.External, int: opts.Internal,
 			onePort: opts.Internal == opts.External, table: t, seed: opts.HashSeed,
-			burst: opts.Burst, extMAC: packet.MAC(opts.External.MAC()),
+			burst: opts.Burst, extMAC: packet.MAC(opts.External.MAC()), intMAC: packet.MAC(opts.Internal.MAC()),
 			rx:        make([]port.Buf, opts.Burst),
 			pk:        make([]packet.Packet, opts.Burst),
 			perr:      make([]error, opts.Burst),

@@ -17,26 +17,43 @@
 //   - Client → VIP (TCP or UDP): the rule is found by (VIP, protocol, port); the flow
 //     (client address, client port, rule) by the table. A miss schedules a member
 //     (Maglev on the flow hash by default, or WRR or WLC per worker) and inserts an
-//     entry: half-open for a SYN, established for any other TCP packet (so flows
-//     survive an LD restart or an ECMP change: Maglev gives the same member while the
-//     pool is the same), UDP for UDP. A reset never creates an entry. The packet is
+//     entry: half-open for a SYN; for any other TCP packet, and for UDP, an
+//     unconfirmed one (so flows survive an LD restart or an ECMP change: Maglev gives
+//     the same member while the pool is the same), which keeps a short timeout until
+//     the member's reply confirms it. A reset never creates an entry. The packet is
 //     tunnelled untouched (GRE or IPIP, over IPv4 or IPv6) to the member, except the
 //     MSS of a SYN, clamped so that full segments fit the internal MTU once
 //     encapsulated.
-//   - When the table is full, the oldest half-open entry is evicted (TGW's LRU
-//     half-open queue); if there is none, the packet is dropped as table_full.
+//   - A packet that does not fit the tunnel is dropped (too_big); when it may not be
+//     fragmented (IPv4 DF, IPv6) the LD answers it, as a router does, with
+//     fragmentation needed or packet too big from its external address, carrying
+//     the largest size that fits, within a per-worker rate (Config.ICMP).
+//   - When the table is full, the oldest unconfirmed entry is evicted, else the oldest
+//     half-open one (TGW's LRU half-open queue); if there is neither, the packet is
+//     dropped as table_full.
 //   - A flow whose member failed its health check is rescheduled; a drained or
 //     removed member keeps its flows until they end.
 //   - QUIC rules: Handshake and short-header packets carry a connection ID the member
-//     issued (in wire's layout) and go to that member whatever the client's address; Initial
+//     issued (in wire's layout) and go to that member whatever the client's address (an
+//     entry for the address is kept, so the member's replies to it pass); Initial
 //     and 0-RTT packets, whose connection ID the client chose, go by the table.
+//   - IPv6 packets from or to an IPv4-mapped address (::ffff:a.b.c.d) are dropped
+//     (v4mapped): as 16 bytes they would pass for the IPv4 address.
 //   - ICMP and ICMPv6 errors about a flow (fragmentation needed, packet too big,
 //     unreachable) go to the flow's member, found from the quoted header.
 //   - Fragments: every fragment of a datagram, the first included, goes by a hash of
 //     the address pair and makes no entry, so all of them reach the same member.
-//   - Member → LD (GRE or IPIP to the LD's internal address, from a member): the inner
-//     packet must come from a VIP; its TTL is decremented and it leaves through the
-//     external port to the gateway, or to the client itself when it is on link.
+//   - Member → LD (GRE or IPIP to the LD's internal address, from a member): only on
+//     the internal port and to the internal address (else return_wrong_port), from a
+//     member's configured address (return_not_member), with the tunnel key when one is
+//     configured (return_bad_key), from a VIP, and for a flow in the worker's table: a
+//     TCP or UDP reply, or an ICMP error about the client's packet (return_no_flow).
+//     A reply confirms an unconfirmed flow. The inner packet's TTL is decremented and
+//     it leaves through the external port to the gateway, or to the client itself
+//     when it is on link. So the LD sends VIP-sourced packets only into flows it
+//     forwarded. With more than one worker, a member's reply must reach the worker
+//     that took the client's packets: the ports must hash a tunnel packet by its inner
+//     flow, symmetrically (net_af_packet's fanout does).
 //   - ARP and neighbour discovery go to the control goroutine; echo requests to the
 //     LD's addresses and to VIPs are answered in place.
 //   - Every packet is counted once, by direction and result: forwarded, local, or the
@@ -48,6 +65,8 @@
 // and members IDs that stay stable across changes, resolves next hops with ARP and
 // ND (retried, aged; static neighbours skip it), runs the health checks, answers ARP
 // and ND for the VIPs and the LD's addresses, and publishes a snapshot after each
-// change. Its frames are sent by worker 0 between bursts, so a port needs only one TX
+// change. The neighbour table holds at most Config.MaxNeighbours entries: the
+// gateways' and members' are pinned, and an on-link destination beyond the limit
+// evicts the entry the workers used least recently. Its frames are sent by worker 0 between bursts, so a port needs only one TX
 // queue per worker.
 package datapath

@@ -12,8 +12,18 @@ var (
 		"Entries in the connection tables of all workers.", nil, nil)
 	descHalfOpen = prometheus.NewDesc("tiergate_l4_connections_half_open",
 		"Half-open (SYN seen, no ACK yet) entries in the connection tables.", nil, nil)
+	descUnconfirmed = prometheus.NewDesc("tiergate_l4_connections_unconfirmed",
+		"Unconfirmed entries (flows picked up mid-way that their member has not answered yet) in the connection tables.", nil, nil)
 	descEvictions = prometheus.NewDesc("tiergate_l4_conntrack_evictions_total",
-		"Half-open entries evicted to make room for new connections (SYN-flood defence).", nil, nil)
+		"Unconfirmed, then half-open, entries evicted to make room for new connections (flood defence).", nil, nil)
+	descICMPErrors = prometheus.NewDesc("tiergate_l4_icmp_errors_total",
+		"ICMP errors (fragmentation needed, packet too big) for packets that do not fit the tunnel: sent, or suppressed by the rate limit.", []string{"result"}, nil)
+	descNeighbours = prometheus.NewDesc("tiergate_l4_neighbours",
+		"Entries in the neighbour (ARP and ND) table.", nil, nil)
+	descNeighEvictions = prometheus.NewDesc("tiergate_l4_neighbour_evictions_total",
+		"Neighbour entries evicted, least recently used first, to make room in a full table.", nil, nil)
+	descNeighRefused = prometheus.NewDesc("tiergate_l4_neighbour_refused_total",
+		"On-link destinations not resolved because the neighbour table was full of pinned entries (gateways, members).", nil, nil)
 	descExpired = prometheus.NewDesc("tiergate_l4_conntrack_expired_total",
 		"Connection-table entries reclaimed after their timeout.", nil, nil)
 	descRulePackets = prometheus.NewDesc("tiergate_l4_rule_packets_total",
@@ -34,7 +44,8 @@ var (
 type collector struct{ d *Distributor }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPackets, descConns, descHalfOpen, descEvictions, descExpired,
+	for _, d := range []*prometheus.Desc{descPackets, descConns, descHalfOpen, descUnconfirmed, descEvictions, descExpired,
+		descICMPErrors, descNeighbours, descNeighEvictions, descNeighRefused,
 		descRulePackets, descRuleFlows, descMemberPackets, descMemberConns, descMemberUp, descMemberDrained} {
 		ch <- d
 	}
@@ -53,16 +64,25 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	var conns, half int64
-	var ev, ex uint64
+	var conns, half, unconf int64
+	var ev, ex, sent, supp uint64
 	for _, w := range ws {
 		conns += w.pub.tableLen.Load()
 		half += w.pub.halfOpen.Load()
+		unconf += w.pub.unconf.Load()
 		ev += w.pub.evictions.Load()
 		ex += w.pub.expired.Load()
+		sent += w.pub.icmpSent.Load()
+		supp += w.pub.icmpSupp.Load()
 	}
 	ch <- prometheus.MustNewConstMetric(descConns, prometheus.GaugeValue, float64(conns))
 	ch <- prometheus.MustNewConstMetric(descHalfOpen, prometheus.GaugeValue, float64(half))
+	ch <- prometheus.MustNewConstMetric(descUnconfirmed, prometheus.GaugeValue, float64(unconf))
+	ch <- prometheus.MustNewConstMetric(descICMPErrors, prometheus.CounterValue, float64(sent), "sent")
+	ch <- prometheus.MustNewConstMetric(descICMPErrors, prometheus.CounterValue, float64(supp), "suppressed")
+	ch <- prometheus.MustNewConstMetric(descNeighbours, prometheus.GaugeValue, float64(c.d.neighCount.Load()))
+	ch <- prometheus.MustNewConstMetric(descNeighEvictions, prometheus.CounterValue, float64(c.d.neighEvictions.Load()))
+	ch <- prometheus.MustNewConstMetric(descNeighRefused, prometheus.CounterValue, float64(c.d.neighRefused.Load()))
 	ch <- prometheus.MustNewConstMetric(descEvictions, prometheus.CounterValue, float64(ev))
 	ch <- prometheus.MustNewConstMetric(descExpired, prometheus.CounterValue, float64(ex))
 

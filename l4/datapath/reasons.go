@@ -29,6 +29,11 @@ const (
 	resTooBig
 	resBadTunnel
 	resMultiseg
+	resReturnWrongPort // tunnelled to the LD but not on its internal port and address
+	resReturnNotMember // tunnelled from an address that is not a member's
+	resReturnBadKey    // without the configured GRE key, or with another
+	resReturnNoFlow    // a reply to no flow in the connection table
+	resV4Mapped        // an IPv6 packet with an IPv4-mapped address (::ffff:a.b.c.d)
 	numResults
 )
 
@@ -50,6 +55,12 @@ var resultNames = [numResults]string{
 	resTooBig:      "too_big",
 	resBadTunnel:   "bad_tunnel",
 	resMultiseg:    "multiseg",
+
+	resReturnWrongPort: "return_wrong_port",
+	resReturnNotMember: "return_not_member",
+	resReturnBadKey:    "return_bad_key",
+	resReturnNoFlow:    "return_no_flow",
+	resV4Mapped:        "v4mapped",
 }
 
 func (r result) String() string { return resultNames[r] }

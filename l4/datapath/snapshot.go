@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tiergate/tiergate/l4/conntrack"
@@ -40,11 +41,14 @@ type snapshot struct {
 	vips      map[[16]byte]struct{}
 	vipList   [][16]byte            // the same, scanned when there are few
 	memberIP  map[[16]byte]struct{} // accepted outer sources of the return path
+	tunnelKey uint32                // GRE key replies must carry; 0: none
 
 	ext, int   side
 	mtu        int
 	encapMode  packet.EncapMode
-	extNeigh   map[netip.Addr]packet.MAC // on-link destinations on the external side
+	extNeigh   map[netip.Addr]neighHit // on-link destinations on the external side
+	icmpRate   int                     // ICMP errors per second per worker; ≤ 0: none
+	icmpBurst  int
 	extGW4     packet.MAC
 	extGW6     packet.MAC
 	hasExtGW4  bool
@@ -54,6 +58,14 @@ type snapshot struct {
 }
 
 // side is one port's own addresses.
+// neighHit is a resolved on-link neighbour as the workers see it: its MAC, and where
+// they note when they last used it (Distributor.msClock), so that the control
+// goroutine evicts the least recently used first.
+type neighHit struct {
+	mac  packet.MAC
+	used *atomic.Uint32
+}
+
 type side struct {
 	addr4, addr6 netip.Addr
 	pfx4, pfx6   netip.Prefix
@@ -161,7 +173,10 @@ func (c *control) buildSnapshot() (*snapshot, error) {
 		vips:       make(map[[16]byte]struct{}),
 		memberIP:   make(map[[16]byte]struct{}),
 		mtu:        cfg.Tunnel.MTU,
-		extNeigh:   make(map[netip.Addr]packet.MAC),
+		tunnelKey:  cfg.Tunnel.Key,
+		extNeigh:   make(map[netip.Addr]neighHit),
+		icmpRate:   cfg.ICMP.Rate,
+		icmpBurst:  cfg.ICMP.Burst,
 		quicCIDLen: quicCIDLen,
 		timeouts:   cfg.Conntrack.Timeouts,
 	}
@@ -178,7 +193,7 @@ func (c *control) buildSnapshot() (*snapshot, error) {
 	}
 	for a, n := range c.neigh.entries {
 		if n.valid && n.side == sideExt {
-			s.extNeigh[a] = n.mac
+			s.extNeigh[a] = neighHit{mac: n.mac, used: &n.used}
 		}
 	}
 

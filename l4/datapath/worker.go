@@ -46,6 +46,7 @@ type worker struct {
 	burst   int
 	ipid    uint16
 	extMAC  packet.MAC
+	intMAC  packet.MAC
 
 	rx    []port.Buf
 	pk    []packet.Packet // parsed headers of the burst in rx
@@ -58,6 +59,7 @@ type worker struct {
 	txExtMeta []counted
 	txIntMeta []counted
 	last      counted // what the packet being handled was counted as
+	inExt     bool    // the packet being handled came in on the external port
 	drop      []port.Buf
 	txOne     []port.Buf
 
@@ -66,19 +68,65 @@ type worker struct {
 	wrr     []*sched.WRR
 	wlc     []*sched.WLC
 
-	now uint32 // conntrack clock
+	now  uint32 // conntrack clock
+	mono int64  // nanoseconds since the distributor's epoch, read with now
+	ms   uint32 // the same in milliseconds, modulo 2^32 (Distributor.msClock)
+
+	icmp tokenBucket // ICMP errors sent
 
 	c   counters // written only by this worker
 	pub *published
 }
 
+// tokenBucket limits a rate on the worker's nanosecond clock: a token every interval,
+// at most depth/interval of them saved up.
+type tokenBucket struct {
+	rate, burst int   // what set was last given
+	interval    int64 // nanoseconds per token; 0: never a token
+	depth       int64
+	avail       int64 // nanoseconds of credit
+	last        int64
+}
+
+// set configures the bucket for rate tokens per second and bursts of burst, full.
+// The same settings again change nothing.
+func (b *tokenBucket) set(rate, burst int) {
+	if rate == b.rate && burst == b.burst {
+		return
+	}
+	b.rate, b.burst = rate, burst
+	if rate <= 0 || burst <= 0 {
+		b.interval = 0
+		return
+	}
+	b.interval = max(1, int64(time.Second)/int64(rate))
+	b.depth = int64(burst) * b.interval
+	b.avail = b.depth
+}
+
+// ready reports whether a token is there at now (refilling first); take spends it.
+func (b *tokenBucket) ready(now int64) bool {
+	if b.interval == 0 {
+		return false
+	}
+	if d := now - b.last; d > 0 {
+		b.avail = min(b.depth, b.avail+d)
+		b.last = now
+	}
+	return b.avail >= b.interval
+}
+
+func (b *tokenBucket) take() { b.avail -= b.interval }
+
 // counters are plain integers: only the worker writes them; it copies them into
 // published (atomics) every publishEvery, which is what metrics read.
 type counters struct {
-	packets  [numDirs][numResults]uint64
-	rule     [maxRules]uint64
-	newFlows [maxRules]uint64
-	member   [maxMembers]uint64
+	packets        [numDirs][numResults]uint64
+	rule           [maxRules]uint64
+	newFlows       [maxRules]uint64
+	member         [maxMembers]uint64
+	icmpSent       uint64
+	icmpSuppressed uint64
 }
 
 type published struct {
@@ -89,7 +137,10 @@ type published struct {
 	conns     [maxMembers]atomic.Uint64
 	tableLen  atomic.Int64
 	halfOpen  atomic.Int64
+	unconf    atomic.Int64
 	evictions atomic.Uint64
+	icmpSent  atomic.Uint64
+	icmpSupp  atomic.Uint64
 	expired   atomic.Uint64
 	insertErr atomic.Uint64
 }
@@ -112,6 +163,8 @@ func (w *worker) run(stop *atomic.Bool, idleSleep time.Duration) {
 	for !stop.Load() {
 		now := time.Now()
 		w.now = conntrack.Clock(now)
+		w.mono = int64(now.Sub(w.d.epoch))
+		w.ms = uint32(w.mono / int64(time.Millisecond))
 		n := w.poll(w.ext, vExt)
 		if !w.onePort {
 			n += w.poll(w.int, vInt)
@@ -216,6 +269,7 @@ func (w *worker) resync(s *snapshot) {
 	// Validated with the config; an error here would be a bug, and the table
 	// keeps its timeouts.
 	_ = w.table.SetTimeouts(s.timeouts)
+	w.icmp.set(s.icmpRate, s.icmpBurst)
 	w.wrr = make([]*sched.WRR, len(s.ruleByID))
 	w.wlc = make([]*sched.WLC, len(s.ruleByID))
 	for id, r := range s.ruleByID {
@@ -243,6 +297,7 @@ func (w *worker) handleFrame(s *snapshot, b *port.Buf, fromExt bool) verdict {
 // it when needed.
 func (w *worker) handle(s *snapshot, b *port.Buf, p *packet.Packet, perr error, h uint64, fromExt bool) verdict {
 	frame := b.Data[b.Off : b.Off+b.Len]
+	w.inExt = fromExt
 	if perr != nil {
 		w.count(dirIn, parseResult(perr))
 		return vDrop
@@ -250,7 +305,15 @@ func (w *worker) handle(s *snapshot, b *port.Buf, p *packet.Packet, perr error, 
 	switch p.EtherType {
 	case packet.EtherTypeARP:
 		return w.toControl(frame, fromExt)
-	case packet.EtherTypeIPv4, packet.EtherTypeIPv6:
+	case packet.EtherTypeIPv4:
+	case packet.EtherTypeIPv6:
+		// ::ffff:a.b.c.d is an IPv4 address written as IPv6, never a real source or
+		// destination on the wire (RFC 4291 2.5.5.2); as 16 bytes it would pass
+		// for the IPv4 address it maps.
+		if p.Dst.Is4In6() || p.Src.Is4In6() {
+			w.count(dirIn, resV4Mapped)
+			return vDrop
+		}
 	default:
 		w.count(dirIn, resUnsupported)
 		return vDrop
@@ -266,7 +329,7 @@ func (w *worker) handle(s *snapshot, b *port.Buf, p *packet.Packet, perr error, 
 		return w.toVIP(s, b, frame, p, dst, h)
 	}
 	if s.int.owns(dst) || s.ext.owns(dst) {
-		return w.toLD(s, b, frame, p)
+		return w.toLD(s, b, frame, p, fromExt)
 	}
 	w.count(dirIn, resNotLocal)
 	return vDrop
@@ -305,13 +368,14 @@ func (w *worker) toVIP(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet,
 		w.count(dirIn, resNoRule)
 		return vDrop
 	}
-	if r.quic {
-		if id, ok := w.quicMember(s, r, frame, p); ok {
-			return w.forward(s, b, p, r, id)
-		}
-	}
 	if h == 0 {
 		h = packet.FlowHash(w.seed, p)
+	}
+	if r.quic {
+		if id, ok := w.quicMember(s, r, frame, p); ok {
+			w.quicFlow(r, p, h, id)
+			return w.forward(s, b, p, r, id)
+		}
 	}
 	id, res := w.flowMember(s, r, p, p.Src, p.SrcPort, h)
 	if res != resForwarded {
@@ -347,12 +411,15 @@ func (w *worker) flowMember(s *snapshot, r *rule, p *packet.Packet, client netip
 	if !ok {
 		return 0, resNoMember
 	}
-	st := conntrack.StateUDP
+	// A flow picked up mid-way (a TCP packet without SYN: an LD restart, an ECMP
+	// change; any UDP datagram) stays unconfirmed, with a short timeout and first to
+	// be evicted, until its member's reply confirms it: one-way packets from spoofed
+	// sources cannot fill the table with long-lived entries.
+	st := conntrack.StateUnconfirmed
 	if tcp {
 		if p.TCPFlags&packet.TCPRst != 0 {
 			return id, resForwarded // never create an entry for a reset
 		}
-		st = conntrack.StateEstablished
 		if p.TCPFlags&(packet.TCPSyn|packet.TCPAck) == packet.TCPSyn {
 			st = conntrack.StateSynRecv
 		}
@@ -397,6 +464,18 @@ func (w *worker) quicMember(s *snapshot, r *rule, frame []byte, p *packet.Packet
 	return id, ok
 }
 
+// quicFlow keeps an entry for the client address and port of a QUIC packet routed
+// by its connection ID, so that the member's replies to that address find a flow
+// (after the client moves to a new address or port, or the flow moves to this LD).
+// A new entry is unconfirmed until the member replies; a full table only means the
+// replies are dropped (return_no_flow) until there is room.
+func (w *worker) quicFlow(r *rule, p *packet.Packet, h uint64, id uint16) {
+	k := conntrack.Key{Client: p.Src.As16(), ClientPort: p.SrcPort, Rule: r.id}
+	if _, ok := w.table.LookupUDP(&k, h, w.now); !ok {
+		w.table.Insert(&k, h, id, conntrack.StateUnconfirmed, w.now)
+	}
+}
+
 // icmpError sends an ICMP error about a flow (fragmentation needed, unreachable,
 // ...) to the flow's member, found from the quoted header.
 func (w *worker) icmpError(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet) verdict {
@@ -438,21 +517,20 @@ func (w *worker) forward(s *snapshot, b *port.Buf, p *packet.Packet, r *rule, id
 		return vDrop
 	}
 	v6 := p.EtherType == packet.EtherTypeIPv6
-	if p.Proto == packet.ProtoTCP && p.TCPFlags&packet.TCPSyn != 0 && p.L4 >= 0 {
-		mss := m.mss4
-		if v6 {
-			mss = m.mss6
-		}
-		packet.ClampMSS(b.Data[b.Off:b.Off+b.Len], p, mss)
-	}
 	ovh := m.overhead4
 	if v6 {
 		ovh = m.overhead6
 	}
 	innerLen := p.End - p.L3
 	if innerLen+ovh-14 > s.mtu {
-		w.count(dirIn, resTooBig)
-		return vDrop
+		return w.tooBig(s, b, p, s.mtu-(ovh-14))
+	}
+	if p.Proto == packet.ProtoTCP && p.TCPFlags&packet.TCPSyn != 0 && p.L4 >= 0 {
+		mss := m.mss4
+		if v6 {
+			mss = m.mss6
+		}
+		packet.ClampMSS(b.Data[b.Off:b.Off+b.Len], p, mss)
 	}
 	w.ipid++
 	start, err := m.encap.Write(b.Data, b.Off+p.L3, innerLen, w.ipid)
@@ -468,12 +546,44 @@ func (w *worker) forward(s *snapshot, b *port.Buf, p *packet.Packet, r *rule, id
 	return vInt
 }
 
+// tooBig drops a packet that does not fit the tunnel (too_big) and, when it may not
+// be fragmented (IPv4 DF, or IPv6), turns its buffer into the ICMP error a router
+// sends back: fragmentation needed or packet too big, with mtu, the largest inner
+// packet that fits, from the LD's external address; rate-limited per worker.
+func (w *worker) tooBig(s *snapshot, b *port.Buf, p *packet.Packet, mtu int) verdict {
+	w.count(dirIn, resTooBig)
+	v6 := p.EtherType == packet.EtherTypeIPv6
+	if s.icmpRate < 0 || !v6 && b.Data[b.Off+p.L3+6]&0x40 == 0 {
+		return vDrop
+	}
+	if !w.icmp.ready(w.mono) {
+		w.c.icmpSuppressed++
+		return vDrop
+	}
+	src, mac := s.ext.addr4, w.intMAC
+	if v6 {
+		src = s.ext.addr6
+	}
+	if w.inExt || w.onePort {
+		mac = w.extMAC
+	}
+	w.ipid++
+	start, n, err := packet.TooBig(b.Data, b.Off, p, src, mac, mtu, w.ipid)
+	if err != nil {
+		return vDrop // not a packet to answer (an ICMP error, a later fragment, ...)
+	}
+	w.icmp.take()
+	w.c.icmpSent++
+	b.Off, b.Len = start, n
+	return vBack
+}
+
 // toLD handles a packet addressed to one of the LD's own addresses: the tunnel
 // back from members, and echo requests.
-func (w *worker) toLD(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet) verdict {
+func (w *worker) toLD(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet, fromExt bool) verdict {
 	switch p.Proto {
 	case packet.ProtoGRE, packet.ProtoIPIP, packet.ProtoIPv6:
-		return w.fromMember(s, b, frame, p)
+		return w.fromMember(s, b, frame, p, fromExt)
 	case packet.ProtoICMP, packet.ProtoICMPv6:
 		if packet.EchoReply(frame, p) {
 			w.count(dirLocal, resLocal)
@@ -485,20 +595,46 @@ func (w *worker) toLD(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet) 
 }
 
 // fromMember decapsulates a reply from a member and sends the client's packet
-// out of the external port.
-func (w *worker) fromMember(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet) verdict {
+// out of the external port. It takes only what a member sends: on the internal port
+// to the LD's internal address, from a member's address, with the tunnel key when one
+// is set, from a VIP, and for a flow in the connection table (which the reply
+// confirms). Anything else would let whoever reaches the LD make it send
+// VIP-sourced packets anywhere.
+func (w *worker) fromMember(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet, fromExt bool) verdict {
+	if fromExt && !w.onePort || !s.int.owns(p.Dst.As16()) {
+		w.count(dirOut, resReturnWrongPort)
+		return vDrop
+	}
 	if _, ok := s.memberIP[p.Src.As16()]; !ok {
+		w.count(dirOut, resReturnNotMember)
+		return vDrop
+	}
+	var t wire.Tunnel
+	if p.Fragment || p.L4 < 0 || p.End > len(frame) || wire.Decap(p.Proto, frame[p.L4:p.End], &t) != nil {
 		w.count(dirOut, resBadTunnel)
 		return vDrop
 	}
-	inner, innerLen, err := packet.Decap(frame, p)
-	if err != nil {
-		w.count(dirOut, resBadTunnel)
+	if s.tunnelKey != 0 && (!t.GRE.HasKey() || t.GRE.Key != s.tunnelKey) {
+		w.count(dirOut, resReturnBadKey)
 		return vDrop
 	}
+	inner := p.L4 + t.Inner
+	innerLen := p.End - inner
 	var ip packet.Packet
-	if err := packet.ParseIP(frame, inner, &ip); err != nil || !s.isVIP(ip.Src) {
+	if err := packet.ParseIP(frame, inner, &ip); err != nil {
 		w.count(dirOut, resBadTunnel)
+		return vDrop
+	}
+	if ip.EtherType == packet.EtherTypeIPv6 && (ip.Src.Is4In6() || ip.Dst.Is4In6()) {
+		w.count(dirOut, resV4Mapped)
+		return vDrop
+	}
+	if !s.isVIP(ip.Src) {
+		w.count(dirOut, resBadTunnel)
+		return vDrop
+	}
+	if !w.replyFlow(s, frame, &ip) {
+		w.count(dirOut, resReturnNoFlow)
 		return vDrop
 	}
 	if inner < 14 {
@@ -526,6 +662,45 @@ func (w *worker) fromMember(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 	return vExt
 }
 
+// replyFlow reports whether ip, a member's packet from a VIP, belongs to a flow in
+// the connection table: a TCP or UDP reply (which confirms the flow, or refreshes it),
+// or an ICMP error about a packet of the flow. A reply cut into fragments passes only
+// with its first fragment, which carries the ports.
+func (w *worker) replyFlow(s *snapshot, frame []byte, ip *packet.Packet) bool {
+	var flow packet.Packet // the flow as the client sends it
+	switch ip.Proto {
+	case packet.ProtoTCP, packet.ProtoUDP:
+		if ip.L4 < 0 {
+			return false
+		}
+		flow = packet.Packet{Src: ip.Dst, Dst: ip.Src, SrcPort: ip.DstPort, DstPort: ip.SrcPort, Proto: ip.Proto}
+	case packet.ProtoICMP, packet.ProtoICMPv6:
+		// The error quotes the client's packet to the VIP.
+		if packet.ICMPEmbedded(frame, ip, &flow) != nil || flow.Src != ip.Dst || flow.Dst != ip.Src ||
+			flow.Proto != packet.ProtoTCP && flow.Proto != packet.ProtoUDP {
+			return false
+		}
+	default:
+		return false
+	}
+	r := s.lookupRule(ruleKey{addr: flow.Dst.As16(), proto: flow.Proto, port: flow.DstPort})
+	if r == nil {
+		return false
+	}
+	k := conntrack.Key{Client: flow.Src.As16(), ClientPort: flow.SrcPort, Rule: r.id}
+	h := packet.FlowHash(w.seed, &flow)
+	if ip.Proto != flow.Proto {
+		_, _, ok := w.table.Lookup(&k, h, w.now) // an error says nothing of the flow's state
+		return ok
+	}
+	confirmed := conntrack.StateEstablished
+	if flow.Proto == packet.ProtoUDP {
+		confirmed = conntrack.StateUDP
+	}
+	_, ok := w.table.LookupReply(&k, h, confirmed, w.now)
+	return ok
+}
+
 // nextHop is the MAC to send a packet for dst to on the external side: the
 // neighbour itself when on link, else the gateway.
 func (w *worker) nextHop(s *snapshot, dst netip.Addr) (packet.MAC, bool) {
@@ -546,14 +721,18 @@ func (w *worker) nextHop(s *snapshot, dst netip.Addr) (packet.MAC, bool) {
 // goroutine is asked to resolve it (the packet is dropped, as a router does while
 // it resolves).
 func (w *worker) neighbour(s *snapshot, dst netip.Addr) (packet.MAC, bool) {
-	mac, ok := s.extNeigh[dst]
+	n, ok := s.extNeigh[dst]
 	if !ok {
 		select {
 		case w.d.ctlResolve <- dst:
 		default:
 		}
+		return packet.MAC{}, false
 	}
-	return mac, ok
+	if n.used.Load() != w.ms {
+		n.used.Store(w.ms) // once a millisecond at most: the least recently used is evicted first
+	}
+	return n.mac, true
 }
 
 // sendControl transmits up to 16 frames the control goroutine queued.
@@ -628,6 +807,9 @@ func (w *worker) publish() {
 	}
 	pub.tableLen.Store(int64(w.table.Len()))
 	pub.halfOpen.Store(int64(w.table.HalfOpen()))
+	pub.unconf.Store(int64(w.table.Unconfirmed()))
+	pub.icmpSent.Store(w.c.icmpSent)
+	pub.icmpSupp.Store(w.c.icmpSuppressed)
 	st := w.table.Stats()
 	pub.evictions.Store(st.Evictions)
 	pub.expired.Store(st.Expired)
