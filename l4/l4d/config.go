@@ -63,6 +63,16 @@ type FileConfig struct {
 	// fixed value shared by every l4d.
 	HashSeed uint64 `yaml:"hash_seed" json:"hash_seed,omitempty"`
 
+	// MaxNeighbours bounds the neighbour (ARP and ND) table
+	// (datapath.Config.MaxNeighbours): the gateways and members are pinned, other
+	// entries go least recently used first. Changes on reload. Default 1024.
+	MaxNeighbours int `yaml:"max_neighbours" json:"max_neighbours,omitempty"`
+
+	// ICMP rate-limits the fragmentation-needed and packet-too-big errors sent to
+	// clients whose packets do not fit the tunnel (datapath.ICMPConfig). Changes on
+	// reload. Default rate 1000 per second per worker, burst 50.
+	ICMP datapath.ICMPConfig `yaml:"icmp" json:"icmp,omitzero"`
+
 	// Forwarding is what the datapath forwards; it changes at runtime.
 	Forwarding `yaml:",inline"`
 }
@@ -324,6 +334,9 @@ func (c *FileConfig) Datapath() (datapath.Config, error) {
 		Rules:     c.Rules,
 		Pools:     c.Pools,
 		Conntrack: conntrackConfig(c.Conntrack),
+
+		MaxNeighbours: c.MaxNeighbours,
+		ICMP:          c.ICMP,
 	}
 	cfg.Internal = cfg.External
 	if c.Ports.Internal != nil {
