@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/tiergate/tiergate/l4/packet"
@@ -15,6 +16,9 @@ func FuzzHandle(f *testing.F) {
 	f.Add(tcp4(t, client, 40000, vip, 443, false, true, []byte("data")), true)
 	f.Add(udp4(t, client, 5000, vip, 443, append([]byte{0x40}, make([]byte, 30)...)), true)
 	f.Add(gre4(t, ldInt, tcp4(t, vip, 443, client, 40000, true, true, nil)[14:]), false)
+	f.Add(gre4(t, memberA, replyPacket(t, vip, client, 40000)), false)
+	f.Add(tcp4(t, client, 40000, vip, 443, false, true, make([]byte, 1460)), true) // too big, DF
+	f.Add(tcpFrame(t, client6, 40000, netip.AddrFrom16(vip.As16()), 443, true, false, nil), true)
 	f.Add([]byte{}, true)
 	w, s := benchWorker(f, 1024) // nothing reads its control queue: ARP is dropped, counted
 	buf := port.Buf{Data: make([]byte, 4096)}
