@@ -13,7 +13,9 @@
 //
 //   - GRE (IP protocol 47, [ProtoGRE]): a GRE header (RFC 2784, with RFC 2890's key
 //     and sequence number) whose protocol type is [EtherTypeIPv4] or [EtherTypeIPv6],
-//     then the inner IP packet. The tiers send the 4-byte header [PutGRE] writes.
+//     then the inner IP packet. The tiers send the 4-byte header [PutGRE] writes, or,
+//     configured with a tunnel key, the 8-byte one of [PutGREKey]; a tier with a key
+//     takes only packets that carry it ([GRE.KeyMatches]), so IPIP only without one.
 //   - IPIP (protocol 4, [ProtoIPIP], RFC 2003) carrying an IPv4 packet, or protocol 41
 //     ([ProtoIPv6], RFC 2473) carrying an IPv6 packet, directly after the outer header.
 //

@@ -21,9 +21,12 @@ const (
 
 // GRE header lengths.
 const (
-	// GREHeaderLen is the GRE header the tiers send: flags and protocol type, with no
-	// checksum, key or sequence number.
+	// GREHeaderLen is the GRE header the tiers send without a key: flags and protocol
+	// type, with no checksum, key or sequence number.
 	GREHeaderLen = 4
+	// GREKeyHeaderLen is the GRE header the tiers send with a tunnel key: flags,
+	// protocol type and the key.
+	GREKeyHeaderLen = GREHeaderLen + 4
 	// MaxGREHeaderLen is the longest GRE header Decap accepts: checksum, key and
 	// sequence number all present.
 	MaxGREHeaderLen = GREHeaderLen + 12
@@ -72,7 +75,7 @@ type GRE struct {
 	// Checksum is the checksum field (already verified); 0 without GREChecksum.
 	Checksum uint16
 	// Key is the key field; 0 without GREKey. Decap does not check it: whoever
-	// configures keys compares it.
+	// configures a key compares it with KeyMatches.
 	Key uint32
 	// Seq is the sequence number; 0 without GRESeq. Decap does not check the order.
 	Seq uint32
@@ -80,6 +83,14 @@ type GRE struct {
 
 // HasKey reports whether the header carries a key (the K bit).
 func (g *GRE) HasKey() bool { return g.Flags&GREKey != 0 }
+
+// KeyMatches is the tunnel key rule both tiers apply when they are configured with a
+// key: with key 0 (no key configured) every header passes, with or without a key;
+// otherwise the header must carry the key bit and exactly key. An IPIP packet, whose
+// Tunnel has the zero GRE, carries no key and so fails a configured one.
+func (g *GRE) KeyMatches(key uint32) bool {
+	return key == 0 || g.Flags&GREKey != 0 && g.Key == key
+}
 
 // Len is the header's length in bytes, 4 to 16, from its flags.
 func (g *GRE) Len() int {
@@ -220,6 +231,31 @@ func PutGRE(b []byte, protocol uint16) {
 	_ = b[GREHeaderLen-1]
 	b[0], b[1] = 0, 0
 	binary.BigEndian.PutUint16(b[2:], protocol)
+}
+
+// PutGREKey writes the GRE header the tiers send with tunnel key key (RFC 2890),
+// GREKeyHeaderLen bytes: the key bit, the protocol type and the key, with no checksum
+// or sequence number. With key 0 it writes PutGRE's header instead (0 is "no key" in
+// every tier's configuration), so callers size the header with SendLen. It panics if b
+// is shorter than that header.
+func PutGREKey(b []byte, protocol uint16, key uint32) {
+	if key == 0 {
+		PutGRE(b, protocol)
+		return
+	}
+	_ = b[GREKeyHeaderLen-1]
+	binary.BigEndian.PutUint16(b, GREKey)
+	binary.BigEndian.PutUint16(b[2:], protocol)
+	binary.BigEndian.PutUint32(b[4:], key)
+}
+
+// SendLen is the length of the GRE header the tiers send with tunnel key key:
+// GREKeyHeaderLen, or GREHeaderLen for key 0 (no key).
+func SendLen(key uint32) int {
+	if key == 0 {
+		return GREHeaderLen
+	}
+	return GREKeyHeaderLen
 }
 
 // GREProtocol returns the GRE protocol type of an inner packet: EtherTypeIPv6 for

@@ -169,6 +169,48 @@ func TestPutGRE(t *testing.T) {
 	PutGRE(make([]byte, 3), EtherTypeIPv4)
 }
 
+// TestPutGREKey checks that the keyed header the tiers send decapsulates with its key,
+// that KeyMatches holds a configured key to exactly that header, and that key 0 is the
+// header without a key.
+func TestPutGREKey(t *testing.T) {
+	const key = 0x7467_0001
+	for _, in := range [][]byte{inner4(3), inner6(3)} {
+		v6 := in[0]>>4 == 6
+		b := bytes.Repeat([]byte{0xff}, GREKeyHeaderLen+len(in)) // every header byte overwritten
+		PutGREKey(b, GREProtocol(v6), key)
+		copy(b[SendLen(key):], in)
+		var tn Tunnel
+		if err := Decap(ProtoGRE, b, &tn); err != nil || tn.Inner != GREKeyHeaderLen || !bytes.Equal(b[tn.Inner:], in) ||
+			!tn.GRE.HasKey() || tn.GRE.Key != key || tn.GRE.Flags != GREKey {
+			t.Fatalf("v6 %v: keyed GRE % x: %+v, %v", v6, b[:8], tn, err)
+		}
+		if !tn.GRE.KeyMatches(key) || !tn.GRE.KeyMatches(0) || tn.GRE.KeyMatches(key+1) {
+			t.Errorf("v6 %v: KeyMatches of a header with key %#x: %v for it, %v for none, %v for another", v6, key,
+				tn.GRE.KeyMatches(key), tn.GRE.KeyMatches(0), tn.GRE.KeyMatches(key+1))
+		}
+		PutGREKey(b, GREProtocol(v6), 0)
+		if SendLen(0) != GREHeaderLen || binary.BigEndian.Uint16(b) != 0 {
+			t.Errorf("key 0: header % x, length %d; want PutGRE's", b[:4], SendLen(0))
+		}
+		copy(b[GREHeaderLen:], in)
+		if err := Decap(ProtoGRE, b[:GREHeaderLen+len(in)], &tn); err != nil || tn.GRE.HasKey() {
+			t.Fatalf("v6 %v: GRE without a key: %+v, %v", v6, tn, err)
+		}
+		if tn.GRE.KeyMatches(key) || !tn.GRE.KeyMatches(0) {
+			t.Errorf("v6 %v: a header without a key matches key %#x: %v, no key: %v", v6, key, tn.GRE.KeyMatches(key), tn.GRE.KeyMatches(0))
+		}
+		if err := Decap(IPIPProto(v6), in, &tn); err != nil || tn.GRE.KeyMatches(key) {
+			t.Errorf("v6 %v: IPIP matches a configured key (%v)", v6, err)
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("PutGREKey into 7 bytes did not panic")
+		}
+	}()
+	PutGREKey(make([]byte, 7), EtherTypeIPv4, key)
+}
+
 func TestZeroAllocs(t *testing.T) {
 	gre := greWrap(GREChecksum|GREKey, EtherTypeIPv4, inner4(100))
 	cid := []byte{7, 0, 1, 2, 3, 4, 5, 6}
@@ -179,6 +221,7 @@ func TestZeroAllocs(t *testing.T) {
 		"Checksum":     func() { Checksum(gre, 0) },
 		"DecodeConnID": func() { DecodeConnID(cid) },
 		"PutGRE":       func() { PutGRE(cid, EtherTypeIPv6) },
+		"PutGREKey":    func() { PutGREKey(cid, EtherTypeIPv6, 42) },
 	} {
 		if n := testing.AllocsPerRun(100, f); n != 0 {
 			t.Errorf("%s: %v allocations", name, n)

@@ -14,7 +14,7 @@ type EncapMode uint8
 const (
 	// EncapGRE is the 4-byte GRE header of [wire.PutGRE] (RFC 2784: no checksum, key
 	// or sequence number) whose protocol type is 0x0800 or 0x86DD by the inner packet's
-	// version. The default.
+	// version, or with [Encap.Key] the 8-byte one of [wire.PutGREKey]. The default.
 	EncapGRE EncapMode = iota
 	// EncapIPIP puts the inner packet directly after the outer IP header, with
 	// protocol 4 for an IPv4 inner packet and 41 for IPv6 (RFC 2003, RFC 2473).
@@ -36,7 +36,7 @@ func (m EncapMode) String() string {
 const defaultTunnelTTL = 64
 
 // maxEncapHeader is the largest header an Encap writes: Ethernet, IPv6, GRE.
-const maxEncapHeader = EthernetLen + IPv6Len + wire.GREHeaderLen
+const maxEncapHeader = EthernetLen + IPv6Len + wire.GREKeyHeaderLen
 
 // Encap describes the tunnel to one member: Ethernet, then an outer IPv4 or IPv6
 // header from Src to Dst, then GRE (or nothing, for IPIP) before the untouched inner
@@ -52,6 +52,10 @@ type Encap struct {
 	SrcMAC, DstMAC MAC
 	// TTL is the outer TTL or hop limit; 0 means 64.
 	TTL uint8
+	// Key, when not 0, is the GRE key (RFC 2890) every packet carries, the tunnel key
+	// the L7 nodes check (and put on their replies). Only with EncapGRE: Prepare
+	// refuses a key with IPIP, which has no field for one. Default 0: no key.
+	Key uint32
 
 	ready bool
 	v6    bool
@@ -64,7 +68,8 @@ type Encap struct {
 }
 
 // Overhead returns the bytes Write adds before the inner IP packet, Ethernet
-// included: 38 (IPv4 outer, GRE), 34 (IPv4, IPIP), 58 (IPv6, GRE) or 54 (IPv6, IPIP).
+// included: 38 (IPv4 outer, GRE), 34 (IPv4, IPIP), 58 (IPv6, GRE) or 54 (IPv6, IPIP),
+// and 4 more for GRE with a Key.
 // The inner family does not change it today; it is a parameter so callers need not
 // care if a future mode differs. It is valid before Prepare.
 func (e *Encap) Overhead(innerV6 bool) int {
@@ -76,7 +81,7 @@ func (e *Encap) Overhead(innerV6 bool) int {
 		n = EthernetLen + IPv6Len
 	}
 	if e.Mode == EncapGRE {
-		n += wire.GREHeaderLen
+		n += wire.SendLen(e.Key)
 	}
 	return n
 }
@@ -91,6 +96,9 @@ func (e *Encap) Prepare() error {
 	}
 	if !e.Src.IsValid() || !e.Dst.IsValid() {
 		return errors.New("packet: preparing encapsulation: source and destination addresses are required")
+	}
+	if e.Key != 0 && e.Mode != EncapGRE {
+		return fmt.Errorf("packet: preparing encapsulation: a tunnel key needs GRE, not %s", e.Mode)
 	}
 	src, dst := e.Src.Unmap(), e.Dst.Unmap()
 	if src.Is4() != dst.Is4() {
@@ -136,8 +144,8 @@ func (e *Encap) Prepare() error {
 			e.base[i] = uint32(wire.Fold(wire.Sum(ip[:IPv4Len], 0)))
 		}
 		if e.Mode == EncapGRE {
-			wire.PutGRE(ip[n:], wire.GREProtocol(innerV6))
-			n += wire.GREHeaderLen
+			wire.PutGREKey(ip[n:], wire.GREProtocol(innerV6), e.Key)
+			n += wire.SendLen(e.Key)
 		}
 		e.ipLen = n
 	}

@@ -36,15 +36,18 @@ func TestEncapRoundTrip(t *testing.T) {
 		name     string
 		mode     EncapMode
 		src, dst netip.Addr
+		key      uint32
 		overhead int
 	}{
-		{"gre4", EncapGRE, ld4, member4, 38},
-		{"ipip4", EncapIPIP, ld4, member4, 34},
-		{"gre6", EncapGRE, ld6, member6, 58},
-		{"ipip6", EncapIPIP, ld6, member6, 54},
+		{"gre4", EncapGRE, ld4, member4, 0, 38},
+		{"ipip4", EncapIPIP, ld4, member4, 0, 34},
+		{"gre6", EncapGRE, ld6, member6, 0, 58},
+		{"ipip6", EncapIPIP, ld6, member6, 0, 54},
+		{"gre4 key", EncapGRE, ld4, member4, 0xfeed_0001, 42},
+		{"gre6 key", EncapGRE, ld6, member6, 7, 62},
 	}
 	for _, o := range outers {
-		e := &Encap{Mode: o.mode, Src: o.src, Dst: o.dst, SrcMAC: macA, DstMAC: macB, TTL: 0}
+		e := &Encap{Mode: o.mode, Src: o.src, Dst: o.dst, SrcMAC: macA, DstMAC: macB, TTL: 0, Key: o.key}
 		if got := e.Overhead(false); got != o.overhead {
 			t.Errorf("%s: Overhead before Prepare %d, want %d", o.name, got, o.overhead)
 		}
@@ -104,7 +107,8 @@ func TestEncapRoundTrip(t *testing.T) {
 					if innerV6 {
 						wantEt = layers.EthernetTypeIPv6
 					}
-					if gre == nil || gre.Protocol != wantEt || gre.Version != 0 || gre.KeyPresent {
+					if gre == nil || gre.Protocol != wantEt || gre.Version != 0 || gre.KeyPresent != (o.key != 0) || gre.Key != o.key ||
+						gre.ChecksumPresent || gre.SeqPresent {
 						t.Errorf("gopacket GRE %+v", gre)
 					}
 				}
@@ -188,6 +192,7 @@ func TestEncapErrors(t *testing.T) {
 		{Src: ld4, Dst: member6},
 		{Src: ld6, Dst: member4},
 		{Mode: 7, Src: ld4, Dst: member4},
+		{Mode: EncapIPIP, Src: ld4, Dst: member4, Key: 1},
 		{Src: netip.MustParseAddr("fe80::1%eth0"), Dst: netip.MustParseAddr("fe80::2")},
 	} {
 		if err := e.Prepare(); err == nil {
