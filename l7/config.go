@@ -142,8 +142,10 @@ type Listener struct {
 	// turns it off.
 	DeferAccept config.Duration `yaml:"defer_accept,omitempty" json:"defer_accept,omitempty"`
 
-	// HandshakeTimeout bounds the TLS handshake over TCP, and the QUIC handshake.
-	// Default 10s.
+	// HandshakeTimeout bounds the TLS handshake over TCP, from accept, and the QUIC
+	// handshake (which quic-go also gives up when it hears nothing from the client
+	// for half of it): a connection that has not finished its handshake by then is
+	// closed, and its place among MaxHandshakes freed. Default 5s.
 	HandshakeTimeout config.Duration `yaml:"handshake_timeout,omitempty" json:"handshake_timeout,omitempty"`
 
 	// ReadHeaderTimeout bounds reading a request's headers (HTTP/1.1, HTTP/2), and
@@ -168,10 +170,38 @@ type Listener struct {
 	// 1024. Default 64 KiB.
 	MaxHeaderBytes int `yaml:"max_header_bytes,omitempty" json:"max_header_bytes,omitempty"`
 
-	// MaxConns bounds the connections open on this listener, TCP and QUIC together;
-	// beyond it a new connection is closed at accept (refused, for QUIC) and counted
-	// in tiergate_l7_connections_rejected_total. Default 10000.
+	// MaxConns bounds the connections open on this listener whose handshake is done,
+	// TCP and QUIC together; connections still in their handshake have MaxHandshakes
+	// instead. When it is reached a new TCP connection is closed at accept, and a QUIC
+	// connection whose handshake completes is closed (H3_EXCESSIVE_LOAD), each counted
+	// in tiergate_l7_connections_rejected_total{reason="max_conns"}. Default 10000.
 	MaxConns int `yaml:"max_conns,omitempty" json:"max_conns,omitempty"`
+
+	// MaxHandshakes bounds the TCP connections of this listener still in their TLS
+	// handshake (from accept to its end), and, as a budget of its own, the QUIC
+	// connections still in theirs: a client that opens connections and never
+	// finishes a handshake takes these places, not those of MaxConns, and only for
+	// HandshakeTimeout. Beyond it a new TCP connection is reset at accept and a new
+	// QUIC connection refused, counted in
+	// tiergate_l7_connections_rejected_total{reason="max_handshakes"}. Default 1000.
+	MaxHandshakes int `yaml:"max_handshakes,omitempty" json:"max_handshakes,omitempty"`
+
+	// MaxHandshakesPerSource bounds the handshakes in progress from one source, TCP
+	// and QUIC together, a source being an IPv4 address or an IPv6 /64 (the packet's
+	// source, or the one a PROXY header names). Beyond it a new TCP connection is
+	// reset at accept, counted with reason="handshakes_per_source"; a QUIC connection
+	// is sent a Retry (see QUICRetryAbove) unless it has already proved its address,
+	// and is then refused and counted likewise. Default 100.
+	MaxHandshakesPerSource int `yaml:"max_handshakes_per_source,omitempty" json:"max_handshakes_per_source,omitempty"`
+
+	// QUICRetryAbove is the number of QUIC handshakes in progress on this listener
+	// from which a new QUIC connection must first prove its address: it is sent a
+	// Retry (RFC 9000 section 8.1.2), costing a real client one round trip and a
+	// client with a spoofed source everything, before any TLS work or signature is
+	// done for it. A source already at MaxHandshakesPerSource is sent one too. Each
+	// Retry is counted in tiergate_l7_quic_retries_total. Negative: always send a
+	// Retry. Default 100.
+	QUICRetryAbove int `yaml:"quic_retry_above,omitempty" json:"quic_retry_above,omitempty"`
 
 	// MaxConcurrentStreams bounds the requests in flight on one HTTP/2 or HTTP/3
 	// connection. Default 250.
@@ -203,17 +233,20 @@ type PoolConfig struct {
 
 // Defaults of Listener and PoolConfig.
 const (
-	DefaultAddr                 = ":443"
-	DefaultDeferAccept          = config.Duration(time.Second)
-	DefaultHandshakeTimeout     = config.Duration(10 * time.Second)
-	DefaultReadHeaderTimeout    = config.Duration(10 * time.Second)
-	DefaultReadTimeout          = config.Duration(60 * time.Second)
-	DefaultIdleTimeout          = config.Duration(60 * time.Second)
-	DefaultWriteTimeout         = config.Duration(30 * time.Second)
-	DefaultMaxHeaderBytes       = 64 << 10
-	DefaultMaxConns             = 10000
-	DefaultMaxConcurrentStreams = 250
-	DefaultMaxRequestBody       = 16 << 20
+	DefaultAddr                   = ":443"
+	DefaultDeferAccept            = config.Duration(time.Second)
+	DefaultHandshakeTimeout       = config.Duration(5 * time.Second)
+	DefaultReadHeaderTimeout      = config.Duration(10 * time.Second)
+	DefaultReadTimeout            = config.Duration(60 * time.Second)
+	DefaultIdleTimeout            = config.Duration(60 * time.Second)
+	DefaultWriteTimeout           = config.Duration(30 * time.Second)
+	DefaultMaxHeaderBytes         = 64 << 10
+	DefaultMaxConns               = 10000
+	DefaultMaxHandshakes          = 1000
+	DefaultMaxHandshakesPerSource = 100
+	DefaultQUICRetryAbove         = 100
+	DefaultMaxConcurrentStreams   = 250
+	DefaultMaxRequestBody         = 16 << 20
 
 	DefaultConnsPerMember = 512
 	DefaultPoolTimeout    = config.Duration(30 * time.Second)
@@ -309,6 +342,7 @@ func (l *Listener) Validate() error {
 		v    int
 	}{
 		{"max_header_bytes", l.MaxHeaderBytes}, {"max_conns", l.MaxConns},
+		{"max_handshakes", l.MaxHandshakes}, {"max_handshakes_per_source", l.MaxHandshakesPerSource},
 		{"max_concurrent_streams", l.MaxConcurrentStreams}, {"max_request_body", l.MaxRequestBody},
 	} {
 		if n.v < 0 {
@@ -377,6 +411,9 @@ func (l *Listener) Defaults() {
 	setDefault(&l.WriteTimeout, DefaultWriteTimeout)
 	setDefault(&l.MaxHeaderBytes, DefaultMaxHeaderBytes)
 	setDefault(&l.MaxConns, DefaultMaxConns)
+	setDefault(&l.MaxHandshakes, DefaultMaxHandshakes)
+	setDefault(&l.MaxHandshakesPerSource, DefaultMaxHandshakesPerSource)
+	setDefault(&l.QUICRetryAbove, DefaultQUICRetryAbove)
 	setDefault(&l.MaxConcurrentStreams, DefaultMaxConcurrentStreams)
 	setDefault(&l.MaxRequestBody, DefaultMaxRequestBody)
 }

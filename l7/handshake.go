@@ -32,6 +32,10 @@ type handshake struct {
 	reason string // failure seen by a callback, if any
 
 	counted atomic.Bool
+
+	// QUIC only: the connection's source and the place it holds (quicHandshaking, …).
+	src  source
+	quic atomic.Int32
 }
 
 type handshakeKey struct{}

@@ -45,7 +45,10 @@ type listener struct {
 	h2q *connQueue
 	h3  *http3.Server
 
-	nconns atomic.Int64 // TCP and QUIC connections open, against MaxConns
+	nconns  atomic.Int64  // TCP and QUIC connections past their handshake, against MaxConns
+	tcpHS   atomic.Int64  // TCP connections in their TLS handshake, against MaxHandshakes
+	quicHS  atomic.Int64  // QUIC handshakes in progress, against MaxHandshakes
+	sources *sourceCounts // handshakes in progress by source, against MaxHandshakesPerSource
 
 	mu     sync.Mutex
 	conns  map[*tls.Conn]*tcpConn
@@ -56,6 +59,9 @@ type listener struct {
 
 	gTLS, gHTTP1, gH2, gH3      prometheus.Gauge
 	rejectedMax, rejectedFilter prometheus.Counter
+	rejectedHandshakes          prometheus.Counter // MaxHandshakes reached
+	rejectedPerSource           prometheus.Counter // MaxHandshakesPerSource reached
+	quicRetries                 prometheus.Counter
 	reqH1, reqH2, reqH3         prometheus.Counter
 }
 
@@ -74,20 +80,33 @@ type tcpConn struct {
 	start time.Time
 	info  ConnInfo // set once the handshake is done
 	gauge prometheus.Gauge
+	src   source // the peer, as handshakes are counted by
+	// held is the place the connection holds: among the handshakes until its
+	// handshake is done, then among MaxConns. Written by the goroutine serving the
+	// connection before it hands the connection on.
+	held uint8
 
 	phase atomic.Int32
 	idle  atomic.Bool // HTTP/1.1: waiting for the next request
 }
 
+// Places a tcpConn holds.
+const (
+	heldHandshake uint8 = iota
+	heldNone
+	heldConn
+)
+
 var drainDeadline = time.Unix(1, 0) // a deadline in the past: reads fail at once
 
 func newListener(s *Server, idx int, cfg ListenerConfig) *listener {
 	l := &listener{
-		s:     s,
-		idx:   idx,
-		cfg:   cfg,
-		log:   s.log.With("listener", cfg.Name),
-		conns: map[*tls.Conn]*tcpConn{},
+		s:       s,
+		idx:     idx,
+		cfg:     cfg,
+		log:     s.log.With("listener", cfg.Name),
+		conns:   map[*tls.Conn]*tcpConn{},
+		sources: newSourceCounts(),
 	}
 	m := s.m
 	l.gTLS = m.conns.WithLabelValues(cfg.Name, connTLS)
@@ -95,6 +114,9 @@ func newListener(s *Server, idx int, cfg ListenerConfig) *listener {
 	l.gH2 = m.conns.WithLabelValues(cfg.Name, connH2)
 	l.rejectedMax = m.connsRejected.WithLabelValues(cfg.Name, "max_conns")
 	l.rejectedFilter = m.connsRejected.WithLabelValues(cfg.Name, "filtered")
+	l.rejectedHandshakes = m.connsRejected.WithLabelValues(cfg.Name, "max_handshakes")
+	l.rejectedPerSource = m.connsRejected.WithLabelValues(cfg.Name, "handshakes_per_source")
+	l.quicRetries = m.quicRetries.WithLabelValues(cfg.Name)
 	l.reqH1 = m.requestsByProto.WithLabelValues(cfg.Name, ProtoHTTP1)
 	l.reqH2 = m.requestsByProto.WithLabelValues(cfg.Name, ProtoHTTP2)
 	if !cfg.DisableHTTP3 {
@@ -236,7 +258,7 @@ func (l *listener) bindSockets() error {
 // start serves the bound sockets in the background.
 func (l *listener) start() error {
 	if l.udp != nil {
-		l.tr = &quic.Transport{Conn: l.udp, ConnContext: l.quicConnContext}
+		l.tr = &quic.Transport{Conn: l.udp, ConnContext: l.quicConnContext, VerifySourceAddress: l.quicRetry}
 		if l.cfg.QUICServerID != 0 {
 			l.tr.ConnectionIDGenerator = connIDGenerator{serverID: l.cfg.QUICServerID}
 		}
@@ -310,19 +332,28 @@ func (l *listener) acceptLoop() {
 			continue
 		}
 		backoff = 0
-		if f := l.s.state.Load().filter; f != nil && !f(l.cfg.Name, clientip.AddrPortOf(nc.RemoteAddr())) {
+		peer := clientip.AddrPortOf(nc.RemoteAddr())
+		if f := l.s.state.Load().filter; f != nil && !f(l.cfg.Name, peer) {
 			l.rejectedFilter.Inc()
 			reset(nc)
 			continue
 		}
-		if !l.acquire() {
+		// A handshake that would find MaxConns full when it is done is not begun.
+		if l.nconns.Load() >= int64(l.cfg.MaxConns) {
+			l.rejectedMax.Inc()
 			nc.Close()
 			continue
 		}
-		c := &tcpConn{l: l, raw: nc, tc: tls.Server(nc, l.tcpTLS), start: time.Now(), gauge: l.gTLS}
+		src := sourceOf(peer.Addr())
+		if refused := l.admitHandshake(&l.tcpHS, src); refused != nil {
+			refused.Inc()
+			reset(nc)
+			continue
+		}
+		c := &tcpConn{l: l, raw: nc, tc: tls.Server(nc, l.tcpTLS), start: time.Now(), gauge: l.gTLS, src: src}
 		if !l.track(c) {
 			nc.Close()
-			l.release()
+			l.handshakeEnded(&l.tcpHS, src)
 			continue
 		}
 		c.gauge.Inc()
@@ -351,7 +382,12 @@ func (l *listener) untrack(tc *tls.Conn) {
 		return
 	}
 	c.gauge.Dec()
-	l.release()
+	switch c.held {
+	case heldHandshake:
+		l.handshakeEnded(&l.tcpHS, c.src)
+	case heldConn:
+		l.release()
+	}
 	l.connWG.Done()
 }
 
@@ -379,6 +415,14 @@ func (l *listener) serveTCP(c *tcpConn) {
 	}
 	st := c.tc.ConnectionState()
 	l.handshakeOK(hs, &st)
+	l.handshakeEnded(&l.tcpHS, c.src)
+	c.held = heldNone
+	if !l.acquire() {
+		c.raw.Close()
+		l.untrack(c.tc)
+		return
+	}
+	c.held = heldConn
 	_ = c.raw.SetDeadline(time.Time{})
 	remote, source := clientip.ConnPeer(c.raw)
 	c.info = ConnInfo{Listener: l.cfg.Name, Remote: remote, Source: source, TLS: &st}

@@ -38,6 +38,7 @@ type metrics struct {
 	handshakeSeconds *prometheus.HistogramVec
 	conns            *prometheus.GaugeVec
 	connsRejected    *prometheus.CounterVec
+	quicRetries      *prometheus.CounterVec
 	requests         *prometheus.CounterVec
 	requestSeconds   *prometheus.HistogramVec
 	requestsByProto  *prometheus.CounterVec
@@ -61,8 +62,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"listener", "proto"}),
 		connsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tiergate_l7_connections_rejected_total",
-			Help: "Client connections closed at accept, before any TLS work, by listener and reason (max_conns; filtered: refused by the accept filter, such as a blacklist).",
+			Help: "Client connections refused, by listener and reason: filtered (by the accept filter, such as a blacklist), max_handshakes, handshakes_per_source (each at accept, before any TLS work), max_conns (at accept over TCP, when its handshake completes over QUIC).",
 		}, []string{"listener", "reason"}),
+		quicRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tiergate_l7_quic_retries_total",
+			Help: "QUIC Retry packets sent, asking a new connection to prove its address before any TLS work (quic_retry_above, max_handshakes_per_source), by listener.",
+		}, []string{"listener"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tiergate_http_requests_total",
 			Help: "HTTP requests answered, by route (its name; in the simple form, the pool; a pool the decider chose; - for requests refused before routing or matching no route) and status code (closed: dropped without an answer).",
@@ -82,7 +87,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"pool", "reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.handshakes, m.handshakeSeconds, m.conns, m.connsRejected,
+		reg.MustRegister(m.handshakes, m.handshakeSeconds, m.conns, m.connsRejected, m.quicRetries,
 			m.requests, m.requestSeconds, m.requestsByProto, m.backendErrors)
 	}
 	return m

@@ -232,15 +232,17 @@ func TestMaxConns(t *testing.T) {
 	cfg.Listeners[0].MaxConns = 2
 	ts := startServer(t, cfg)
 
+	// MaxConns counts connections whose handshake is done (those in their handshake
+	// have MaxHandshakes: TestHandshakeBudget).
 	var held []net.Conn
 	for range 2 {
-		c, err := net.Dial("tcp", ts.addr)
+		c, err := tls.Dial("tcp", ts.addr, ts.clientTLS())
 		if err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, c)
 	}
-	waitFor(t, "two connections tracked", func() bool { return ts.conns(connTLS) == 2 })
+	waitFor(t, "two connections tracked", func() bool { return ts.conns(connHTTP1) == 2 })
 
 	extra, err := net.Dial("tcp", ts.addr)
 	if err != nil {
@@ -254,12 +256,18 @@ func TestMaxConns(t *testing.T) {
 		t.Errorf("rejections counted: %v", n)
 	}
 
-	// QUIC connections count against the same limit.
+	// QUIC connections count against the same limit, once their handshake is done.
 	h3 := ts.client(t, "3")
 	h3.Timeout = 2 * time.Second
 	if resp, err := h3.Get(ts.url("/")); err == nil {
 		resp.Body.Close()
 		t.Errorf("HTTP/3 request beyond MaxConns answered %d", resp.StatusCode)
+	}
+	if n := counter(ts.m.connsRejected.WithLabelValues("web", "max_conns")); n != 2 {
+		t.Errorf("rejections counted after the QUIC connection: %v", n)
+	}
+	if n := ts.l().quicHS.Load(); n != 0 {
+		t.Errorf("the refused QUIC connection kept its handshake place: %d", n)
 	}
 
 	for _, c := range held {
@@ -528,8 +536,9 @@ func TestConfigErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := s.cfg.Listeners[0]
-	if l.HandshakeTimeout.D() != 10*time.Second || l.MaxHeaderBytes != 64<<10 || l.MaxConns != 10000 ||
-		l.MaxConcurrentStreams != 250 || l.MaxRequestBody != 16<<20 || l.IdleTimeout.D() != time.Minute || l.DeferAccept.D() != time.Second {
+	if l.HandshakeTimeout.D() != 5*time.Second || l.MaxHeaderBytes != 64<<10 || l.MaxConns != 10000 ||
+		l.MaxConcurrentStreams != 250 || l.MaxRequestBody != 16<<20 || l.IdleTimeout.D() != time.Minute || l.DeferAccept.D() != time.Second ||
+		l.MaxHandshakes != 1000 || l.MaxHandshakesPerSource != 100 || l.QUICRetryAbove != 100 {
 		t.Errorf("defaults not filled in: %+v", l)
 	}
 	if p := s.cfg.Backends["app"]; p.Timeout.D() != 30*time.Second || p.ConnsPerMember != 512 {
