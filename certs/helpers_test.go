@@ -250,6 +250,7 @@ func startKeyserver(t testing.TB, keys ...crypto.PrivateKey) *ksFixture {
 		Addr:     "127.0.0.1:0",
 		TLS:      &tls.Config{Certificates: []tls.Certificate{serverCert}, ClientCAs: clientCA.Pool()},
 		Backends: []backend.Backend{countingBackend{soft, &f.ops}},
+		Clients:  []keyserver.ClientRule{{Name: "l7", Keys: []string{"*"}, Ops: []string{"*"}}},
 		Logger:   quietLog,
 	})
 	if err != nil {

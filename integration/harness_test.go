@@ -298,6 +298,7 @@ pkcs11:
 clients:
   - name: l7-node
     keys: ["*"]
+    ops: ["*"]   # signatures, public keys and rsa_decrypt (TLS 1.2 RSA key exchange)
   - name: l7-ec-only
     keys: [p256, p384]
 `, ks.addr, ks.metrics, p.serverCert, p.serverKey, p.clientCAF, tok.Module, tok.Label, pinFile)

@@ -17,6 +17,13 @@ const (
 	rejectBadRequest    = "bad_request"
 	rejectOverloaded    = "overloaded"
 	rejectTooManyConns  = "too_many_conns"
+
+	rejectTooManyHandshakes = "too_many_handshakes"        // max_handshakes reached at accept
+	rejectSourceHandshakes  = "too_many_source_handshakes" // max_handshakes_per_source reached at accept
+	rejectDenied            = "denied"                     // the certificate is on the deny list
+	rejectRateLimited       = "rate_limited"               // the client's rule's rate_limit
+	rejectDeadline          = "deadline_exceeded"          // the client's deadline passed before the backend took it
+	rejectBackendBusy       = "backend_busy"               // no backend session free within backend_wait
 )
 
 type metrics struct {
@@ -24,6 +31,8 @@ type metrics struct {
 	opSeconds   *prometheus.HistogramVec
 	inFlight    prometheus.Gauge
 	conns       prometheus.Gauge
+	handshaking prometheus.Gauge
+	allowAll    prometheus.Gauge
 	rejections  *prometheus.CounterVec
 	keys        prometheus.Gauge
 	handshakes  prometheus.Counter
@@ -51,7 +60,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		conns: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tiergate_keyserver_connections",
-			Help: "Client connections open.",
+			Help: "Client connections open, their TLS handshake done (bounded by max_conns).",
+		}),
+		handshaking: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tiergate_keyserver_handshakes_in_progress",
+			Help: "Connections in their TLS handshake, not yet authenticated (bounded by max_handshakes).",
+		}),
+		allowAll: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tiergate_keyserver_allow_all_clients",
+			Help: "1 while allow_all_clients lets every certificate of the client CA sign with every key (no client rules), else 0.",
 		}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tiergate_keyserver_rejections_total",
@@ -71,17 +88,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	// Resolve the label sets once so the hot path does no map lookups under a lock.
 	for _, op := range protocol.Ops() {
 		m.opCounters[op] = map[protocol.Code]prometheus.Counter{}
-		for c := protocol.CodeOK; c <= protocol.CodeInternal; c++ {
+		for c := protocol.CodeOK; c <= protocol.MaxCode; c++ {
 			m.opCounters[op][c] = m.ops.WithLabelValues(op.String(), c.String())
 		}
 		m.opObservers[op] = m.opSeconds.WithLabelValues(op.String())
 	}
 	for _, r := range []string{rejectNoClientCert, rejectUnknownCA, rejectBadClientCert, rejectHandshake,
-		rejectNoRule, rejectNotAuthorized, rejectBadRequest, rejectOverloaded, rejectTooManyConns} {
+		rejectNoRule, rejectNotAuthorized, rejectBadRequest, rejectOverloaded, rejectTooManyConns,
+		rejectTooManyHandshakes, rejectSourceHandshakes, rejectDenied, rejectRateLimited, rejectDeadline, rejectBackendBusy} {
 		m.rejections.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.ops, m.opSeconds, m.inFlight, m.conns, m.rejections, m.keys, m.handshakes)
+		reg.MustRegister(m.ops, m.opSeconds, m.inFlight, m.conns, m.handshaking, m.allowAll, m.rejections, m.keys, m.handshakes)
 	}
 	return m
 }

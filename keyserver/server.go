@@ -13,13 +13,17 @@ import (
 	"crypto"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -50,12 +54,15 @@ type Server struct {
 	ownerDone chan struct{} // closed when the owner stops, at Shutdown
 	stopOwner sync.Once
 
-	mu       sync.Mutex
-	ln       net.Listener
-	conns    map[*serverConn]struct{}
-	closing  bool
-	doneConn sync.WaitGroup
-	accepted chan struct{}
+	mu          sync.Mutex
+	ln          net.Listener
+	conns       map[*serverConn]struct{} // every connection, in its handshake or not
+	handshaking int                      // connections in their TLS handshake
+	bySource    map[netip.Prefix]int     // of those, by source
+	authed      int                      // connections past their handshake
+	closing     bool
+	doneConn    sync.WaitGroup
+	accepted    chan struct{}
 }
 
 // NewServer validates cfg, fills in defaults and loads every backend's keys.
@@ -69,6 +76,7 @@ func NewServer(cfg Config) (*Server, error) {
 		log:       cfg.Logger.With("component", "keyserver"),
 		m:         newMetrics(cfg.Registerer),
 		conns:     map[*serverConn]struct{}{},
+		bySource:  map[netip.Prefix]int{},
 		accepted:  make(chan struct{}),
 		ops:       make(chan func()),
 		ownerDone: make(chan struct{}),
@@ -78,13 +86,28 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.keys.Store(ks)
-	s.rules.Store(compileRules(cfg.Clients))
+	s.setRules(compileRules(cfg.Clients, cfg.AllowAllClients, cfg.Deny))
 	bs := slices.Clone(cfg.Backends)
 	s.backends.Store(&bs)
 	s.m.keys.Set(float64(len(ks.list)))
 	go s.own()
 	return s, nil
 }
+
+// setRules puts rs in force, and says so loudly when it lets every client in.
+func (s *Server) setRules(rs *ruleSet) {
+	s.rules.Store(rs)
+	if rs.allowAll {
+		s.m.allowAll.Set(1)
+		s.log.Warn("allow_all_clients: no client rules, every certificate the client CA issued may sign with every key; name the clients in clients rules")
+	} else {
+		s.m.allowAll.Set(0)
+	}
+}
+
+// AllowsAllClients reports whether the rules in force let every client with a
+// certificate of the client CA use every key (Config.AllowAllClients).
+func (s *Server) AllowsAllClients() bool { return s.rules.Load().allowAll }
 
 // own runs the queued changes until Shutdown.
 func (s *Server) own() {
@@ -118,6 +141,11 @@ type Update struct {
 	// Clients replaces the client rules (Config.Clients). Connections already open
 	// follow them from their next request.
 	Clients []ClientRule
+	// AllowAllClients replaces Config.AllowAllClients.
+	AllowAllClients bool
+	// Deny replaces the deny list (Config.Deny); an open connection of a certificate
+	// it names is closed at its next request.
+	Deny DenyList
 	// Backends, when not nil, replace the backends (Config.Backends): the keys
 	// offered become theirs, and imports go to the first. Nil keeps the backends.
 	Backends []backend.Backend
@@ -129,13 +157,13 @@ type Update struct {
 // the requests already using their keys are done (a request takes the keys in force
 // when it starts).
 func (s *Server) Apply(u Update) (replaced []backend.Backend, err error) {
-	if err := ValidateClients(u.Clients); err != nil {
+	if err := validateAccess(u.Clients, u.AllowAllClients, u.Deny); err != nil {
 		return nil, fmt.Errorf("keyserver: %w", err)
 	}
 	if u.Backends != nil && len(u.Backends) == 0 {
 		return nil, errors.New("keyserver: at least one key backend is required")
 	}
-	rules := compileRules(u.Clients)
+	rules := compileRules(u.Clients, u.AllowAllClients, u.Deny)
 	if e := s.do(func() {
 		var ks *keySet
 		if u.Backends != nil {
@@ -148,7 +176,7 @@ func (s *Server) Apply(u Update) (replaced []backend.Backend, err error) {
 			s.keys.Store(ks)
 			s.m.keys.Set(float64(len(ks.list)))
 		}
-		s.rules.Store(rules)
+		s.setRules(rules)
 	}); e != nil {
 		return nil, e
 	}
@@ -277,19 +305,33 @@ func (s *Server) acceptLoop(ln net.Listener) {
 			continue
 		}
 		backoff = 0
+		src := sourceOf(nc.RemoteAddr())
 		s.mu.Lock()
 		if s.closing {
 			s.mu.Unlock()
 			nc.Close()
 			return
 		}
-		if len(s.conns) >= s.cfg.Limits.MaxConns {
+		// A connection in its handshake is not authenticated yet: it counts against
+		// a budget of its own, and its source's share of it, never against the
+		// places of authenticated clients (max_conns).
+		var refused string
+		switch {
+		case s.handshaking >= s.cfg.Limits.MaxHandshakes:
+			refused = rejectTooManyHandshakes
+		case s.bySource[src] >= s.cfg.Limits.MaxHandshakesPerSource:
+			refused = rejectSourceHandshakes
+		}
+		if refused != "" {
 			s.mu.Unlock()
-			s.m.rejections.WithLabelValues(rejectTooManyConns).Inc()
+			s.m.rejections.WithLabelValues(refused).Inc()
 			nc.Close()
 			continue
 		}
-		c := &serverConn{s: s, nc: nc}
+		s.handshaking++
+		s.bySource[src]++
+		s.m.handshaking.Set(float64(s.handshaking))
+		c := &serverConn{s: s, nc: nc, src: src}
 		s.conns[c] = struct{}{}
 		s.doneConn.Add(1)
 		s.mu.Unlock()
@@ -297,9 +339,46 @@ func (s *Server) acceptLoop(ln net.Listener) {
 	}
 }
 
+// sourceOf is the source a connection's handshake counts against: its IPv4
+// address, or its IPv6 /64 (one host's share of addresses).
+func sourceOf(a net.Addr) netip.Prefix {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return netip.Prefix{}
+	}
+	ip := ap.Addr().Unmap()
+	bits := 32
+	if ip.Is6() {
+		bits = 64
+	}
+	p, _ := ip.Prefix(bits)
+	return p
+}
+
+// handshakeDone takes c out of the handshake budget and, when its handshake
+// succeeded, admits it among the authenticated connections if there is room.
+func (s *Server) handshakeDone(c *serverConn, ok bool) (admitted bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.handshaking--
+	if s.bySource[c.src]--; s.bySource[c.src] <= 0 {
+		delete(s.bySource, c.src)
+	}
+	s.m.handshaking.Set(float64(s.handshaking))
+	if !ok || s.authed >= s.cfg.Limits.MaxConns {
+		return false
+	}
+	s.authed++
+	c.admitted = true
+	return true
+}
+
 func (s *Server) removeConn(c *serverConn) {
 	s.mu.Lock()
 	delete(s.conns, c)
+	if c.admitted {
+		s.authed--
+	}
 	s.mu.Unlock()
 	s.doneConn.Done()
 }
@@ -351,13 +430,19 @@ func (s *Server) Keys() []protocol.KeyInfo {
 // serverConn is one client connection: a reader that decodes frames and starts a
 // goroutine per request, and a writer that coalesces answers into few writes.
 type serverConn struct {
-	s     *Server
-	nc    net.Conn
-	tc    *tls.Conn
-	names []string // the certificate's names that client rules match
-	rules *ruleSet // the rules grant was found in
-	grant *grant   // what the client may do; the reader's, handed to each request
-	peer  string
+	s        *Server
+	nc       net.Conn
+	src      netip.Prefix // the source its handshake counted against
+	admitted bool         // past its handshake, counted in Server.authed; under Server.mu
+	tc       *tls.Conn
+	names    []string          // the certificate's names that client rules match
+	serial   *big.Int          // the certificate's serial number, for the deny list
+	spki     [sha256.Size]byte // the SHA-256 of its SubjectPublicKeyInfo
+	rules    *ruleSet          // the rules grant was found in
+	grant    *grant            // what the client may do; the reader's, handed to each request
+	denied   bool              // the deny list of rules names the certificate
+	limit    *bucket           // the client's rate limiter under rules; nil: none
+	peer     string
 
 	out      chan []byte   // encoded answers for the writer
 	sem      chan struct{} // in-flight slots
@@ -368,24 +453,33 @@ type serverConn struct {
 func (c *serverConn) serve() {
 	defer c.s.removeConn(c)
 	defer c.nc.Close()
-	c.s.m.conns.Inc()
-	defer c.s.m.conns.Dec()
 
 	c.tc = tls.Server(c.nc, c.s.cfg.TLS)
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.Limits.HandshakeTimeout.D())
 	err := c.tc.HandshakeContext(ctx)
 	cancel()
-	if err != nil {
+	if !c.s.handshakeDone(c, err == nil) {
+		if err == nil {
+			c.s.m.rejections.WithLabelValues(rejectTooManyConns).Inc()
+			return
+		}
 		reason := classifyHandshakeError(err)
 		c.s.m.rejections.WithLabelValues(reason).Inc()
 		c.s.log.Debug("handshake refused", "remote", c.nc.RemoteAddr().String(), "reason", reason, "err", err)
 		return
 	}
+	c.s.m.conns.Inc()
+	defer c.s.m.conns.Dec()
 	st := c.tc.ConnectionState()
 	leaf := st.PeerCertificates[0]
 	c.peer = leaf.Subject.CommonName
 	c.names = certNames(leaf)
-	if c.currentGrant().rule == noRule {
+	c.serial = leaf.SerialNumber
+	c.spki = sha256.Sum256(leaf.RawSubjectPublicKeyInfo)
+	if g, ok := c.currentGrant(); !ok {
+		c.refuseDenied()
+		return
+	} else if g.rule == noRule {
 		// Authenticated, but no rule names this client: it may still ping, and every key
 		// request is answered not_authorized (and counted) so the client sees why.
 		c.s.m.rejections.WithLabelValues(rejectNoRule).Inc()
@@ -402,13 +496,24 @@ func (c *serverConn) serve() {
 	<-writerDone
 }
 
-// currentGrant returns what the client may do under the rules in force, finding it
-// again only when the rules changed. Only the reader calls it.
-func (c *serverConn) currentGrant() *grant {
+// currentGrant returns what the client may do under the rules in force, and false
+// when their deny list names its certificate; it looks again only when the rules
+// changed. Only the reader calls it.
+func (c *serverConn) currentGrant() (*grant, bool) {
 	if rs := c.s.rules.Load(); rs != c.rules {
 		c.rules, c.grant = rs, rs.grantFor(c.names)
+		c.denied = rs.deny.denies(c.serial, c.spki)
+		c.limit = rs.limiter(c.grant, c.spki)
 	}
-	return c.grant
+	return c.grant, !c.denied
+}
+
+// refuseDenied counts and logs a connection closed for its certificate being on the
+// deny list.
+func (c *serverConn) refuseDenied() {
+	c.s.m.rejections.WithLabelValues(rejectDenied).Inc()
+	c.s.log.Warn("client certificate on the deny list: connection closed", "peer", c.peer,
+		"serial", c.serial.Text(16), "spki_sha256", hex.EncodeToString(c.spki[:]), "remote", c.nc.RemoteAddr().String())
 }
 
 // drain stops the reader at its next frame boundary (or at once if it is waiting for
@@ -443,9 +548,22 @@ func (c *serverConn) readLoop() {
 			}
 			return
 		}
+		start := time.Now()
 		req, err := protocol.ParseRequest(h, body)
 		if err != nil {
 			c.reject(h.Op, h.ID, err.(*protocol.Error))
+			continue
+		}
+		g, ok := c.currentGrant()
+		if !ok {
+			c.refuseDenied()
+			return
+		}
+		if c.limit != nil && req.Op != protocol.OpPing && req.Op != protocol.OpListKeys && !c.limit.allow(start) {
+			c.s.m.rejections.WithLabelValues(rejectRateLimited).Inc()
+			c.s.m.op(req.Op, protocol.CodeOverloaded, 0)
+			c.out <- protocol.AppendError(nil, req.Op, req.ID,
+				protocol.Errorf(protocol.CodeOverloaded, "client rule %q: over its rate limit of %g requests a second", g.rule, g.rate.PerSecond))
 			continue
 		}
 		select {
@@ -459,7 +577,7 @@ func (c *serverConn) readLoop() {
 		}
 		c.inFlight.Add(1)
 		c.s.m.inFlight.Inc()
-		go c.handle(c.currentGrant(), req, time.Now())
+		go c.handle(g, req, start)
 	}
 }
 
@@ -473,7 +591,7 @@ func (c *serverConn) reject(op protocol.Op, id uint64, e *protocol.Error) {
 }
 
 func (c *serverConn) handle(g *grant, req *protocol.Request, start time.Time) {
-	body, err := c.s.serve(g, req)
+	body, err := c.s.serve(g, req, start)
 	code := protocol.CodeOf(err)
 	var frame []byte
 	if err != nil {
@@ -481,8 +599,13 @@ func (c *serverConn) handle(g *grant, req *protocol.Request, start time.Time) {
 		if !errors.As(err, &pe) {
 			pe = &protocol.Error{Code: protocol.CodeInternal, Message: err.Error()}
 		}
-		if code == protocol.CodeNotAuthorized {
+		switch code {
+		case protocol.CodeNotAuthorized:
 			c.s.m.rejections.WithLabelValues(rejectNotAuthorized).Inc()
+		case protocol.CodeDeadlineExceeded:
+			c.s.m.rejections.WithLabelValues(rejectDeadline).Inc()
+		case protocol.CodeOverloaded:
+			c.s.m.rejections.WithLabelValues(rejectBackendBusy).Inc()
 		}
 		frame = protocol.AppendError(make([]byte, 0, protocol.HeaderLen+len(pe.Message)), req.Op, req.ID, pe)
 	} else {
@@ -518,8 +641,14 @@ func (c *serverConn) writeLoop(done chan<- struct{}) {
 	}
 }
 
-// serve performs one request for a client holding grant g.
-func (s *Server) serve(g *grant, req *protocol.Request) ([]byte, error) {
+// serve performs one request, read at start, for a client holding grant g.
+func (s *Server) serve(g *grant, req *protocol.Request, start time.Time) ([]byte, error) {
+	if !g.allowsOp(req.Op) {
+		if req.Op == protocol.OpImportKey {
+			return nil, protocol.Errorf(protocol.CodeNotAuthorized, "client rule %q may not import keys", g.rule)
+		}
+		return nil, protocol.Errorf(protocol.CodeNotAuthorized, "client rule %q may not ask for %s (its ops)", g.rule, req.Op)
+	}
 	switch req.Op {
 	case protocol.OpPing:
 		return req.Payload, nil
@@ -532,9 +661,6 @@ func (s *Server) serve(g *grant, req *protocol.Request) ([]byte, error) {
 		}
 		return protocol.AppendKeyList(nil, infos), nil
 	case protocol.OpImportKey:
-		if !g.admin {
-			return nil, protocol.Errorf(protocol.CodeNotAuthorized, "client rule %q may not import keys", g.rule)
-		}
 		id, err := s.Import(req.Label, req.Payload)
 		if err != nil {
 			return nil, err
@@ -553,34 +679,90 @@ func (s *Server) serve(g *grant, req *protocol.Request) ([]byte, error) {
 		return nil, protocol.Errorf(protocol.CodeBadRequest, "%s on a %s key", req.Op, k.Type)
 	}
 
-	switch req.Op {
-	case protocol.OpPublicKey:
+	if req.Op == protocol.OpPublicKey {
 		return k.spki, nil
-	case protocol.OpRSASignPKCS1, protocol.OpECDSASign:
-		return sign(k, req.Payload, cryptoHash(req.Hash))
-	case protocol.OpRSASignPSS:
-		return sign(k, req.Payload, &rsa.PSSOptions{SaltLength: rsa.PSSSaltLengthEqualsHash, Hash: cryptoHash(req.Hash)})
-	case protocol.OpEd25519Sign:
-		return sign(k, req.Payload, crypto.Hash(0))
-	case protocol.OpRSADecrypt:
-		return decrypt(k, req.Payload, int(req.Param))
 	}
-	return nil, protocol.Errorf(protocol.CodeBadRequest, "operation %s not served", req.Op)
+
+	// The backend's turn: not once the client has given up, and not past the wait
+	// for a backend session that the server allows.
+	deadline, clients := s.backendDeadline(req, start)
+	if !time.Now().Before(deadline) {
+		return nil, lateError(req, clients, s.cfg.Limits.BackendWait.D())
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	var out []byte
+	var err error
+	switch req.Op {
+	case protocol.OpRSASignPKCS1, protocol.OpECDSASign:
+		out, err = sign(ctx, k, req.Payload, cryptoHash(req.Hash))
+	case protocol.OpRSASignPSS:
+		out, err = sign(ctx, k, req.Payload, &rsa.PSSOptions{SaltLength: rsa.PSSSaltLengthEqualsHash, Hash: cryptoHash(req.Hash)})
+	case protocol.OpEd25519Sign:
+		out, err = sign(ctx, k, req.Payload, crypto.Hash(0))
+	case protocol.OpRSADecrypt:
+		out, err = decrypt(ctx, k, req.Payload, int(req.Param))
+	default:
+		return nil, protocol.Errorf(protocol.CodeBadRequest, "operation %s not served", req.Op)
+	}
+	if errors.Is(err, backend.ErrBusy) {
+		return nil, lateError(req, clients, s.cfg.Limits.BackendWait.D())
+	}
+	return out, err
 }
 
-func sign(k *keyEntry, msg []byte, opts crypto.SignerOpts) ([]byte, error) {
-	sig, err := k.Signer.Sign(rand.Reader, msg, opts)
+// backendDeadline is when a request read at start must have been taken by its
+// backend: the earlier of its client's deadline and the server's backend_wait. clients
+// reports the first.
+func (s *Server) backendDeadline(req *protocol.Request, start time.Time) (deadline time.Time, clients bool) {
+	deadline = start.Add(s.cfg.Limits.BackendWait.D())
+	if req.Timeout > 0 {
+		if d := start.Add(req.Timeout); d.Before(deadline) {
+			return d, true
+		}
+	}
+	return deadline, false
+}
+
+// lateError answers a request the backend could not take before its deadline: the
+// client's (deadline_exceeded) or the server's backend_wait (overloaded).
+func lateError(req *protocol.Request, clients bool, wait time.Duration) error {
+	if clients {
+		return protocol.Errorf(protocol.CodeDeadlineExceeded, "request %d: its deadline of %v passed before the backend could take it; dropped", req.ID, req.Timeout)
+	}
+	return protocol.Errorf(protocol.CodeOverloaded, "request %d: the backend could not take it within backend_wait %v", req.ID, wait)
+}
+
+func sign(ctx context.Context, k *keyEntry, msg []byte, opts crypto.SignerOpts) ([]byte, error) {
+	var sig []byte
+	var err error
+	if cs, ok := k.Signer.(backend.ContextSigner); ok {
+		sig, err = cs.SignContext(ctx, msg, opts)
+	} else {
+		sig, err = k.Signer.Sign(rand.Reader, msg, opts)
+	}
 	if err != nil {
+		if errors.Is(err, backend.ErrBusy) {
+			return nil, err
+		}
 		return nil, protocol.Errorf(protocol.CodeCryptoFailure, "signing with key %s: %v", k.ID.Short(), err)
 	}
 	return sig, nil
+}
+
+// decryptWith runs d's decryption, under ctx when d takes one.
+func decryptWith(ctx context.Context, d crypto.Decrypter, ct []byte) ([]byte, error) {
+	if cd, ok := d.(backend.ContextDecrypter); ok {
+		return cd.DecryptContext(ctx, ct, nil)
+	}
+	return d.Decrypt(rand.Reader, ct, nil)
 }
 
 // decrypt performs RSA PKCS #1 v1.5 decryption. With sessionKeyLen > 0 (TLS 1.2 RSA key
 // exchange) a padding failure or a plaintext of another length yields sessionKeyLen
 // random bytes instead of an error, as rsa.DecryptPKCS1v15SessionKey does, so the
 // answer tells an attacker nothing about the padding (Bleichenbacher).
-func decrypt(k *keyEntry, ct []byte, sessionKeyLen int) ([]byte, error) {
+func decrypt(ctx context.Context, k *keyEntry, ct []byte, sessionKeyLen int) ([]byte, error) {
 	d, ok := k.Signer.(crypto.Decrypter)
 	if !ok {
 		return nil, protocol.Errorf(protocol.CodeBadRequest, "key %s cannot decrypt", k.ID.Short())
@@ -590,13 +772,20 @@ func decrypt(k *keyEntry, ct []byte, sessionKeyLen int) ([]byte, error) {
 		if _, err := rand.Read(random); err != nil {
 			return nil, protocol.Errorf(protocol.CodeInternal, "reading randomness: %v", err)
 		}
-		pt, err := d.Decrypt(rand.Reader, ct, nil)
+		pt, err := decryptWith(ctx, d, ct)
+		if errors.Is(err, backend.ErrBusy) {
+			// Decided before the token saw the ciphertext: it tells nothing about it.
+			return nil, err
+		}
 		if err != nil || len(pt) != sessionKeyLen {
 			return random, nil
 		}
 		return pt, nil
 	}
-	pt, err := d.Decrypt(rand.Reader, ct, nil)
+	pt, err := decryptWith(ctx, d, ct)
+	if errors.Is(err, backend.ErrBusy) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeCryptoFailure, "decrypting with key %s: %v", k.ID.Short(), err)
 	}

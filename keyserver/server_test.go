@@ -124,7 +124,7 @@ func newFixture(t *testing.T, tweak func(*Config)) *fixture {
 		Backends:   []backend.Backend{f.soft},
 		Registerer: f.reg,
 		Clients: []ClientRule{
-			{Name: "l7-all", Keys: []string{"*"}},
+			{Name: "l7-all", Keys: []string{"*"}, Ops: []string{"*"}},
 			{Name: "l7-ec", Keys: []string{"ec"}},
 			{Name: "l7-rsa-by-id", Keys: []string{f.ids["rsa"].String()}},
 			{Name: "admin", Keys: []string{"*"}, Admin: true},
@@ -706,7 +706,7 @@ func TestApply(t *testing.T) {
 	if err := f.srv.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.srv.Apply(Update{}); !errors.Is(err, ErrServerClosed) {
+	if _, err := f.srv.Apply(Update{AllowAllClients: true}); !errors.Is(err, ErrServerClosed) {
 		t.Errorf("apply after shutdown: %v", err)
 	}
 }

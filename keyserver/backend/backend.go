@@ -7,6 +7,7 @@
 package backend
 
 import (
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -44,6 +45,24 @@ type Backend interface {
 	// Close releases the backend's resources.
 	Close() error
 }
+
+// ContextSigner is a Signer whose signatures may wait for the backend (a free
+// PKCS#11 session): SignContext gives up, with an error wrapping ErrBusy and nothing
+// done, when ctx ends before the backend takes the operation. Once taken, an
+// operation runs to its end. The server uses it, when a key's Signer has it, to
+// bound that wait by the request's deadline.
+type ContextSigner interface {
+	SignContext(ctx context.Context, digest []byte, opts crypto.SignerOpts) ([]byte, error)
+}
+
+// ContextDecrypter is ContextSigner's counterpart for crypto.Decrypter.
+type ContextDecrypter interface {
+	DecryptContext(ctx context.Context, ciphertext []byte, opts crypto.DecrypterOpts) ([]byte, error)
+}
+
+// ErrBusy is wrapped by the error of a ContextSigner or ContextDecrypter whose
+// context ended before the backend could take the operation: it was not done.
+var ErrBusy = errors.New("backend busy")
 
 // ErrUnsupportedKey is returned for key types other than RSA, ECDSA P-256/P-384 and
 // Ed25519.

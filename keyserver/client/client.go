@@ -48,8 +48,14 @@ import (
 	"github.com/tiergate/tiergate/keyserver/protocol"
 )
 
-// ALPN is the application protocol the client offers when Config.TLS names none.
+// ALPN is the keyserver protocol's version 1, which the client offers (after
+// ALPNDeadline) when Config.TLS names no protocols.
 const ALPN = protocol.ALPN
+
+// ALPNDeadline is version 1 with request deadlines: on a connection that negotiated
+// it, each request carries the time its caller still waits (the attempt's timeout,
+// or less when the context ends sooner), so a keyserver drops work nobody waits for.
+const ALPNDeadline = protocol.ALPNDeadline
 
 // Client is a pool of connections to a set of keyservers. It is safe for concurrent
 // use.
@@ -144,7 +150,7 @@ func New(cfg Config) (*Client, error) {
 	tc := cfg.TLS.Clone()
 	tc.MinVersion = tls.VersionTLS13
 	if len(tc.NextProtos) == 0 {
-		tc.NextProtos = []string{ALPN}
+		tc.NextProtos = []string{ALPNDeadline, ALPN}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
@@ -338,8 +344,12 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 				c.m.failover()
 			}
 			attempts++
-			timer.Reset(min(c.cfg.RequestTimeout, remaining))
-			body, aerr := c.attempt(ctx, s, req, timer)
+			budget := min(c.cfg.RequestTimeout, remaining)
+			if d, ok := ctx.Deadline(); ok {
+				budget = min(budget, max(time.Until(d), time.Millisecond))
+			}
+			timer.Reset(budget)
+			body, aerr := c.attempt(ctx, s, req, budget, timer)
 			if aerr == nil {
 				return body, outcome(protocol.CodeOK), attempts, nil
 			}
@@ -405,15 +415,16 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 	}
 }
 
-// attempt sends req once to s.
-func (c *Client) attempt(ctx context.Context, s *server, req *protocol.Request, timer *time.Timer) ([]byte, error) {
+// attempt sends req once to s, waiting for its answer at most budget (timer's
+// period), which the request carries as its deadline.
+func (c *Client) attempt(ctx context.Context, s *server, req *protocol.Request, budget time.Duration, timer *time.Timer) ([]byte, error) {
 	cn := s.pickConn()
 	if cn == nil {
 		return nil, &connLostError{cause: fmt.Errorf("no connection up")}
 	}
 	s.attempts.Add(1)
 	s.inflight.Add(1)
-	body, err := cn.roundTrip(ctx, req, timer, c.closing, false)
+	body, err := cn.roundTrip(ctx, req, budget, timer, c.closing, false)
 	s.inflight.Add(-1)
 	o := classify(err)
 	s.m.attempt(o)

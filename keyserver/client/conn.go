@@ -33,6 +33,7 @@ type conn struct {
 	done         chan struct{} // closed by fail
 	pingNow      chan struct{} // asks the supervisor for an early ping
 	writeTimeout time.Duration
+	deadlines    bool // the connection negotiated ALPNDeadline: requests carry their deadline
 	inflight     atomic.Int64
 	wg           sync.WaitGroup // reader and writer
 
@@ -75,6 +76,9 @@ func newConn(srv *server, nc, raw net.Conn, maxInFlight int, writeTimeout time.D
 		pingNow:      make(chan struct{}, 1),
 		writeTimeout: writeTimeout,
 		pending:      make(map[uint64]*call),
+	}
+	if tc, ok := nc.(*tls.Conn); ok {
+		cn.deadlines = tc.ConnectionState().NegotiatedProtocol == protocol.ALPNDeadline
 	}
 	cn.wg.Add(2)
 	go cn.readLoop()
@@ -182,8 +186,9 @@ func (cn *conn) writeLoop() {
 
 // roundTrip sends req (with a fresh ID) and waits for its answer until timer fires,
 // ctx ends or the client closes. A ping does not take an in-flight slot, so that a
-// busy connection can still be probed.
-func (cn *conn) roundTrip(ctx context.Context, req *protocol.Request, timer *time.Timer, closing <-chan struct{}, ping bool) ([]byte, error) {
+// busy connection can still be probed. budget, timer's period, is sent as the
+// request's deadline when the connection takes one (zero: none).
+func (cn *conn) roundTrip(ctx context.Context, req *protocol.Request, budget time.Duration, timer *time.Timer, closing <-chan struct{}, ping bool) ([]byte, error) {
 	if !ping {
 		select {
 		case cn.sem <- struct{}{}:
@@ -220,7 +225,13 @@ func (cn *conn) roundTrip(ctx context.Context, req *protocol.Request, timer *tim
 	cn.mu.Unlock()
 
 	b := bufPool.Get().(*[]byte)
-	*b = protocol.AppendRequest((*b)[:0], req)
+	if cn.deadlines && budget > 0 && req.Timeout != budget {
+		r := *req
+		r.Timeout = budget
+		*b = protocol.AppendRequest((*b)[:0], &r)
+	} else {
+		*b = protocol.AppendRequest((*b)[:0], req)
+	}
 	binary.BigEndian.PutUint64((*b)[8:protocol.HeaderLen], id)
 	select {
 	case cn.wch <- b:
@@ -371,7 +382,7 @@ func (c *Client) supervise(cn *conn) {
 		binary.BigEndian.PutUint64(payload[:], seq)
 		timer.Reset(c.cfg.RequestTimeout)
 		req := protocol.Request{Op: protocol.OpPing, Payload: payload[:]}
-		body, err := cn.roundTrip(context.Background(), &req, timer, c.closing, true)
+		body, err := cn.roundTrip(context.Background(), &req, 0, timer, c.closing, true)
 		var pe *protocol.Error
 		switch {
 		case err == nil && string(body) != string(payload[:]):

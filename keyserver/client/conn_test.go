@@ -49,7 +49,7 @@ func FuzzConnResponses(f *testing.F) {
 				timer := getTimer(5 * time.Second)
 				defer putTimer(timer)
 				req := protocol.Request{Op: protocol.OpECDSASign, Hash: protocol.HashSHA256, Payload: make([]byte, 32)}
-				body, err := cn.roundTrip(context.Background(), &req, timer, nil, false)
+				body, err := cn.roundTrip(context.Background(), &req, 0, timer, nil, false)
 				results <- result{body, err}
 			}()
 		}
@@ -116,7 +116,7 @@ func TestWriteCoalescing(t *testing.T) {
 			timer := getTimer(5 * time.Second)
 			defer putTimer(timer)
 			req := protocol.Request{Op: protocol.OpPing, Payload: []byte("12345678")}
-			_, err := cn.roundTrip(context.Background(), &req, timer, nil, true)
+			_, err := cn.roundTrip(context.Background(), &req, 0, timer, nil, true)
 			done <- err
 		}()
 	}

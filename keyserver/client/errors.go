@@ -106,13 +106,13 @@ type outcome uint8
 
 // The first outcomes are the protocol codes, in wire order.
 const (
-	outTimeout     outcome = iota + 7 // an attempt or the request ran out of time
-	outTransport                      // connection lost, write failed
-	outFallback                       // served by a local Fallback key
-	outCanceled                       // the caller's context ended
-	outClosed                         // the client was closed
-	outUnavailable                    // no connection to any server
-	outOtherCode                      // a code this client does not know
+	outTimeout     outcome = iota + outcome(protocol.MaxCode) + 1 // an attempt or the request ran out of time
+	outTransport                                                  // connection lost, write failed
+	outFallback                                                   // served by a local Fallback key
+	outCanceled                                                   // the caller's context ended
+	outClosed                                                     // the client was closed
+	outUnavailable                                                // no connection to any server
+	outOtherCode                                                  // a code this client does not know
 	numOutcomes
 )
 
@@ -127,7 +127,7 @@ var outcomeNames = [numOutcomes]string{
 }
 
 func init() {
-	for c := protocol.CodeOK; c <= protocol.CodeInternal; c++ {
+	for c := protocol.CodeOK; c <= protocol.MaxCode; c++ {
 		outcomeNames[c] = c.String()
 	}
 }
@@ -156,7 +156,11 @@ func classifyError(err error) outcome {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return outCanceled
 	case errors.As(err, &pe):
-		if pe.Code <= protocol.CodeInternal {
+		if pe.Code == protocol.CodeDeadlineExceeded {
+			// The server dropped it because this client had given up on it.
+			return outTimeout
+		}
+		if pe.Code <= protocol.MaxCode {
 			return outcome(pe.Code)
 		}
 		return outOtherCode

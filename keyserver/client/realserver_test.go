@@ -36,7 +36,7 @@ func TestRealServer(t *testing.T) {
 	srv, err := keyserver.NewServer(keyserver.Config{
 		TLS:      &tls.Config{Certificates: []tls.Certificate{p.server}, ClientCAs: p.ca.Pool()},
 		Backends: []backend.Backend{b},
-		Clients:  []keyserver.ClientRule{{Name: "*", Keys: []string{"*"}, Admin: true}},
+		Clients:  []keyserver.ClientRule{{Name: "*", Keys: []string{"*"}, Ops: []string{"*"}, Admin: true}},
 		Logger:   quietLog,
 	})
 	if err != nil {
@@ -65,8 +65,8 @@ func TestRealServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitConns(t, c, 0, 2)
-	if proto := c.servers[0].slots[0].conn.Load().nc.(*tls.Conn).ConnectionState().NegotiatedProtocol; proto != keyserver.ALPN {
-		t.Errorf("negotiated ALPN %q, want %q", proto, keyserver.ALPN)
+	if proto := c.servers[0].slots[0].conn.Load().nc.(*tls.Conn).ConnectionState().NegotiatedProtocol; proto != keyserver.ALPNDeadline {
+		t.Errorf("negotiated ALPN %q, want %q", proto, keyserver.ALPNDeadline)
 	}
 	keys, err := c.ListKeys(ctx)
 	if err != nil || len(keys) != 4 {

@@ -41,6 +41,7 @@
 package hsm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -478,14 +479,17 @@ func (b *Backend) ensureLoginLocked() error {
 }
 
 // acquire takes an operation session from the pool, replacing one that is dead or
-// from before the latest loss of the login session. Unless the error is ErrClosed,
+// from before the latest loss of the login session. When ctx ends first, it gives up
+// with an error wrapping backend.ErrBusy. Unless the error is ErrClosed or ErrBusy,
 // the returned session, dead if it could not be replaced, must be released.
-func (b *Backend) acquire() (opSession, error) {
+func (b *Backend) acquire(ctx context.Context) (opSession, error) {
 	var s opSession
 	select {
 	case s = <-b.pool:
 	case <-b.done:
 		return s, ErrClosed
+	case <-ctx.Done():
+		return s, fmt.Errorf("%w: none of the %d sessions on token %q came free in time (%v)", backend.ErrBusy, b.sessionsMax, b.tokenLabel, context.Cause(ctx))
 	}
 	select {
 	case <-b.done:
@@ -561,10 +565,11 @@ func isHandleGone(err error) bool {
 }
 
 // op runs one private-key operation with k on a pooled session: init with mech, then
-// the single-part call, retried once after recovery.
-func (b *Backend) op(k *keyObject, decrypt bool, mech *pkcs11.Mechanism, in []byte) ([]byte, error) {
-	s, err := b.acquire()
-	if errors.Is(err, ErrClosed) {
+// the single-part call, retried once after recovery. Waiting for the session ends
+// with ctx (backend.ErrBusy); once it has one, the operation runs to its end.
+func (b *Backend) op(ctx context.Context, k *keyObject, decrypt bool, mech *pkcs11.Mechanism, in []byte) ([]byte, error) {
+	s, err := b.acquire(ctx)
+	if errors.Is(err, ErrClosed) || errors.Is(err, backend.ErrBusy) {
 		return nil, err
 	}
 	var out []byte

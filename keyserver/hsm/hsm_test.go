@@ -2,6 +2,7 @@ package hsm
 
 import (
 	"bytes"
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -23,6 +24,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/miekg/pkcs11"
 
@@ -1001,5 +1003,47 @@ func TestECDSADER(t *testing.T) {
 		if got := ecdsaDER(tc[0], tc[1]); !bytes.Equal(got, want) {
 			t.Errorf("ecdsaDER(%x, %x) = %x, want %x", tc[0], tc[1], got, want)
 		}
+	}
+}
+
+// TestSessionWaitBounded: with every operation session taken, a signature under a
+// context gives up when the context ends (backend.ErrBusy), without reaching the
+// token, and one without a context still waits for a session to come free.
+func TestSessionWaitBounded(t *testing.T) {
+	fixture(t)
+	b, err := New(Config{TokenLabel: testTokenLabel, PIN: testUserPIN, Keys: []KeySpec{{Label: "p256"}}, Sessions: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ks, _ := b.Keys()
+	signer := ks[0].Signer.(backend.ContextSigner)
+	d := sha256.Sum256([]byte("busy"))
+	held, err := b.acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := signer.SignContext(ctx, d[:], crypto.SHA256); !errors.Is(err, backend.ErrBusy) || !strings.Contains(err.Error(), "none of the 1 sessions") {
+		t.Errorf("SignContext with no session free: %v, want ErrBusy", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("gave up after %v", took)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := ks[0].Signer.Sign(nil, d[:], crypto.SHA256)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("Sign without a context did not wait for the session: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	b.release(held)
+	if err := <-done; err != nil {
+		t.Errorf("Sign once the session came free: %v", err)
 	}
 }

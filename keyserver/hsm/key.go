@@ -2,6 +2,7 @@ package hsm
 
 import (
 	"bytes"
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -585,6 +586,12 @@ func (s *rsaSigner) Public() crypto.PublicKey { return s.k.pub }
 // an *rsa.PSSOptions; salt length equal to the hash length unless a positive length
 // is given). rand is not used: the token has its own.
 func (s *rsaSigner) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	return s.SignContext(context.Background(), digest, opts)
+}
+
+// SignContext is Sign, giving up (backend.ErrBusy) when ctx ends before a session is
+// free (backend.ContextSigner).
+func (s *rsaSigner) SignContext(ctx context.Context, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
 	k := s.k
 	if opts == nil {
 		return nil, k.fail("signing (RSA)", errNilOpts)
@@ -605,7 +612,7 @@ func (s *rsaSigner) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]
 		default:
 			return nil, k.fail("signing (RSA-PSS)", fmt.Errorf("invalid salt length %d", sl))
 		}
-		sig, err := k.b.op(k, false, mech, digest)
+		sig, err := k.b.op(ctx, k, false, mech, digest)
 		if err != nil {
 			return nil, k.fail("signing (CKM_RSA_PKCS_PSS)", err)
 		}
@@ -617,7 +624,7 @@ func (s *rsaSigner) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]
 	}
 	in := make([]byte, 0, len(hi.prefix)+len(digest))
 	in = append(append(in, hi.prefix...), digest...)
-	sig, err := k.b.op(k, false, mechRSAPKCS, in)
+	sig, err := k.b.op(ctx, k, false, mechRSAPKCS, in)
 	if err != nil {
 		return nil, k.fail("signing (CKM_RSA_PKCS)", err)
 	}
@@ -626,12 +633,18 @@ func (s *rsaSigner) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]
 
 // Decrypt decrypts an RSAES-PKCS1-v1_5 ciphertext. opts is ignored: the caller
 // handles TLS session-key semantics.
-func (s *rsaSigner) Decrypt(_ io.Reader, ciphertext []byte, _ crypto.DecrypterOpts) ([]byte, error) {
+func (s *rsaSigner) Decrypt(_ io.Reader, ciphertext []byte, opts crypto.DecrypterOpts) ([]byte, error) {
+	return s.DecryptContext(context.Background(), ciphertext, opts)
+}
+
+// DecryptContext is Decrypt, giving up (backend.ErrBusy) when ctx ends before a
+// session is free (backend.ContextDecrypter).
+func (s *rsaSigner) DecryptContext(ctx context.Context, ciphertext []byte, _ crypto.DecrypterOpts) ([]byte, error) {
 	k := s.k
 	if len(ciphertext) != k.size {
 		return nil, k.fail("decrypting (CKM_RSA_PKCS)", fmt.Errorf("ciphertext is %d bytes, the modulus %d", len(ciphertext), k.size))
 	}
-	pt, err := k.b.op(k, true, mechRSAPKCS, ciphertext)
+	pt, err := k.b.op(ctx, k, true, mechRSAPKCS, ciphertext)
 	if err != nil {
 		return nil, k.fail("decrypting (CKM_RSA_PKCS)", err)
 	}
@@ -645,6 +658,12 @@ func (s *ecdsaSigner) Public() crypto.PublicKey { return s.k.pub }
 
 // Sign signs digest with CKM_ECDSA and returns an ASN.1 DER signature.
 func (s *ecdsaSigner) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	return s.SignContext(context.Background(), digest, opts)
+}
+
+// SignContext is Sign, giving up (backend.ErrBusy) when ctx ends before a session is
+// free (backend.ContextSigner).
+func (s *ecdsaSigner) SignContext(ctx context.Context, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
 	k := s.k
 	if opts == nil {
 		return nil, k.fail("signing (ECDSA)", errNilOpts)
@@ -655,7 +674,7 @@ func (s *ecdsaSigner) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) (
 	if len(digest) == 0 || len(digest) > 64 {
 		return nil, k.fail("signing (ECDSA)", fmt.Errorf("digest is %d bytes", len(digest)))
 	}
-	raw, err := k.b.op(k, false, mechECDSA, digest)
+	raw, err := k.b.op(ctx, k, false, mechECDSA, digest)
 	if err != nil {
 		return nil, k.fail("signing (CKM_ECDSA)", err)
 	}
@@ -711,6 +730,12 @@ func (s *ed25519Signer) Public() crypto.PublicKey { return s.k.pub }
 // Sign signs the whole message with pure Ed25519 (CKM_EDDSA). opts must not ask for
 // a hash (Ed25519ph) or a context (Ed25519ctx).
 func (s *ed25519Signer) Sign(_ io.Reader, message []byte, opts crypto.SignerOpts) ([]byte, error) {
+	return s.SignContext(context.Background(), message, opts)
+}
+
+// SignContext is Sign, giving up (backend.ErrBusy) when ctx ends before a session is
+// free (backend.ContextSigner).
+func (s *ed25519Signer) SignContext(ctx context.Context, message []byte, opts crypto.SignerOpts) ([]byte, error) {
 	k := s.k
 	if opts == nil {
 		return nil, k.fail("signing (Ed25519)", errNilOpts)
@@ -721,9 +746,16 @@ func (s *ed25519Signer) Sign(_ io.Reader, message []byte, opts crypto.SignerOpts
 	if o, ok := opts.(*ed25519.Options); ok && o.Context != "" {
 		return nil, k.fail("signing (Ed25519)", errors.New("Ed25519ctx is not supported"))
 	}
-	sig, err := k.b.op(k, false, mechEdDSA, message)
+	sig, err := k.b.op(ctx, k, false, mechEdDSA, message)
 	if err != nil {
 		return nil, k.fail("signing (CKM_EDDSA)", err)
 	}
 	return sig, nil
 }
+
+var (
+	_ backend.ContextSigner    = (*rsaSigner)(nil)
+	_ backend.ContextDecrypter = (*rsaSigner)(nil)
+	_ backend.ContextSigner    = (*ecdsaSigner)(nil)
+	_ backend.ContextSigner    = (*ed25519Signer)(nil)
+)

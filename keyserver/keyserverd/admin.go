@@ -21,6 +21,11 @@ type status struct {
 	Keys []keyInfo `json:"keys"`
 	// Clients are the client rules in force.
 	Clients []keyserver.ClientRule `json:"clients"`
+	// AllowAllClients is set while allow_all_clients lets every certificate of the
+	// client CA sign with every key.
+	AllowAllClients bool `json:"allow_all_clients"`
+	// Deny is the deny list in force.
+	Deny keyserver.DenyList `json:"deny"`
 	// Backends names the key backends, in order.
 	Backends []string `json:"backends"`
 }
@@ -75,7 +80,7 @@ func (d *Daemon) adminHandler() http.Handler {
 
 // status describes what is served; on Run's goroutine.
 func (d *Daemon) status() status {
-	st := status{Keys: []keyInfo{}, Clients: d.file.Server.Clients}
+	st := status{Keys: []keyInfo{}, Clients: d.file.Server.Clients, AllowAllClients: d.srv.AllowsAllClients(), Deny: d.file.Server.Deny}
 	for _, k := range d.srv.Keys() {
 		st.Keys = append(st.Keys, keyInfo{ID: k.ID.String(), Type: k.Type.String(), Label: k.Label})
 	}

@@ -25,13 +25,16 @@ import (
 // unless marked required; its default is given beside it. deploy/keyserverd.yaml is
 // a full example.
 //
-// On reload (SIGHUP, POST /reload) clients, log_level, admin_token_file, lame_duck,
+// On reload (SIGHUP, POST /reload) clients, allow_all_clients, deny, log_level,
+// admin_token_file, lame_duck,
 // shutdown_grace and the key backends (pkcs11, software: the keys offered) change;
 // listen, limits, tls, admin_listen and admin_insecure are fixed at start, and a
 // reload that changes them is refused.
 type FileConfig struct {
-	// Server is the keyserver's configuration: listen (default ":2407"), limits and
-	// clients, written at the top level of the file.
+	// Server is the keyserver's configuration: listen (default "127.0.0.1:2407":
+	// set the address the L7 nodes reach), limits, clients (required, or
+	// allow_all_clients), allow_all_clients and deny, written at the top level of
+	// the file.
 	Server keyserver.Config `yaml:",inline"`
 
 	// AdminListen serves /metrics (Prometheus), /healthz, GET /status and POST

@@ -10,8 +10,15 @@ func TestParseConfig(t *testing.T) {
 	cases := []struct {
 		name, in, err string
 	}{
-		{"software only", "software: {files: [a.key]}\n", ""},
-		{"pkcs11 only", "pkcs11: {token_label: t, pin_env: PIN}\n", ""},
+		{"software only", "software: {files: [a.key]}\nallow_all_clients: true\n", ""},
+		{"pkcs11 only", "pkcs11: {token_label: t, pin_env: PIN}\nclients: [{name: l7, keys: ['*']}]\n", ""},
+		{"no client rules", "software: {}\n", "clients: no rules: name the clients"},
+		{"rules and allow all", "software: {}\nallow_all_clients: true\nclients: [{name: l7}]\n", "allow_all_clients: set together with client rules"},
+		{"unknown op", "software: {}\nclients: [{name: l7, ops: [sign, decrypt]}]\n", `clients[0].ops[1]: unknown operation "decrypt"`},
+		{"bad rate", "software: {}\nclients: [{name: l7, rate_limit: {burst: 4}}]\n", "clients[0].rate_limit.burst: set without per_second"},
+		{"bad deny", "software: {}\nallow_all_clients: true\ndeny: {serials: ['0g'], spki_sha256: [abc]}\n", "deny.serials[0]: serial \"0g\""},
+		{"rules with ops, rate and deny", "software: {}\nclients: [{name: l7, keys: ['*'], ops: [sign, rsa_decrypt], rate_limit: {per_second: 100, burst: 200}}]\n" +
+			"deny: {serials: ['01:AB'], spki_sha256: ['" + strings.Repeat("ab", 32) + "']}\n", ""},
 		{"no backend", "listen: :1\n", "no key backend"},
 		{"empty", "", "no key backend"},
 		{"unknown field", "software: {}\nlisten_addr: :1\n", "field listen_addr not found"},
@@ -21,8 +28,8 @@ func TestParseConfig(t *testing.T) {
 		{"negative limit", "software: {}\nlimits: {max_conns: -1}\n", "limits.max_conns: must not be negative"},
 		{"two admin addresses", "software: {}\nadmin_listen: 127.0.0.1:1\nmetrics_listen: 127.0.0.1:2\n", `metrics_listen: "127.0.0.1:2" differs from admin_listen`},
 		{"admin everywhere", "software: {}\nadmin_listen: :9240\n", `admin_listen: ":9240": other hosts can reach it`},
-		{"admin everywhere, insecure", "software: {}\nadmin_listen: :9240\nadmin_insecure: true\n", ""},
-		{"admin everywhere, token", "software: {}\nadmin_listen: :9240\nadmin_token_file: /x\n", ""},
+		{"admin everywhere, insecure", "software: {}\nallow_all_clients: true\nadmin_listen: :9240\nadmin_insecure: true\n", ""},
+		{"admin everywhere, token", "software: {}\nallow_all_clients: true\nadmin_listen: :9240\nadmin_token_file: /x\n", ""},
 		{"bad log level", "software: {}\nlog_level: loud\n", `log_level: "loud": want debug, info, warn or error`},
 		{"unnamed client", "software: {}\nclients: [{keys: ['*']}]\n", "clients[0].name: required"},
 		{"not yaml", "software: [\n", "configuration test.yaml"},
@@ -39,16 +46,18 @@ func TestParseConfig(t *testing.T) {
 }
 
 func TestDefaults(t *testing.T) {
-	c, err := ParseConfig([]byte("software: {}\n"), "x")
+	c, err := ParseConfig([]byte("software: {}\nallow_all_clients: true\n"), "x")
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := c.Server.Limits
 	if c.AdminListen != DefaultAdminListen || c.ShutdownGrace.D() != 10*time.Second || c.LameDuck != 0 ||
-		c.Server.Addr != ":2407" || c.Server.Limits.MaxConns != 4096 || c.Server.Limits.IdleTimeout.D() != 5*time.Minute {
+		c.Server.Addr != "127.0.0.1:2407" || l.MaxConns != 4096 || l.IdleTimeout.D() != 5*time.Minute ||
+		l.MaxHandshakes != 64 || l.MaxHandshakesPerSource != 8 || l.HandshakeTimeout.D() != 3*time.Second || l.BackendWait.D() != time.Second {
 		t.Errorf("defaults not filled: %+v", c)
 	}
 	// metrics_listen, admin_listen's former name, is still read.
-	c, err = ParseConfig([]byte("software: {}\nmetrics_listen: 127.0.0.1:9999\n"), "x")
+	c, err = ParseConfig([]byte("software: {}\nallow_all_clients: true\nmetrics_listen: 127.0.0.1:9999\n"), "x")
 	if err != nil || c.AdminListen != "127.0.0.1:9999" {
 		t.Errorf("metrics_listen: %v %+v", err, c)
 	}
@@ -62,7 +71,7 @@ func TestSampleConfig(t *testing.T) {
 	}
 	if c.PKCS11 == nil || c.PKCS11.TokenLabel != "tiergate" || c.Server.Limits.MaxInFlightPerConn != 1024 ||
 		c.Server.Limits.IdleTimeout.D() != 5*time.Minute || len(c.Server.Clients) != 2 || !c.Server.Clients[1].Admin ||
-		c.AdminListen != DefaultAdminListen || c.Server.Addr != ":2407" {
+		c.AdminListen != DefaultAdminListen || c.Server.Addr != "127.0.0.1:2407" || c.Server.Limits.MaxHandshakes != 64 {
 		t.Errorf("sample parsed as %+v", c)
 	}
 }

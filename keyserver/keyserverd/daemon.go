@@ -293,7 +293,8 @@ func (d *Daemon) reload() (err error) {
 			return err
 		}
 	}
-	replaced, err := d.srv.Apply(keyserver.Update{Clients: cfg.Server.Clients, Backends: backends})
+	replaced, err := d.srv.Apply(keyserver.Update{Clients: cfg.Server.Clients, AllowAllClients: cfg.Server.AllowAllClients,
+		Deny: cfg.Server.Deny, Backends: backends})
 	if err != nil {
 		closeAll(backends)
 		return err

@@ -272,7 +272,7 @@ func TestReload(t *testing.T) {
 	}
 
 	// What is fixed at start is refused, and nothing changes.
-	writeFile(t, r.path, strings.Replace(p.config("software: {}\nlimits: {max_conns: 3}\n"), `listen: "127.0.0.1:0"`, `listen: "127.0.0.1:1"`, 1))
+	writeFile(t, r.path, strings.Replace(p.config("software: {}\nlimits: {max_conns: 3}\nallow_all_clients: true\n"), `listen: "127.0.0.1:0"`, `listen: "127.0.0.1:1"`, 1))
 	r.want("POST", "/reload", 409, `"code": "restart_required"`, "listen, limits cannot change at runtime", "the running configuration stays")
 	writeFile(t, r.path, base+"clients: [{keys: ['*']}]\n")
 	r.want("POST", "/reload", 400, `"code": "invalid_config"`, "clients[0].name: required")
@@ -309,7 +309,7 @@ func TestAdminToken(t *testing.T) {
 	p := newPKI(t)
 	tokFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokFile, "0123456789abcdef0123\n")
-	r := start(t, p.config("software: {}\nadmin_token_file: "+tokFile+"\n"))
+	r := start(t, p.config("software: {}\nallow_all_clients: true\nadmin_token_file: "+tokFile+"\n"))
 	r.want("GET", "/healthz", 503, "no keys loaded")
 	r.want("GET", "/metrics", 200, "tiergate_keyserver_keys 0")
 	r.want("POST", "/reload", 401, `"code": "unauthorized"`)
@@ -327,7 +327,7 @@ func TestAdminToken(t *testing.T) {
 func TestLameDuck(t *testing.T) {
 	p := newPKI(t)
 	keys := softKeys(t)
-	r := start(t, p.config(fmt.Sprintf("software: {dir: %q}\nlame_duck: 400ms\n", keys)))
+	r := start(t, p.config(fmt.Sprintf("software: {dir: %q}\nlame_duck: 400ms\nallow_all_clients: true\n", keys)))
 	r.want("GET", "/healthz", 200, "ok")
 	startStop := time.Now()
 	stopped := make(chan error, 1)

@@ -17,6 +17,10 @@ func FuzzDecode(f *testing.F) {
 	f.Add(AppendHeader(nil, Header{Version: Version, Op: OpPing, Len: 1 << 31}))
 	f.Add(AppendHeader(nil, Header{Version: 0, Op: OpPing}))
 	f.Add([]byte{1, 0x10, 0, 0, 0, 0, 0, 3})
+	// Deadline flag: a zero deadline, one cut short, and another flag.
+	f.Add(AppendFrame(nil, Header{Op: OpPing, Flags: FlagDeadline}, []byte{0, 0, 0, 0, 'x'}))
+	f.Add(AppendFrame(nil, Header{Op: OpListKeys, Flags: FlagDeadline}, []byte{0, 1}))
+	f.Add(AppendFrame(nil, Header{Op: OpPing, Flags: 3}, []byte{0, 0, 0, 1}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r := bytes.NewReader(data)
 		hdr := make([]byte, HeaderLen)

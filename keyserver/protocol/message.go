@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"encoding/binary"
+	"time"
 	"unicode/utf8"
 )
 
@@ -31,6 +32,21 @@ type Request struct {
 	Payload []byte
 	// Label names an imported key (ImportKey only).
 	Label string
+
+	// Timeout is how long the client still waits for the answer, from when it sent
+	// the request: sent as FlagDeadline and a whole number of milliseconds (rounded
+	// up, at most MaxTimeout). Zero means none: the server bounds the work by its
+	// own limits only. Send it only on a connection that negotiated ALPNDeadline.
+	Timeout time.Duration
+}
+
+// timeoutMillis is r.Timeout on the wire: whole milliseconds, rounded up, 1 to
+// 2^32-1.
+func (r *Request) timeoutMillis() uint32 {
+	if r.Timeout >= MaxTimeout {
+		return 1<<32 - 1
+	}
+	return uint32((r.Timeout + time.Millisecond - 1) / time.Millisecond)
 }
 
 // isKeyOp reports whether op's body starts with the key-operation prefix.
@@ -45,8 +61,14 @@ func isKeyOp(op Op) bool {
 // AppendRequest appends r as a complete frame to dst.
 func AppendRequest(dst []byte, r *Request) []byte {
 	h := Header{Version: Version, Op: r.Op, ID: r.ID}
+	if r.Timeout > 0 {
+		h.Flags = FlagDeadline
+	}
 	start := len(dst)
 	dst = AppendHeader(dst, h)
+	if r.Timeout > 0 {
+		dst = binary.BigEndian.AppendUint32(dst, r.timeoutMillis())
+	}
 	switch {
 	case isKeyOp(r.Op):
 		dst = append(dst, r.KeyID[:]...)
@@ -68,8 +90,19 @@ func AppendRequest(dst []byte, r *Request) []byte {
 // with CodeBadRequest, naming what is wrong. Payload aliases body.
 func ParseRequest(h Header, body []byte) (*Request, error) {
 	r := &Request{Op: h.Op, ID: h.ID}
-	if h.Code != CodeOK || h.Flags != 0 {
-		return r, Errorf(CodeBadRequest, "request %d: code and flags must be zero", h.ID)
+	if h.Code != CodeOK || h.Flags&^FlagDeadline != 0 {
+		return r, Errorf(CodeBadRequest, "request %d: code must be zero and flags 0 or 0x%02x (deadline)", h.ID, FlagDeadline)
+	}
+	if h.Flags&FlagDeadline != 0 {
+		if len(body) < DeadlineLen {
+			return r, Errorf(CodeBadRequest, "request %d: body of %d bytes is shorter than its %d-byte deadline", h.ID, len(body), DeadlineLen)
+		}
+		ms := binary.BigEndian.Uint32(body)
+		if ms == 0 {
+			return r, Errorf(CodeBadRequest, "request %d: deadline of 0 ms", h.ID)
+		}
+		r.Timeout = time.Duration(ms) * time.Millisecond
+		body = body[DeadlineLen:]
 	}
 	if !h.Op.Known() {
 		return r, Errorf(CodeBadRequest, "request %d: unknown operation 0x%02x", h.ID, uint8(h.Op))

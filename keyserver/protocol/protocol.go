@@ -12,14 +12,34 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Version is the protocol version this package speaks. A frame with another version
 // is answered with CodeBadRequest.
 const Version = 1
 
-// ALPN is the TLS application protocol both sides negotiate.
+// ALPN is the TLS application protocol both sides negotiate: version 1 frames, with
+// no request flags.
 const ALPN = "tiergate-keyless/1"
+
+// ALPNDeadline is version 1 with request deadlines (FlagDeadline): a server that
+// offers it accepts the flag, and a client sends the flag only on a connection that
+// negotiated it, so either side may be older than the other. Servers prefer it.
+const ALPNDeadline = "tiergate-keyless/1.1"
+
+// FlagDeadline, in a request's flags, says that its body begins with a 4-byte
+// deadline: the milliseconds (at least 1) the client still waits for the answer, from
+// when it sent the request. Only on connections that negotiated ALPNDeadline.
+const FlagDeadline uint8 = 0x01
+
+// DeadlineLen is the size of the deadline field that FlagDeadline puts before a
+// request's body.
+const DeadlineLen = 4
+
+// MaxTimeout is the longest deadline a request can carry (2^32-1 ms, about 49
+// days).
+const MaxTimeout = time.Duration(1<<32-1) * time.Millisecond
 
 // HeaderLen is the size of a frame header in bytes.
 const HeaderLen = 16
@@ -94,7 +114,13 @@ const (
 	CodeCryptoFailure Code = 4 // the backend refused or failed the operation
 	CodeOverloaded    Code = 5 // too many requests in flight: retry elsewhere or later
 	CodeInternal      Code = 6 // anything else on the server side
+	// CodeDeadlineExceeded: the request's deadline (FlagDeadline) passed before the
+	// server could do it, so it was dropped; its client has given up on it.
+	CodeDeadlineExceeded Code = 7
 )
+
+// MaxCode is the highest result code of this version.
+const MaxCode = CodeDeadlineExceeded
 
 var codeNames = [...]string{
 	CodeOK:            "ok",
@@ -104,6 +130,8 @@ var codeNames = [...]string{
 	CodeCryptoFailure: "crypto_failure",
 	CodeOverloaded:    "overloaded",
 	CodeInternal:      "internal",
+
+	CodeDeadlineExceeded: "deadline_exceeded",
 }
 
 // String returns the code's metric label, e.g. "key_not_found".
@@ -147,6 +175,8 @@ var (
 	ErrCryptoFailure = &Error{Code: CodeCryptoFailure}
 	ErrOverloaded    = &Error{Code: CodeOverloaded}
 	ErrInternal      = &Error{Code: CodeInternal}
+
+	ErrDeadlineExceeded = &Error{Code: CodeDeadlineExceeded}
 )
 
 // CodeOf returns the wire code for err: the code of an *Error in its chain, or

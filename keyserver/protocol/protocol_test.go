@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 )
 
 func sampleRequests() []*Request {
@@ -24,6 +25,9 @@ func sampleRequests() []*Request {
 		{Op: OpEd25519Sign, ID: 8, KeyID: id, Payload: []byte("message")},
 		{Op: OpRSADecrypt, ID: 9, KeyID: id, Param: 48, Payload: bytes.Repeat([]byte{4}, 256)},
 		{Op: OpImportKey, ID: 1 << 60, Label: "example.com", Payload: []byte("-----BEGIN PRIVATE KEY-----")},
+		{Op: OpRSASignPSS, ID: 10, KeyID: id, Hash: HashSHA256, Payload: bytes.Repeat([]byte{5}, 32), Timeout: 250 * time.Millisecond},
+		{Op: OpPing, ID: 11, Payload: []byte("p"), Timeout: time.Millisecond},
+		{Op: OpListKeys, ID: 12, Timeout: MaxTimeout},
 	}
 }
 
@@ -39,7 +43,7 @@ func TestRequestRoundTrip(t *testing.T) {
 			t.Fatalf("%s: %v", r.Op, err)
 		}
 		if got.Op != r.Op || got.ID != r.ID || got.KeyID != r.KeyID || got.Hash != r.Hash ||
-			got.Param != r.Param || got.Label != r.Label || !bytes.Equal(got.Payload, r.Payload) {
+			got.Param != r.Param || got.Label != r.Label || !bytes.Equal(got.Payload, r.Payload) || got.Timeout != r.Timeout {
 			t.Errorf("%s: round trip gave %+v, want %+v", r.Op, got, r)
 		}
 	}
@@ -81,7 +85,10 @@ func TestParseRequestRejects(t *testing.T) {
 		want string
 	}{
 		{"unknown op", Header{Op: 0x55}, nil, "unknown operation 0x55"},
-		{"flags set", Header{Op: OpPing, Flags: 1}, nil, "code and flags must be zero"},
+		{"unknown flag", Header{Op: OpPing, Flags: 2}, nil, "flags 0 or 0x01"},
+		{"deadline cut short", Header{Op: OpPing, Flags: FlagDeadline}, []byte{0, 0, 1}, "shorter than its 4-byte deadline"},
+		{"deadline of zero", Header{Op: OpPing, Flags: FlagDeadline}, []byte{0, 0, 0, 0}, "deadline of 0 ms"},
+		{"deadline before a short key prefix", Header{Op: OpPublicKey, Flags: FlagDeadline}, append([]byte{0, 0, 0, 9}, id[:]...), "shorter than the 35-byte key prefix"},
 		{"short key prefix", Header{Op: OpPublicKey}, make([]byte, 10), "shorter than the 35-byte key prefix"},
 		{"digest length", Header{Op: OpRSASignPKCS1}, append(append(id[:], byte(HashSHA256), 0, 0), 1, 2, 3), "digest must be 32 bytes, have 3"},
 		{"unknown hash", Header{Op: OpECDSASign}, append(id[:], 9, 0, 0), "unsupported hash hash_9"},
@@ -96,6 +103,34 @@ func TestParseRequestRejects(t *testing.T) {
 		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want bad_request containing %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestDeadlineOnTheWire: a request's Timeout travels as FlagDeadline and whole
+// milliseconds, rounded up, before the op's own body, which is otherwise unchanged.
+func TestDeadlineOnTheWire(t *testing.T) {
+	r := &Request{Op: OpPing, ID: 5, Payload: []byte("xy")}
+	plain := AppendRequest(nil, r)
+	r.Timeout = 1500*time.Microsecond + 1
+	wire := AppendRequest(nil, r)
+	if wire[3] != FlagDeadline || len(wire) != len(plain)+DeadlineLen ||
+		!bytes.Equal(wire[HeaderLen:HeaderLen+DeadlineLen], []byte{0, 0, 0, 2}) || !bytes.Equal(wire[HeaderLen+DeadlineLen:], plain[HeaderLen:]) {
+		t.Fatalf("wire %x (without the deadline %x)", wire, plain)
+	}
+	h, body, err := ReadFrame(bytes.NewReader(wire), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseRequest(h, body)
+	if err != nil || got.Timeout != 2*time.Millisecond || string(got.Payload) != "xy" {
+		t.Fatalf("parsed %+v, %v", got, err)
+	}
+	r.Timeout = 2000 * time.Hour
+	if got := AppendRequest(nil, r); !bytes.Equal(got[HeaderLen:HeaderLen+DeadlineLen], []byte{0xff, 0xff, 0xff, 0xff}) {
+		t.Errorf("a deadline past MaxTimeout: %x", got)
+	}
+	if CodeDeadlineExceeded.String() != "deadline_exceeded" || !errors.Is(Errorf(CodeDeadlineExceeded, "late"), ErrDeadlineExceeded) {
+		t.Error("deadline_exceeded code")
 	}
 }
 
