@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"slices"
 	"time"
 )
 
@@ -20,7 +19,8 @@ const (
 	binaryVersion = 1
 	headerLen     = 12
 	trailerLen    = 4
-	// MaxInputBytes bounds an upload after decompression.
+	// MaxInputBytes bounds a list read by Read or ReadBinary after decompression, and
+	// each of UploadLimits' sizes.
 	MaxInputBytes int64 = 4 << 30
 )
 
@@ -34,7 +34,7 @@ var (
 	ErrChecksum  = errors.New("checksum mismatch")
 	ErrTruncated = errors.New("truncated")
 	ErrCorrupt   = errors.New("corrupt")
-	ErrTooLarge  = fmt.Errorf("larger than %d bytes", MaxInputBytes)
+	ErrTooLarge  = errors.New("too large") // wrapped by a *LimitError, which says which limit
 )
 
 // A BinaryError is a refused binary upload.
@@ -161,94 +161,211 @@ func append6(b []byte, k a6) []byte {
 	return binary.BigEndian.AppendUint64(b, k.lo)
 }
 
-// ReadBinary reads a list in the binary format, gzip-compressed or not. The whole
-// input is checked (size, checksum, every count against the bytes present) before
-// any entry is kept; entries already expired are left out.
+// ReadBinary reads a list in the binary format, gzip-compressed or not, as a stream:
+// memory grows with the entries, never with the bytes. Nothing is kept unless the
+// whole input is good: header, every record, no bytes after the last section, and the
+// checksum, which is the error reported when it does not match, whatever else is
+// wrong. Entries already expired are left out.
 func ReadBinary(r io.Reader) (*Set, error) {
-	br := bufio.NewReader(r)
-	br, closer, err := gunzip(br)
+	br, _, closer, err := open(r, fileLimits)
 	if err != nil {
 		return nil, err
 	}
 	if closer != nil {
 		defer closer.Close()
 	}
-	return readBinary(br, time.Now())
+	return readBinary(br, time.Now(), fileLimits)
 }
 
-func readBinary(r io.Reader, now time.Time) (*Set, error) {
-	data, err := io.ReadAll(io.LimitReader(r, MaxInputBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("reading a binary blacklist: %w", err)
-	}
-	if int64(len(data)) > MaxInputBytes {
-		return nil, &BinaryError{Offset: MaxInputBytes, Err: ErrTooLarge}
-	}
-	return decodeBinary(data, now)
-}
-
+// decodeBinary reads a whole binary list held in memory.
 func decodeBinary(data []byte, now time.Time) (*Set, error) {
-	if len(data) < len(binaryMagic) || !bytes.Equal(data[:len(binaryMagic)], binaryMagic) {
-		return nil, &BinaryError{Err: ErrNotBinary}
+	return readBinary(bytes.NewReader(data), now, fileLimits)
+}
+
+// readBinary decodes the binary format from r, within lim's entries; r's size is
+// bounded by whoever made it.
+func readBinary(r io.Reader, now time.Time, lim limits) (*Set, error) {
+	t := &tailReader{r: r, buf: make([]byte, 32<<10)}
+	d := decoder{r: bufio.NewReaderSize(t, 64<<10), t: t, max: lim.maxEntries(), lim: lim}
+	if err := d.decode(); err != nil {
+		return nil, err
 	}
-	if len(data) < headerLen+trailerLen {
-		return nil, &BinaryError{Offset: int64(len(data)), Err: ErrTruncated}
-	}
-	if v := binary.BigEndian.Uint16(data[8:]); v != binaryVersion {
-		return nil, &BinaryError{Offset: 8, Err: ErrVersion, Detail: fmt.Sprintf("version %d, want %d", v, binaryVersion)}
-	}
-	if f := binary.BigEndian.Uint16(data[10:]); f != 0 {
-		return nil, &BinaryError{Offset: 10, Err: ErrCorrupt, Detail: fmt.Sprintf("unknown flags %#x", f)}
-	}
-	body := len(data) - trailerLen
-	if got, want := crc32.Checksum(data[:body], castagnoli), binary.BigEndian.Uint32(data[body:]); got != want {
-		return nil, &BinaryError{Offset: int64(body), Err: ErrChecksum, Detail: fmt.Sprintf("computed %#08x, stored %#08x", got, want)}
-	}
-	d := decoder{data: data[:body], off: headerLen}
-	for sec := range 2 * numKinds {
-		if err := d.section(sec%numKinds, sec >= numKinds); err != nil {
-			return nil, err
+	return d.b.BuildAt(now), nil
+}
+
+// tailReader hands out all of r but its last trailerLen bytes, which it holds back
+// (at the end, the trailer), and the CRC-32C of what it handed out.
+type tailReader struct {
+	r   io.Reader
+	buf []byte
+	n   int // buf[:n] is read and not handed out; its last trailerLen bytes are held
+	eof bool
+	crc uint32
+}
+
+func (t *tailReader) Read(p []byte) (int, error) {
+	for t.n <= trailerLen && !t.eof {
+		k, err := t.r.Read(t.buf[t.n:])
+		t.n += k
+		if errors.Is(err, io.EOF) {
+			t.eof = true
+		} else if err != nil {
+			return 0, err
 		}
 	}
-	if d.off != body {
-		return nil, &BinaryError{Offset: int64(d.off), Err: ErrCorrupt, Detail: fmt.Sprintf("%d bytes after the last section", body-d.off)}
+	avail := t.n - trailerLen
+	if avail <= 0 {
+		return 0, io.EOF
 	}
-	b := Builder{v4: chunks[span[a4]]{cur: d.v4, n: len(d.v4)}, v6: chunks[span[a6]]{cur: d.v6, n: len(d.v6)}}
-	return b.BuildAt(now), nil
+	k := copy(p, t.buf[:avail])
+	t.crc = crc32.Update(t.crc, castagnoli, p[:k])
+	t.n = copy(t.buf, t.buf[k:t.n])
+	return k, nil
 }
 
+// held returns the bytes held back: at the end, the trailer (fewer than trailerLen
+// when the input was shorter).
+func (t *tailReader) held() []byte { return t.buf[:t.n] }
+
+// decoder reads the binary format from a stream. off counts the bytes read, for
+// errors; pending is the offset of the record being read.
 type decoder struct {
-	data    []byte
-	off     int
+	r       *bufio.Reader
+	t       *tailReader
+	off     int64
+	pending int64
 	total   int
-	v4      []span[a4]
-	v6      []span[a6]
-	pending int // the offset of the record being read, for errors
+	max     int // entries
+	lim     limits
+	b       Builder
+	scratch [32]byte
 }
 
 func (d *decoder) fail(err error, format string, args ...any) error {
-	return &BinaryError{Offset: int64(d.pending), Err: err, Detail: fmt.Sprintf(format, args...)}
+	return &BinaryError{Offset: d.pending, Err: err, Detail: fmt.Sprintf(format, args...)}
+}
+
+// readErr reports a failure to read the input itself (too large, a broken gzip
+// stream), at the current offset.
+func (d *decoder) readErr(err error) error {
+	return &BinaryError{Offset: d.off, Err: err}
+}
+
+func (d *decoder) decode() error {
+	hdr := d.scratch[:headerLen]
+	n, err := io.ReadFull(d.r, hdr)
+	d.off = int64(n)
+	switch {
+	case err == nil:
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		// Shorter than a header and a trailer: what was read and what is held is
+		// all there is.
+		all := append(hdr[:n:n], d.t.held()...)
+		if !bytes.HasPrefix(all, binaryMagic) {
+			return &BinaryError{Err: ErrNotBinary}
+		}
+		return &BinaryError{Offset: int64(len(all)), Err: ErrTruncated}
+	default:
+		return d.readErr(err)
+	}
+	if !bytes.Equal(hdr[:len(binaryMagic)], binaryMagic) {
+		return &BinaryError{Err: ErrNotBinary}
+	}
+	if v := binary.BigEndian.Uint16(hdr[8:]); v != binaryVersion {
+		return &BinaryError{Offset: 8, Err: ErrVersion, Detail: fmt.Sprintf("version %d, want %d", v, binaryVersion)}
+	}
+	if f := binary.BigEndian.Uint16(hdr[10:]); f != 0 {
+		return &BinaryError{Offset: 10, Err: ErrCorrupt, Detail: fmt.Sprintf("unknown flags %#x", f)}
+	}
+	for sec := range 2 * numKinds {
+		if err := d.section(sec%numKinds, sec >= numKinds); err != nil {
+			return d.settle(err)
+		}
+	}
+	d.pending = d.off
+	extra, err := io.Copy(io.Discard, d.r)
+	d.off += extra
+	if err != nil {
+		return d.readErr(err)
+	}
+	if err := d.checksum(); err != nil {
+		return err
+	}
+	if extra > 0 {
+		return d.fail(ErrCorrupt, "%d bytes after the last section", extra)
+	}
+	return nil
+}
+
+// settle decides what to report for err, met in the sections: a limit passed or a
+// read error is reported at once; for a record that is corrupt or cut short, the
+// rest of the input is read so that a bad checksum, which explains either, is what
+// is reported.
+func (d *decoder) settle(err error) error {
+	var be *BinaryError
+	if !errors.As(err, &be) || be.Err != ErrCorrupt && be.Err != ErrTruncated {
+		return err
+	}
+	n, rerr := io.Copy(io.Discard, d.r)
+	d.off += n
+	if rerr != nil {
+		return d.readErr(rerr)
+	}
+	if cerr := d.checksum(); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// checksum compares, once the input is read to its end, the trailer with the
+// checksum of everything before it.
+func (d *decoder) checksum() error {
+	tr := d.t.held()
+	body := d.t.crc
+	if len(tr) < trailerLen {
+		return &BinaryError{Offset: d.off + int64(len(tr)), Err: ErrTruncated, Detail: "no room for the checksum"}
+	}
+	if want := binary.BigEndian.Uint32(tr); body != want {
+		return &BinaryError{Offset: d.off, Err: ErrChecksum, Detail: fmt.Sprintf("computed %#08x, stored %#08x", body, want)}
+	}
+	return nil
 }
 
 func (d *decoder) uvarint() (uint64, error) {
-	v, n := binary.Uvarint(d.data[d.off:])
-	switch {
-	case n == 0:
-		return 0, d.fail(ErrTruncated, "in a varint")
-	case n < 0:
-		return 0, d.fail(ErrCorrupt, "varint overflows 64 bits")
+	var x uint64
+	var s uint
+	for i := range binary.MaxVarintLen64 {
+		c, err := d.r.ReadByte()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return 0, d.fail(ErrTruncated, "in a varint")
+			}
+			return 0, d.readErr(err)
+		}
+		d.off++
+		if c < 0x80 {
+			if i == binary.MaxVarintLen64-1 && c > 1 {
+				break
+			}
+			return x | uint64(c)<<s, nil
+		}
+		x |= uint64(c&0x7f) << s
+		s += 7
 	}
-	d.off += n
-	return v, nil
+	return 0, d.fail(ErrCorrupt, "varint overflows 64 bits")
 }
 
 func (d *decoder) fixed(n int) ([]byte, error) {
-	if len(d.data)-d.off < n {
-		return nil, d.fail(ErrTruncated, "want %d bytes, have %d", n, len(d.data)-d.off)
+	b := d.scratch[:n]
+	k, err := io.ReadFull(d.r, b)
+	d.off += int64(k)
+	switch {
+	case err == nil:
+		return b, nil
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return nil, d.fail(ErrTruncated, "want %d bytes, have %d", n, k)
 	}
-	b := d.data[d.off : d.off+n]
-	d.off += n
-	return b, nil
+	return nil, d.readErr(err)
 }
 
 func (d *decoder) exp(expiring bool) (uint32, error) {
@@ -266,29 +383,20 @@ func (d *decoder) exp(expiring bool) (uint32, error) {
 	return e, nil
 }
 
+// section reads a section's count and its records. The count is checked against the
+// entries allowed before anything is read; the records are collected as they come,
+// so a count larger than the records present costs nothing.
 func (d *decoder) section(kind int, expiring bool) error {
 	d.pending = d.off
 	count, err := d.uvarint()
 	if err != nil {
 		return err
 	}
-	if count > uint64(MaxEntries-d.total) {
-		return d.fail(ErrTooManyEntries, "section %d holds %d records", kind+1, count)
-	}
-	rec := minRecord[kind]
-	if expiring {
-		rec += 4
-	}
-	if have := len(d.data) - d.off; count > uint64(have/rec) {
-		return d.fail(ErrTruncated, "section %d holds %d records of at least %d bytes; %d bytes remain", kind+1, count, rec, have)
+	if count > uint64(d.max-d.total) {
+		return &BinaryError{Offset: d.pending, Err: d.lim.tooMany(), Detail: fmt.Sprintf("section %d holds %d records", kind+1, count)}
 	}
 	n := int(count)
 	d.total += n
-	if kind == secAddrs4 || kind == secRanges4 {
-		d.v4 = slices.Grow(d.v4, n)
-	} else {
-		d.v6 = slices.Grow(d.v6, n)
-	}
 	var prev uint64 // the last IPv4 address of the previous record
 	for i := range n {
 		d.pending = d.off
@@ -324,7 +432,7 @@ func (d *decoder) section(kind int, expiring bool) error {
 			if err != nil {
 				return err
 			}
-			d.v4 = append(d.v4, span[a4]{a4(lo), a4(hi), e})
+			d.b.v4.add(span[a4]{a4(lo), a4(hi), e})
 		default:
 			b, err := d.fixed(minRecord[kind])
 			if err != nil {
@@ -342,72 +450,86 @@ func (d *decoder) section(kind int, expiring bool) error {
 			if err != nil {
 				return err
 			}
-			d.v6 = append(d.v6, span[a6]{lo, hi, e})
+			d.b.v6.add(span[a6]{lo, hi, e})
 		}
 	}
 	return nil
 }
 
-// gunzip returns a reader of the gzip stream r holds, or r itself if it is not gzip.
-func gunzip(r *bufio.Reader) (*bufio.Reader, io.Closer, error) {
-	head, _ := r.Peek(2)
-	if len(head) < 2 || head[0] != 0x1f || head[1] != 0x8b {
-		return r, nil, nil
+// open returns a buffered reader of what r holds, decompressed when it is gzip, and
+// the capReader under that buffer, which the caller bounds by the format it finds (it
+// starts at the larger of lim's two, while the format is not known). r itself is bounded by lim.body.
+func open(r io.Reader, lim limits) (*bufio.Reader, *capReader, io.Closer, error) {
+	if lim.body > 0 {
+		r = &capReader{r: r, max: lim.body, limit: "max_body_bytes"}
 	}
-	zr, err := gzip.NewReader(r)
-	if err != nil {
-		return nil, nil, fmt.Errorf("reading a gzip blacklist: %w", err)
+	br := bufio.NewReaderSize(r, 64<<10)
+	var src io.Reader = br
+	var closer io.Closer
+	if head, _ := br.Peek(2); len(head) == 2 && head[0] == 0x1f && head[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			var le *LimitError
+			if errors.As(err, &le) {
+				return nil, nil, nil, err
+			}
+			return nil, nil, nil, fmt.Errorf("reading a gzip blacklist: %w", err)
+		}
+		src, closer = zr, zr
 	}
-	return bufio.NewReaderSize(&capReader{r: zr, left: MaxInputBytes}, MaxLineBytes), zr, nil
+	c := &capReader{r: src}
+	c.bound(lim, lim.binary > lim.text)
+	return bufio.NewReaderSize(c, MaxLineBytes), c, closer, nil
 }
 
-// capReader fails with ErrTooLarge past a size, so a small gzip cannot inflate
-// without bound.
-type capReader struct {
-	r    io.Reader
-	left int64
-}
-
-func (c *capReader) Read(p []byte) (int, error) {
-	if c.left <= 0 {
-		return 0, fmt.Errorf("decompressing: %w", ErrTooLarge)
+// bound sets c's limit to lim's for the format: binary or text.
+func (c *capReader) bound(lim limits, binary bool) {
+	c.max, c.limit = lim.text, "max_text_bytes"
+	if binary {
+		c.max, c.limit = lim.binary, "max_binary_bytes"
 	}
-	if int64(len(p)) > c.left {
-		p = p[:c.left]
+	if !lim.named {
+		c.limit = ""
 	}
-	n, err := c.r.Read(p)
-	c.left -= int64(n)
-	return n, err
 }
 
 // Read reads a whole list in any of the formats: gzip-compressed or not, binary
-// (recognized by its magic) or text.
-func Read(r io.Reader) (*Set, error) { return read(r, time.Now()) }
+// (recognized by its magic) or text. It takes up to MaxInputBytes after
+// decompression and MaxEntries entries; uploads are read within UploadLimits by an
+// Uploader.
+func Read(r io.Reader) (*Set, error) { return read(r, time.Now(), fileLimits) }
 
-func read(r io.Reader, now time.Time) (*Set, error) {
-	br, closer, err := gunzip(bufio.NewReaderSize(r, MaxLineBytes))
+func read(r io.Reader, now time.Time, lim limits) (*Set, error) {
+	br, c, closer, err := open(r, lim)
 	if err != nil {
 		return nil, err
 	}
 	if closer != nil {
 		defer closer.Close()
 	}
-	if head, _ := br.Peek(len(binaryMagic)); bytes.Equal(head, binaryMagic) {
-		return readBinary(br, now)
+	head, _ := br.Peek(len(binaryMagic))
+	bin := bytes.Equal(head, binaryMagic)
+	c.bound(lim, bin)
+	if c.max > 0 && c.n > c.max {
+		return nil, c.err()
 	}
-	return parseText(br, now)
+	if bin {
+		return readBinary(br, now, lim)
+	}
+	return parseText(br, now, lim)
 }
 
 // ReadDelta reads a text delta, gzip-compressed or not; see ParseTextDelta.
-func ReadDelta(r io.Reader) (*Delta, error) { return readDelta(r, time.Now()) }
+func ReadDelta(r io.Reader) (*Delta, error) { return readDelta(r, time.Now(), fileLimits) }
 
-func readDelta(r io.Reader, now time.Time) (*Delta, error) {
-	br, closer, err := gunzip(bufio.NewReaderSize(r, MaxLineBytes))
+func readDelta(r io.Reader, now time.Time, lim limits) (*Delta, error) {
+	br, c, closer, err := open(r, lim)
 	if err != nil {
 		return nil, err
 	}
 	if closer != nil {
 		defer closer.Close()
 	}
-	return parseTextDelta(br, now)
+	c.bound(lim, false)
+	return parseTextDelta(br, now, lim)
 }

@@ -67,8 +67,8 @@ func TestBinaryRoundTrip(t *testing.T) {
 				read func([]byte) (*Set, error)
 			}{
 				{"decode", data, func(d []byte) (*Set, error) { return decodeBinary(d, t0) }},
-				{"read", data, func(d []byte) (*Set, error) { return read(bytes.NewReader(d), t0) }},
-				{"read gzip", gz(data), func(d []byte) (*Set, error) { return read(bytes.NewReader(d), t0) }},
+				{"read", data, func(d []byte) (*Set, error) { return read(bytes.NewReader(d), t0, fileLimits) }},
+				{"read gzip", gz(data), func(d []byte) (*Set, error) { return read(bytes.NewReader(d), t0, fileLimits) }},
 				{"ReadBinary gzip", gz(data), func(d []byte) (*Set, error) { return ReadBinary(bytes.NewReader(d)) }},
 			} {
 				got, err := form.read(form.data)
@@ -157,21 +157,21 @@ func TestBinaryErrors(t *testing.T) {
 
 func TestReadDetects(t *testing.T) {
 	text := []byte("203.0.113.7\n198.51.100.0/24\n")
-	want, err := parseText(bytes.NewReader(text), t0)
+	want, err := parseText(bytes.NewReader(text), t0, fileLimits)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, data := range map[string][]byte{
 		"text": text, "gzip text": gz(text), "binary": encode(t, want), "gzip binary": gz(encode(t, want)),
 	} {
-		got, err := read(bytes.NewReader(data), t0)
+		got, err := read(bytes.NewReader(data), t0, fileLimits)
 		if err != nil {
 			t.Errorf("%s: %v", name, err)
 			continue
 		}
 		assertSameSet(t, want, got)
 	}
-	if _, err := read(bytes.NewReader([]byte{0x1f, 0x8b, 1, 2, 3}), t0); err == nil {
+	if _, err := read(bytes.NewReader([]byte{0x1f, 0x8b, 1, 2, 3}), t0, fileLimits); err == nil {
 		t.Error("a broken gzip stream was read")
 	}
 	d, err := ReadDelta(bytes.NewReader(gz([]byte("+10.0.0.1\n-10.0.0.2\n"))))

@@ -79,12 +79,26 @@
 //	                     4-byte expiry in Unix seconds
 //	trailer  4 bytes  CRC-32C (Castagnoli) of everything before it
 //
-// A reader checks the size (MaxInputBytes), magic, version, checksum, that every
-// count fits both MaxEntries and the bytes actually present before allocating for
-// it, and that no bytes follow the last section; it reports a *BinaryError. It does
-// not require its input to be merged or ordered beyond what the coding needs, so a
-// producer may write overlapping ranges; WriteBinary writes a Set's merged tables.
+// A reader takes the input as a stream, never holding it whole: it checks the magic,
+// version and flags, every section's count against the entries allowed before
+// reading its records (which are collected as they come, so a count larger than the
+// records present costs nothing), every record, that no bytes follow the last
+// section, and the checksum, which is the error reported when it does not match
+// whatever else is wrong; it reports a *BinaryError, and keeps nothing unless all is
+// good. It does not require its input to be merged or ordered beyond what the coding
+// needs, so a producer may write overlapping ranges; WriteBinary writes a Set's
+// merged tables.
 // A million random IPv4 addresses take about 2.3 bytes each, before gzip.
+//
+// # Uploads
+//
+// What a risk engine pushes is read by an Uploader within UploadLimits: the size
+// as sent, the size after decompression (binary and text each have theirs) and the
+// entries, each with a default sized for 10M IPv4 entries; an upload over one is
+// refused with a *LimitError naming it, and counted. Uploads are read one at a
+// time; one that waits longer than UploadLimits.Wait is refused with ErrBusy.
+// Files and state files, which the operator wrote, are read by Read and ReadBinary,
+// bounded only by MaxInputBytes after decompression and MaxEntries.
 //
 // # Persistence
 //

@@ -2,6 +2,7 @@ package blacklist
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"net/netip"
 	"testing"
@@ -19,12 +20,49 @@ var textSeeds = []string{
 	"\xef\xbb\xbf10.0.0.1",
 }
 
+// fuzzLimits are upload limits small enough that fuzz inputs pass them.
+var fuzzLimits = limits{body: 2048, binary: 1024, text: 1024, entries: 16, named: true}
+
+// bombSeeds are gzip streams that inflate far more than fuzzLimits allow.
+func bombSeeds(f *testing.F) [][]byte {
+	return [][]byte{
+		gzipBomb(f, nil, "\n", 4<<20),
+		gzipBomb(f, nil, "10.0.0.1\n", 4<<20),
+		gzipBomb(f, nil, commentLine, 4<<20),
+		gzipBomb(f, binaryBombHead(1<<40), "\x00", 4<<20),
+		gzipBomb(f, binaryBombHead(0), "\x00", 4<<20),
+		gzipBomb(f, binaryBombHead(1<<20), "\x01", 4<<20),
+	}
+}
+
+// checkLimited reads data as an upload within fuzzLimits: it is refused, or what it
+// gives holds no more entries than allowed; and a body over the limit is refused.
+func checkLimited(t *testing.T, data []byte) {
+	s, err := read(bytes.NewReader(data), t0, fuzzLimits)
+	if err != nil {
+		if s != nil {
+			t.Fatalf("set %v with err %v", s, err)
+		}
+		return
+	}
+	if len(data) > int(fuzzLimits.body) {
+		t.Fatalf("a %d-byte body over max_body_bytes %d was taken", len(data), fuzzLimits.body)
+	}
+	if s.Len() > fuzzLimits.entries {
+		t.Fatalf("%d entries taken, over max_entries %d", s.Len(), fuzzLimits.entries)
+	}
+}
+
 func FuzzParseText(f *testing.F) {
 	for _, s := range textSeeds {
 		f.Add([]byte(s))
 	}
+	for _, b := range bombSeeds(f) {
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		s, err := parseText(bytes.NewReader(data), t0)
+		checkLimited(t, data)
+		s, err := parseText(bytes.NewReader(data), t0, fileLimits)
 		if err != nil {
 			var pes *ParseErrors
 			if s != nil || !errors.As(err, &pes) && !errors.Is(err, ErrTooManyEntries) {
@@ -39,7 +77,7 @@ func FuzzParseText(f *testing.F) {
 		if err := WriteText(&text, s); err != nil {
 			t.Fatal(err)
 		}
-		back, err := parseText(&text, t0)
+		back, err := parseText(&text, t0, fileLimits)
 		if err != nil {
 			t.Fatalf("reading back our own text: %v\n%s", err, text.String())
 		}
@@ -59,7 +97,12 @@ func FuzzReadBinary(f *testing.F) {
 	f.Add(frame(0, 2, 5, 7, 0, 0, 0, 0, 0, 0, 0))
 	f.Add(frame(0, 0, 1, 0x20, 1, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0))
 	f.Add([]byte("\x89TGBL\r\n\x1a\x00\x01\x00\x00"))
+	f.Add(frame(binary.AppendUvarint(nil, 1<<40)...))
+	for _, b := range bombSeeds(f) {
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		checkLimited(t, data)
 		check := func(data []byte) {
 			s, err := decodeBinary(data, t0)
 			if err != nil {
@@ -76,11 +119,20 @@ func FuzzReadBinary(f *testing.F) {
 			assertSameSet(t, s, back)
 		}
 		check(data)
+		// Read in pieces of one byte, the stream gives the same answer.
+		whole, werr := decodeBinary(data, t0)
+		piece, perr := readBinary(&oneByte{bytes.NewReader(data)}, t0, fileLimits)
+		if (werr == nil) != (perr == nil) || werr != nil && werr.Error() != perr.Error() {
+			t.Fatalf("whole: %v; a byte at a time: %v", werr, perr)
+		}
+		if werr == nil {
+			assertSameSet(t, whole, piece)
+		}
 		// With the checksum made right, the sections themselves are explored.
 		if len(data) >= headerLen+trailerLen {
 			check(withCRC(data))
 		}
-		read(bytes.NewReader(data), t0)
+		read(bytes.NewReader(data), t0, fileLimits)
 	})
 }
 
@@ -94,9 +146,15 @@ func FuzzParseTextDelta(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	for _, b := range bombSeeds(f) {
+		f.Add(b)
+	}
 	base := sampleSet()
 	f.Fuzz(func(t *testing.T, data []byte) {
-		d, err := parseTextDelta(bytes.NewReader(data), t0)
+		if d, err := readDelta(bytes.NewReader(data), t0, fuzzLimits); err == nil && len(d.Add)+len(d.Remove) > fuzzLimits.entries {
+			t.Fatalf("a delta of %d entries over max_entries %d was taken", len(d.Add)+len(d.Remove), fuzzLimits.entries)
+		}
+		d, err := parseTextDelta(bytes.NewReader(data), t0, fileLimits)
 		if err != nil {
 			var pes *ParseErrors
 			if d != nil || !errors.As(err, &pes) && !errors.Is(err, ErrTooManyEntries) {
@@ -124,7 +182,7 @@ func FuzzParseTextDelta(f *testing.F) {
 		if err := WriteTextDelta(&text, d); err != nil {
 			t.Fatal(err)
 		}
-		d2, err := parseTextDelta(&text, t0)
+		d2, err := parseTextDelta(&text, t0, fileLimits)
 		if err != nil || len(d2.Add) != len(d.Add) || len(d2.Remove) != len(d.Remove) {
 			t.Fatalf("delta did not round trip: %v", err)
 		}

@@ -177,7 +177,7 @@ func (l *List) ReplaceDelta(s *Set) {
 // Load reads a whole list (gzip, binary or text; see Read) and swaps it in. On error,
 // a *ParseErrors listing bad lines among others, the list in force is kept.
 func (l *List) Load(r io.Reader) error {
-	s, err := read(r, l.now())
+	s, err := read(r, l.now(), fileLimits)
 	if err != nil {
 		l.rejected(kindReplace)
 		return fmt.Errorf("loading blacklist %q: %w", l.name, err)
@@ -189,7 +189,7 @@ func (l *List) Load(r io.Reader) error {
 // LoadDelta reads a text delta (gzip allowed; see ParseTextDelta) and applies it. On
 // error the list in force is kept.
 func (l *List) LoadDelta(r io.Reader) error {
-	d, err := readDelta(r, l.now())
+	d, err := readDelta(r, l.now(), fileLimits)
 	if err != nil {
 		l.rejected(kindDelta)
 		return fmt.Errorf("loading a delta into blacklist %q: %w", l.name, err)

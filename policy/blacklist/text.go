@@ -90,10 +90,10 @@ func (e *ParseErrors) add(line int, text []byte, err error) {
 // Every bad line is reported, by number, in a *ParseErrors, and then no Set is
 // returned. Entries with a ttl expire that long after now; entries already expired
 // are left out.
-func ParseText(r io.Reader) (*Set, error) { return parseText(r, time.Now()) }
+func ParseText(r io.Reader) (*Set, error) { return parseText(r, time.Now(), fileLimits) }
 
-func parseText(r io.Reader, now time.Time) (*Set, error) {
-	p := textParser{now: now}
+func parseText(r io.Reader, now time.Time, lim limits) (*Set, error) {
+	p := textParser{now: now, lim: lim}
 	if err := p.run(r); err != nil {
 		return nil, err
 	}
@@ -103,10 +103,10 @@ func parseText(r io.Reader, now time.Time) (*Set, error) {
 // ParseTextDelta reads a delta in the text format: lines "+entry" (an entry line as
 // in a whole list, expiry allowed) and "-prefix". Bad lines are reported as by
 // ParseText.
-func ParseTextDelta(r io.Reader) (*Delta, error) { return parseTextDelta(r, time.Now()) }
+func ParseTextDelta(r io.Reader) (*Delta, error) { return parseTextDelta(r, time.Now(), fileLimits) }
 
-func parseTextDelta(r io.Reader, now time.Time) (*Delta, error) {
-	p := textParser{now: now, delta: &Delta{}}
+func parseTextDelta(r io.Reader, now time.Time, lim limits) (*Delta, error) {
+	p := textParser{now: now, delta: &Delta{}, lim: lim}
 	if err := p.run(r); err != nil {
 		return nil, err
 	}
@@ -115,6 +115,7 @@ func parseTextDelta(r io.Reader, now time.Time) (*Delta, error) {
 
 type textParser struct {
 	now     time.Time
+	lim     limits // entries; the caller bounds the bytes
 	delta   *Delta // nil for a whole list
 	b       Builder
 	entries int
@@ -139,8 +140,8 @@ func (p *textParser) run(r io.Reader) error {
 			if lerr := p.line(raw); lerr != nil {
 				p.errs.add(n, bytes.TrimRight(raw, "\r\n"), lerr)
 			}
-			if p.entries > MaxEntries {
-				return ErrTooManyEntries
+			if p.entries > p.lim.maxEntries() {
+				return p.lim.tooMany()
 			}
 		}
 		if err == io.EOF {

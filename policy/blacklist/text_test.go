@@ -25,7 +25,7 @@ func TestParseText(t *testing.T) {
 		"::ffff:198.18.0.1\n" +
 		"198.18.0.0/32\n" +
 		"10.0.0.1 # last line without a newline"
-	s, err := parseText(strings.NewReader(text), t0)
+	s, err := parseText(strings.NewReader(text), t0, fileLimits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestParseTextErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.line, func(t *testing.T) {
-			s, err := parseText(strings.NewReader("# ok\n10.0.0.9\n"+tt.line+"\n"), t0)
+			s, err := parseText(strings.NewReader("# ok\n10.0.0.9\n"+tt.line+"\n"), t0, fileLimits)
 			if s != nil {
 				t.Error("a set was returned with an error")
 			}
@@ -144,7 +144,7 @@ func TestParseTextBadLinesAmongMany(t *testing.T) {
 
 func TestParseTextManyErrors(t *testing.T) {
 	text := strings.Repeat("nope\n", 250)
-	_, err := parseText(strings.NewReader(text), t0)
+	_, err := parseText(strings.NewReader(text), t0, fileLimits)
 	var pes *ParseErrors
 	if !errors.As(err, &pes) || pes.Count != 250 || len(pes.Errors) != MaxReportedErrors {
 		t.Fatalf("err = %v, want 250 counted and %d listed", err, MaxReportedErrors)
@@ -160,7 +160,7 @@ func TestParseTextManyErrors(t *testing.T) {
 
 func TestParseTextLongLine(t *testing.T) {
 	text := "10.0.0.1\n10.0.0.2 # " + strings.Repeat("x", MaxLineBytes+10) + "\n10.0.0.3\nbad\n"
-	_, err := parseText(strings.NewReader(text), t0)
+	_, err := parseText(strings.NewReader(text), t0, fileLimits)
 	var pes *ParseErrors
 	if !errors.As(err, &pes) || pes.Count != 2 {
 		t.Fatalf("err = %v, want 2 bad lines", err)
@@ -193,7 +193,7 @@ func TestParseTextReadError(t *testing.T) {
 
 func TestParseTextDelta(t *testing.T) {
 	text := "# delta\n+203.0.113.1\n-198.51.100.0/24\n+ 2001:db8::/64 ttl=60s\n- 192.0.2.1 # spaces after the sign\n+::ffff:192.0.2.9\n"
-	d, err := parseTextDelta(strings.NewReader(text), t0)
+	d, err := parseTextDelta(strings.NewReader(text), t0, fileLimits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestParseTextDelta(t *testing.T) {
 		{"+", ErrAddress},
 		{"-10.0.0.0/99", ErrPrefixLength},
 	} {
-		_, err := parseTextDelta(strings.NewReader("+10.0.0.1\n"+tt.text+"\n"), t0)
+		_, err := parseTextDelta(strings.NewReader("+10.0.0.1\n"+tt.text+"\n"), t0, fileLimits)
 		var pes *ParseErrors
 		if !errors.As(err, &pes) || pes.Count != 1 || pes.Errors[0].Line != 2 || !errors.Is(err, tt.is) {
 			t.Errorf("%q: err = %v, want line 2 wrapping %v", tt.text, err, tt.is)
@@ -232,7 +232,7 @@ func TestParseTextDelta(t *testing.T) {
 	if err := WriteTextDelta(&buf, d); err != nil {
 		t.Fatal(err)
 	}
-	d2, err := parseTextDelta(&buf, t0)
+	d2, err := parseTextDelta(&buf, t0, fileLimits)
 	if err != nil {
 		t.Fatalf("reading back %q: %v", buf.String(), err)
 	}
@@ -254,7 +254,7 @@ func TestWriteText(t *testing.T) {
 	if buf.String() != want {
 		t.Errorf("WriteText:\n%s\nwant\n%s", buf.String(), want)
 	}
-	back, err := parseText(&buf, t0)
+	back, err := parseText(&buf, t0, fileLimits)
 	if err != nil {
 		t.Fatal(err)
 	}
