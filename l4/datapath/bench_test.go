@@ -13,7 +13,13 @@ import (
 // benchWorker is a worker of a distributor that is not running, with static
 // neighbours, so handle can be called directly.
 func benchWorker(b testing.TB, capacity int) (*worker, *snapshot) {
+	return benchWorkerKey(b, capacity, 0)
+}
+
+// benchWorkerKey is benchWorker with tunnel key key (0: none).
+func benchWorkerKey(b testing.TB, capacity int, key uint32) (*worker, *snapshot) {
 	cfg := testConfig()
+	cfg.Tunnel.Key = key
 	cfg.External.GatewayMAC = packet.MAC(gwMAC)
 	p := cfg.Pools["l7"]
 	for i := range p.Members {
@@ -45,9 +51,15 @@ func benchFrames(b *testing.B, n int, syn bool) [][]byte {
 
 // BenchmarkHandleEstablished is the per-packet cost of the decision and rewrite
 // for packets of 1M established flows in random order (no port I/O).
-func BenchmarkHandleEstablished(b *testing.B) {
+func BenchmarkHandleEstablished(b *testing.B) { benchHandleEstablished(b, 0) }
+
+// BenchmarkHandleEstablishedKey is BenchmarkHandleEstablished with a tunnel key: every
+// packet leaves in GRE with the key (an 8-byte GRE header).
+func BenchmarkHandleEstablishedKey(b *testing.B) { benchHandleEstablished(b, 0x7467_0001) }
+
+func benchHandleEstablished(b *testing.B, key uint32) {
 	const flows = 1 << 20
-	w, s := benchWorker(b, 2*flows)
+	w, s := benchWorkerKey(b, 2*flows, key)
 	syns := benchFrames(b, flows, true)
 	buf := port.Buf{Data: make([]byte, 2048)}
 	for _, f := range syns {

@@ -117,9 +117,12 @@ type TunnelConfig struct {
 	MTU int `yaml:"mtu" json:"mtu,omitempty"`
 	// TTL of the outer header. Default 64.
 	TTL uint8 `yaml:"ttl" json:"ttl,omitempty"`
-	// Key, when not 0, is the GRE key (RFC 2890) that members' replies must carry:
-	// a reply without it or with another is dropped (reason return_bad_key). Only
-	// with mode gre. Default 0: replies are not checked for a key.
+	// Key, when not 0, is the GRE key (RFC 2890) of the tunnel: every packet sent
+	// to a member carries it (an 8-byte GRE header instead of 4, which the MSS
+	// clamp and the MTU of too-big answers take off mtu), and a member's reply
+	// without it or with another is dropped (reason return_bad_key). Only with mode
+	// gre: IPIP has no field for a key, and Validate refuses one. Default 0: packets
+	// are sent without a key and replies are not checked for one.
 	Key uint32 `yaml:"key" json:"key,omitempty"`
 }
 

@@ -21,9 +21,9 @@
 //     unconfirmed one (so flows survive an LD restart or an ECMP change: Maglev gives
 //     the same member while the pool is the same), which keeps a short timeout until
 //     the member's reply confirms it. A reset never creates an entry. The packet is
-//     tunnelled untouched (GRE or IPIP, over IPv4 or IPv6) to the member, except the
-//     MSS of a SYN, clamped so that full segments fit the internal MTU once
-//     encapsulated.
+//     tunnelled untouched (GRE or IPIP, over IPv4 or IPv6; GRE with the tunnel key
+//     when one is configured) to the member, except the MSS of a SYN, clamped so that
+//     full segments fit the internal MTU once encapsulated.
 //   - A packet that does not fit the tunnel is dropped (too_big); when it may not be
 //     fragmented (IPv4 DF, IPv6) the LD answers it, as a router does, with
 //     fragmentation needed or packet too big from its external address, carrying

@@ -451,3 +451,80 @@ func TestNeighbourTableBounded(t *testing.T) {
 		t.Errorf("%v neighbour evictions, want the storm's addresses evicted (at least 100)", ev)
 	}
 }
+
+// TestTunnelKeyMTU holds the MTU math to the GRE header the LD sends, 4 bytes, or 8
+// with the tunnel key, over each outer family, for each inner family: a SYN's MSS
+// is clamped so that a full segment fits tunnel.mtu once encapsulated; the largest
+// inner packet that fits is forwarded and fills it exactly; one byte more is answered
+// with fragmentation needed or packet too big quoting that largest size.
+func TestTunnelKeyMTU(t *testing.T) {
+	const mtu = 1400
+	for _, tc := range []struct {
+		name   string
+		outer6 bool
+		key    uint32
+	}{
+		{"ipv4 outer", false, 0},
+		{"ipv4 outer with a key", false, 0x7467_0001},
+		{"ipv6 outer", true, 0},
+		{"ipv6 outer with a key", true, 0x7467_0001},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tunnelConfig(tc.outer6, ModeGRE)
+			cfg.Tunnel.Key, cfg.Tunnel.MTU = tc.key, mtu
+			r := startRig(t, cfg, Options{})
+			r.resolveNeighbours()
+			outer := 20 + 4
+			if tc.outer6 {
+				outer = 40 + 4
+			}
+			if tc.key != 0 {
+				outer += 4
+			}
+			fits := mtu - outer // the largest inner packet
+			for i, inner6 := range []bool{false, true} {
+				cl, dst, hdr := client, vip, 20
+				if inner6 {
+					cl, dst, hdr = client6, vip6, 40
+				}
+				sport := uint16(42000 + i)
+				r.ext.Inject(tcpFrame(t, cl, sport, dst, 443, true, false, nil))
+				o := decodeOuter(t, waitData(t, r.int, 1)[0])
+				if o.greKey != tc.key {
+					t.Errorf("inner IPv6 %v: GRE key %#x, want %#x", inner6, o.greKey, tc.key)
+				}
+				if mss := binary.BigEndian.Uint16(o.inner[hdr+22:]); int(mss) != fits-hdr-20 {
+					t.Errorf("inner IPv6 %v: MSS clamped to %d, want %d", inner6, mss, fits-hdr-20)
+				}
+
+				full := tcpFrame(t, cl, sport, dst, 443, false, true, bytes.Repeat([]byte{0xab}, fits-hdr-20))
+				r.ext.Inject(full)
+				f := waitData(t, r.int, 1)[0]
+				o = decodeOuter(t, f)
+				if len(f)-14 != mtu || !bytes.Equal(o.inner, ipPacket(full)) {
+					t.Errorf("inner IPv6 %v: the largest packet that fits left in an outer packet of %d bytes (want %d), inner changed: %v",
+						inner6, len(f)-14, mtu, !bytes.Equal(o.inner, ipPacket(full)))
+				}
+
+				r.ext.Inject(tcpFrame(t, cl, sport, dst, 443, false, true, bytes.Repeat([]byte{0xab}, fits-hdr-20+1)))
+				ip := ipPacket(waitData(t, r.ext, 1)[0])
+				var got int
+				switch {
+				case inner6 && ip[6] == 58 && ip[40] == 2: // packet too big
+					got = int(binary.BigEndian.Uint32(ip[40+4:]))
+				case !inner6 && ip[9] == 1 && ip[20] == 3 && ip[21] == 4: // fragmentation needed
+					got = int(binary.BigEndian.Uint16(ip[20+6:]))
+				default:
+					t.Fatalf("inner IPv6 %v: the answer % x is not fragmentation needed or packet too big", inner6, ip[:min(len(ip), 48)])
+				}
+				if got != fits {
+					t.Errorf("inner IPv6 %v: the answer quotes MTU %d, want %d", inner6, got, fits)
+				}
+				if fs := dataFrames(r.int.Drain()); len(fs) != 0 {
+					t.Errorf("inner IPv6 %v: the packet one byte too big was tunnelled", inner6)
+				}
+			}
+			r.statusCount("in/too_big", 2)
+		})
+	}
+}

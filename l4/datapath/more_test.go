@@ -22,6 +22,7 @@ import (
 
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/l4/port"
+	"github.com/tiergate/tiergate/wire"
 )
 
 var (
@@ -230,6 +231,11 @@ func replyPacket(t *testing.T, vipAddr netip.Addr, cl netip.Addr, cport uint16) 
 // encapFromMember is what a member sends back: inner in GRE or IPIP from the
 // member to the LD's internal address ld.
 func encapFromMember(t *testing.T, mode string, member, ld netip.Addr, inner []byte) []byte {
+	return encapFromMemberKey(t, mode, member, ld, 0, inner)
+}
+
+// encapFromMemberKey is encapFromMember with GRE key key (0: none).
+func encapFromMemberKey(t *testing.T, mode string, member, ld netip.Addr, key uint32, inner []byte) []byte {
 	innerET := layers.EthernetTypeIPv4
 	proto := layers.IPProtocolGRE
 	if inner[0]>>4 == 6 {
@@ -249,7 +255,7 @@ func encapFromMember(t *testing.T, mode string, member, ld netip.Addr, inner []b
 		ls = append(ls, &layers.IPv4{Version: 4, TTL: 64, Protocol: proto, SrcIP: member.AsSlice(), DstIP: ld.AsSlice()})
 	}
 	if proto == layers.IPProtocolGRE {
-		ls = append(ls, &layers.GRE{Protocol: innerET})
+		ls = append(ls, &layers.GRE{Protocol: innerET, KeyPresent: key != 0, Key: key})
 	}
 	return serialize(t, append(ls, gopacket.Payload(inner))...)
 }
@@ -324,6 +330,9 @@ type outerFrame struct {
 	ttl            uint8
 	df             bool
 	greProto       layers.EthernetType // GRE protocol type; 0 without GRE
+	greKey         uint32              // GRE key; 0 without the K bit
+	greHasKey      bool                // the GRE header has the K bit
+	payload        []byte              // the outer packet's payload: GRE header (if any) and inner packet
 	inner          []byte
 }
 
@@ -369,13 +378,21 @@ func decodeOuter(t *testing.T, f []byte) outerFrame {
 		t.Fatalf("tunnelled frame of ether type %v", eth.EthernetType)
 	}
 	o.src, o.dst = o.src.Unmap(), o.dst.Unmap()
-	o.inner = payload
+	o.payload, o.inner = payload, payload
 	if o.proto == layers.IPProtocolGRE {
-		if len(payload) < 4 || payload[0] != 0 || payload[1] != 0 {
-			t.Fatalf("GRE header % x: want no flags, version 0", payload[:min(4, len(payload))])
+		// The LD sends flags and version 0, or only the key bit (RFC 2890).
+		if len(payload) < 4 || payload[0]&^0x20 != 0 || payload[1] != 0 {
+			t.Fatalf("GRE header % x: want no flags but the key, version 0", payload[:min(4, len(payload))])
 		}
 		o.greProto = layers.EthernetType(binary.BigEndian.Uint16(payload[2:]))
 		o.inner = payload[4:]
+		if payload[0] == 0x20 {
+			if len(payload) < 8 {
+				t.Fatalf("GRE header % x: the key bit without a key", payload)
+			}
+			o.greHasKey, o.greKey = true, binary.BigEndian.Uint32(payload[4:])
+			o.inner = payload[8:]
+		}
 	}
 	return o
 }
@@ -529,20 +546,27 @@ var (
 )
 
 // TestTunnelFamiliesAndModes sends a client SYN of each family through each
-// encapsulation over each outer family, and a member's reply back.
+// encapsulation over each outer family, GRE with and without the tunnel key, and a
+// member's reply back. The tunnelled packet decapsulates by wire's rules, which l7d
+// applies, to the client's packet, and passes l7d's key check.
 func TestTunnelFamiliesAndModes(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		outer6 bool
 		mode   string
+		key    uint32
 	}{
-		{"gre over ipv4", false, ModeGRE},
-		{"gre over ipv6", true, ModeGRE},
-		{"ipip over ipv4", false, ModeIPIP},
-		{"ipip over ipv6", true, ModeIPIP},
+		{"gre over ipv4", false, ModeGRE, 0},
+		{"gre over ipv6", true, ModeGRE, 0},
+		{"ipip over ipv4", false, ModeIPIP, 0},
+		{"ipip over ipv6", true, ModeIPIP, 0},
+		{"gre with a key over ipv4", false, ModeGRE, 0x7467_0001},
+		{"gre with a key over ipv6", true, ModeGRE, 0xffff_ffff},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := startRig(t, tunnelConfig(tc.outer6, tc.mode), Options{})
+			cfg := tunnelConfig(tc.outer6, tc.mode)
+			cfg.Tunnel.Key = tc.key
+			r := startRig(t, cfg, Options{})
 			r.resolveNeighbours()
 			ld, outerIP, outerET := ldInt, 20, layers.EthernetTypeIPv4
 			if tc.outer6 {
@@ -558,6 +582,9 @@ func TestTunnelFamiliesAndModes(t *testing.T) {
 				greLen := 0
 				if tc.mode == ModeGRE {
 					greLen, wantProto = 4, layers.IPProtocolGRE
+					if tc.key != 0 {
+						greLen = 8
+					}
 				}
 				t.Logf("client %s → %s", cl, vipA)
 				sport := uint16(41000 + i)
@@ -578,6 +605,15 @@ func TestTunnelFamiliesAndModes(t *testing.T) {
 				if tc.mode == ModeGRE && o.greProto != innerET {
 					t.Errorf("GRE protocol type %v, want %v", o.greProto, innerET)
 				}
+				if o.greHasKey != (tc.key != 0) || o.greKey != tc.key {
+					t.Errorf("GRE key %#x (key bit %v), want %#x", o.greKey, o.greHasKey, tc.key)
+				}
+				var tn wire.Tunnel
+				if err := wire.Decap(uint8(o.proto), o.payload, &tn); err != nil || !bytes.Equal(o.payload[tn.Inner:], o.inner) {
+					t.Errorf("wire.Decap: %v, inner at %d of the payload, want %d", err, tn.Inner, len(o.payload)-len(o.inner))
+				} else if !tn.GRE.KeyMatches(tc.key) || tn.GRE.KeyMatches(tc.key^1) {
+					t.Errorf("wire's key rule: the packet matches key %#x: %v, key %#x: %v", tc.key, tn.GRE.KeyMatches(tc.key), tc.key^1, tn.GRE.KeyMatches(tc.key^1))
+				}
 				if !tc.outer6 && !o.df {
 					t.Error("outer IPv4 without DF, the inner packet may not be fragmented")
 				}
@@ -587,7 +623,7 @@ func TestTunnelFamiliesAndModes(t *testing.T) {
 				}
 
 				reply := replyPacket(t, vipA, cl, sport)
-				r.int.Inject(encapFromMember(t, tc.mode, o.dst, ld, reply))
+				r.int.Inject(encapFromMemberKey(t, tc.mode, o.dst, ld, tc.key, reply))
 				back := waitData(t, r.ext, 1)[0]
 				var eth layers.Ethernet
 				if err := eth.DecodeFromBytes(back, gopacket.NilDecodeFeedback); err != nil {

@@ -41,7 +41,7 @@ type snapshot struct {
 	vips      map[[16]byte]struct{}
 	vipList   [][16]byte            // the same, scanned when there are few
 	memberIP  map[[16]byte]struct{} // accepted outer sources of the return path
-	tunnelKey uint32                // GRE key replies must carry; 0: none
+	tunnelKey uint32                // GRE key sent to members and required on replies; 0: none
 
 	ext, int   side
 	mtu        int
@@ -288,10 +288,11 @@ func (c *control) prepareEncap(s *snapshot, m *member) error {
 		hop = gw
 	}
 	mac, ok := c.neigh.mac(hop)
-	e := &packet.Encap{Mode: s.encapMode, Src: src, Dst: m.addr, SrcMAC: c.intMAC, DstMAC: mac, TTL: c.cfg.Tunnel.TTL}
+	e := &packet.Encap{Mode: s.encapMode, Src: src, Dst: m.addr, SrcMAC: c.intMAC, DstMAC: mac, TTL: c.cfg.Tunnel.TTL, Key: s.tunnelKey}
 	m.overhead4 = e.Overhead(false)
 	m.overhead6 = e.Overhead(true)
-	// MSS = MTU - outer headers (overhead minus Ethernet) - inner IP - TCP header.
+	// MSS = MTU - outer headers (overhead minus Ethernet, the key's 4 bytes
+	// included) - inner IP - TCP header.
 	m.mss4 = uint16(s.mtu - (m.overhead4 - 14) - 20 - 20)
 	m.mss6 = uint16(s.mtu - (m.overhead6 - 14) - 40 - 20)
 	if !ok {

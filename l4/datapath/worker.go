@@ -614,7 +614,7 @@ func (w *worker) fromMember(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 		w.count(dirOut, resBadTunnel)
 		return vDrop
 	}
-	if s.tunnelKey != 0 && (!t.GRE.HasKey() || t.GRE.Key != s.tunnelKey) {
+	if !t.GRE.KeyMatches(s.tunnelKey) {
 		w.count(dirOut, resReturnBadKey)
 		return vDrop
 	}

@@ -88,6 +88,8 @@ func TestParseConfig(t *testing.T) {
 		{"health rise", minimal + "    health: {rise: -1}\n", "pools.l7.health.rise: -1 is negative"},
 		{"tunnel mode", minimal + "tunnel: {mode: vxlan}\n", `tunnel.mode: "vxlan" is not gre or ipip`},
 		{"tunnel mtu", minimal + "tunnel: {mtu: 100}\n", "tunnel.mtu: 100 is outside 1280..9216"},
+		{"tunnel key with ipip", minimal + "tunnel: {mode: ipip, key: 7}\n", "tunnel.key: needs mode gre"},
+		{"tunnel key", minimal + "tunnel: {mode: gre, key: 7}\n", ""},
 		{"timeouts", minimal + "conntrack: {timeouts: {established: 1h, udp: -1s}}\n", "conntrack.timeouts.udp: -1s is outside 0..8760h0m0s"},
 		{"capacity", minimal + "conntrack: {capacity: -1}\n", "conntrack.capacity: -1 is negative"},
 		{"several errors", repl(repl(minimal, "protocol: tcp", "protocol: x"), "port: 443", "port: 0"), "rules[0].protocol: \"x\" is not tcp or udp\nrules[0].port: required"},

@@ -17,8 +17,11 @@ func TestZeroAllocs(t *testing.T) {
 	icmpErr := icmpError(t, 3, 4, tcpIP(t, vip4, client4, 443, 1, false, nil, nil), -1)
 	inner := tcpIP(t, client4, vip4, 1, 2, false, nil, bytes.Repeat([]byte{1}, 100))
 	e := &Encap{Src: ld6, Dst: member6}
-	if err := e.Prepare(); err != nil {
-		t.Fatal(err)
+	ek := &Encap{Src: ld4, Dst: member4, Key: 0x7467_0001}
+	for _, e := range []*Encap{e, ek} {
+		if err := e.Prepare(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	na := AppendNA(nil, macA, macB, vip6, member6, vip6, true)
 	arpF := AppendARP(nil, Broadcast, macA, &ARP{Op: 1, SenderIP: ld4, TargetIP: member4})
@@ -42,6 +45,13 @@ func TestZeroAllocs(t *testing.T) {
 			_, _, _ = Decap(buf[s:64+len(inner)], &p)
 			DecTTL(buf, 64)
 			WriteEthernet(buf, 50, macA, macB, EtherTypeIPv4)
+		},
+		"Encap+Decap key": func() {
+			buf := withHeadroomBuf
+			copy(buf[64:], inner)
+			s, _ := ek.Write(buf[:64+len(inner)], 64, len(inner), 1)
+			_ = Parse(buf[s:64+len(inner)], &p)
+			_, _, _ = Decap(buf[s:64+len(inner)], &p)
 		},
 		"ParseARP":  func() { _ = Parse(arpF, &p); _ = ParseARP(arpF, &p, &a) },
 		"ParseND":   func() { _ = Parse(na, &p); _ = ParseND(na, &p, &nd) },
@@ -84,10 +94,15 @@ func BenchmarkParseTCP6(b *testing.B) {
 	}
 }
 
-func BenchmarkEncapWrite(b *testing.B) {
+func BenchmarkEncapWrite(b *testing.B) { benchEncapWrite(b, 0) }
+
+// BenchmarkEncapWriteKey is BenchmarkEncapWrite with a tunnel key (8-byte GRE).
+func BenchmarkEncapWriteKey(b *testing.B) { benchEncapWrite(b, 0x7467_0001) }
+
+func benchEncapWrite(b *testing.B, key uint32) {
 	inner := tcpIP(b, client4, vip4, 40000, 443, false, nil, bytes.Repeat([]byte{1}, 64))
 	buf := withHeadroom(inner, 128)
-	e := &Encap{Src: ld4, Dst: member4, SrcMAC: macA, DstMAC: macB}
+	e := &Encap{Src: ld4, Dst: member4, SrcMAC: macA, DstMAC: macB, Key: key}
 	if err := e.Prepare(); err != nil {
 		b.Fatal(err)
 	}

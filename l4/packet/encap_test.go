@@ -112,6 +112,15 @@ func TestEncapRoundTrip(t *testing.T) {
 						t.Errorf("gopacket GRE %+v", gre)
 					}
 				}
+				// wire's rules, which l7d applies, give the same inner packet, and
+				// hold a configured key to exactly this one.
+				var tn wire.Tunnel
+				if err := wire.Decap(p.Proto, f[p.L4:p.End], &tn); err != nil || !bytes.Equal(f[p.L4+tn.Inner:p.End], inner) {
+					t.Fatalf("wire.Decap: %v, inner at %d", err, tn.Inner)
+				}
+				if !tn.GRE.KeyMatches(o.key) || tn.GRE.KeyMatches(o.key+1) {
+					t.Errorf("wire's key rule: key %#x matches %v, key %#x matches %v", o.key, tn.GRE.KeyMatches(o.key), o.key+1, tn.GRE.KeyMatches(o.key+1))
+				}
 				in, n, err := Decap(f, &p)
 				if err != nil {
 					t.Fatalf("Decap: %v", err)
@@ -152,7 +161,9 @@ func TestEncapErrors(t *testing.T) {
 	inner4 := udpIP(t, client4, vip4, 1, 2, nil)
 	e4 := &Encap{Src: ld4, Dst: member4}
 	e6 := &Encap{Mode: EncapIPIP, Src: ld6, Dst: member6}
-	for _, e := range []*Encap{e4, e6} {
+	k4 := &Encap{Src: ld4, Dst: member4, Key: 1}
+	k6 := &Encap{Src: ld6, Dst: member6, Key: 1}
+	for _, e := range []*Encap{e4, e6, k4, k6} {
 		if err := e.Prepare(); err != nil {
 			t.Fatal(err)
 		}
@@ -173,10 +184,18 @@ func TestEncapErrors(t *testing.T) {
 		{"no headroom", e4, withHeadroom(inner4, 37), 37, len(inner4), ErrNoRoom},
 		{"exact headroom", e4, withHeadroom(inner4, 38), 38, len(inner4), nil},
 		{"no headroom v6", e6, withHeadroom(inner4, 53), 53, len(inner4), ErrNoRoom},
+		{"no headroom key", k4, withHeadroom(inner4, 41), 41, len(inner4), ErrNoRoom},
+		{"exact headroom key", k4, withHeadroom(inner4, 42), 42, len(inner4), nil},
+		{"no headroom key v6", k6, withHeadroom(inner4, 61), 61, len(inner4), ErrNoRoom},
+		{"exact headroom key v6", k6, withHeadroom(inner4, 62), 62, len(inner4), nil},
+		{"outer v4 key over 65535", k4, big, 100, 65535 - 28 + 1, ErrNoRoom},
+		{"outer v4 key at 65535", k4, big, 100, 65535 - 28, nil},
 		{"outer v4 over 65535", e4, big, 100, 65535 - 24 + 1, ErrNoRoom},
 		{"outer v4 at 65535", e4, big, 100, 65535 - 24, nil},
 		{"outer v6 payload over 65535", e6, big6, 100, 65536, ErrNoRoom},
 		{"outer v6 payload 65535", e6, big6, 100, 65535, nil},
+		{"outer v6 key payload over 65535", k6, big6, 100, 65535 - 8 + 1, ErrNoRoom},
+		{"outer v6 key payload 65535", k6, big6, 100, 65535 - 8, nil},
 		{"inner beyond buf", e4, withHeadroom(inner4, 64), 64, len(inner4) + 1, ErrTruncated},
 		{"inner negative", e4, withHeadroom(inner4, 64), -1, 20, ErrTruncated},
 		{"inner too short", e4, withHeadroom(inner4, 64), 64, 19, ErrTruncated},
