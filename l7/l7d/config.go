@@ -137,19 +137,35 @@ type TunnelFile struct {
 	// VIPs are the addresses this node serves, assigned to the device; listeners
 	// bind to them (or to 0.0.0.0 / ::). Required.
 	VIPs []string `yaml:"vips"`
-	// LDs are the distributors' tunnel addresses, as addresses or CIDR prefixes;
-	// packets from anywhere else are dropped. Required.
+	// LDs are the distributors' tunnel addresses, each exactly; packets from
+	// anywhere else are dropped (unknown_ld). Required unless LDRanges.
 	LDs []string `yaml:"lds"`
+	// LDRanges are CIDR prefixes whose every address is taken as a distributor's,
+	// only as safe as the L7 network's filtering of spoofed sources
+	// (deploy/tunnel.md). Default none.
+	LDRanges []string `yaml:"ld_ranges"`
+	// Key is the GRE key the distributors send (l4d's tunnel.key, the same number):
+	// packets without it, with another or over IPIP are dropped (bad_key), and
+	// replies carry it. Default 0: none.
+	Key uint32 `yaml:"key"`
 	// Local is this node's tunnel address: packets to other addresses are not taken
 	// and replies leave from it. Default: any address, source chosen by route.
 	Local string `yaml:"local"`
 	// FlowIdle is how long a flow's return path is remembered after its last
 	// packet; longer than the distributors' established timeout. Default 10m.
 	FlowIdle time.Duration `yaml:"flow_idle"`
-	// MaxFlows bounds the flows remembered (about 100 bytes each). Default 1048576.
+	// OneWayIdle is how long a flow that has had no reply yet is remembered after
+	// its last packet; such flows are the first evicted from a full table.
+	// Default 30s.
+	OneWayIdle time.Duration `yaml:"one_way_idle"`
+	// MoveIdle is how long a flow must have been quiet on its distributor before a
+	// packet of it from another moves its replies there; -1s: never. Default 10s.
+	MoveIdle time.Duration `yaml:"move_idle"`
+	// MaxFlows bounds the flows remembered (about 150 bytes each). Default 1048576.
 	MaxFlows int `yaml:"max_flows"`
 	// MTU of the device, which sizes the replies: path MTU to the distributors less
-	// 24 (IPv4) or 44 (IPv6). Default 1476, or 1456 with an IPv6 distributor.
+	// 24 (IPv4) or 44 (IPv6), 4 more with a key. Default 1476, or 1456 with an IPv6
+	// distributor; 1472 and 1452 with a key.
 	MTU int `yaml:"mtu"`
 	// Table is the policy routing table that sends replies from the VIPs into the
 	// device. Default 4242.
@@ -158,7 +174,8 @@ type TunnelFile struct {
 
 // config converts t to the endpoint's configuration, checking every field.
 func (t *TunnelFile) config() (tunnel.Config, error) {
-	c := tunnel.Config{Device: t.Device, FlowIdle: t.FlowIdle, MaxFlows: t.MaxFlows, MTU: t.MTU, Table: t.Table}
+	c := tunnel.Config{Device: t.Device, Key: t.Key, FlowIdle: t.FlowIdle, OneWayIdle: t.OneWayIdle,
+		MoveIdle: t.MoveIdle, MaxFlows: t.MaxFlows, MTU: t.MTU, Table: t.Table}
 	for i, s := range t.VIPs {
 		a, err := netip.ParseAddr(s)
 		if err != nil {
@@ -167,15 +184,21 @@ func (t *TunnelFile) config() (tunnel.Config, error) {
 		c.VIPs = append(c.VIPs, a)
 	}
 	for i, s := range t.LDs {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			if _, perr := netip.ParsePrefix(s); perr == nil {
+				return c, fmt.Errorf("tunnel.lds[%d]: %q is a range: lds takes addresses, ranges go in ld_ranges", i, s)
+			}
+			return c, fmt.Errorf("tunnel.lds[%d]: %w", i, err)
+		}
+		c.LDs = append(c.LDs, a)
+	}
+	for i, s := range t.LDRanges {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			a, aerr := netip.ParseAddr(s)
-			if aerr != nil {
-				return c, fmt.Errorf("tunnel.lds[%d]: %q is neither an address nor a CIDR prefix", i, s)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
+			return c, fmt.Errorf("tunnel.ld_ranges[%d]: %w", i, err)
 		}
-		c.LDs = append(c.LDs, p)
+		c.LDRanges = append(c.LDRanges, p)
 	}
 	if t.Local != "" {
 		a, err := netip.ParseAddr(t.Local)

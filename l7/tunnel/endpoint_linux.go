@@ -57,6 +57,7 @@ type rawSock struct {
 func New(cfg Config) (*Endpoint, error) {
 	cfg.VIPs = slices.Clone(cfg.VIPs)
 	cfg.LDs = slices.Clone(cfg.LDs)
+	cfg.LDRanges = slices.Clone(cfg.LDRanges)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -143,8 +144,7 @@ func (e *Endpoint) setup() error {
 		}
 		e.rules = append(e.rules, r)
 	}
-	ld4 := slices.ContainsFunc(cfg.LDs, func(p netip.Prefix) bool { return p.Addr().Is4() })
-	ld6 := slices.ContainsFunc(cfg.LDs, func(p netip.Prefix) bool { return p.Addr().Is6() })
+	ld4, ld6 := cfg.hasLDFamily(false), cfg.hasLDFamily(true)
 	for _, s := range []struct {
 		want  bool
 		v6    bool
@@ -188,7 +188,8 @@ func (e *Endpoint) Run(ctx context.Context) error {
 		return errors.New("tunnel: endpoint closed")
 	}
 	e.log.Info("tunnel endpoint running", "device", e.dev, "vips", e.core.cfg.VIPs,
-		"lds", e.core.cfg.LDs, "mtu", e.core.cfg.MTU, "table", e.core.cfg.Table)
+		"lds", e.core.cfg.LDs, "ld_ranges", e.core.cfg.LDRanges, "key", e.core.cfg.Key != 0,
+		"mtu", e.core.cfg.MTU, "table", e.core.cfg.Table)
 	errc := make(chan error, len(e.socks)+1)
 	var wg sync.WaitGroup
 	for _, s := range e.socks {
@@ -334,6 +335,8 @@ func (r *reader) run() error {
 type writer struct {
 	e      *Endpoint
 	buf    []byte
+	key    uint32 // Config.Key
+	gre    int    // the GRE header's length
 	fc     fragCache
 	out    []byte
 	v6     bool
@@ -344,7 +347,7 @@ type writer struct {
 }
 
 func newWriter(e *Endpoint) *writer {
-	w := &writer{e: e, buf: make([]byte, greHeaderLen+1<<16)}
+	w := &writer{e: e, buf: make([]byte, wire.GREKeyHeaderLen+1<<16), key: e.core.cfg.Key, gre: wire.SendLen(e.core.cfg.Key)}
 	w.sa4.Family = unix.AF_INET
 	w.sa6.Family = unix.AF_INET6
 	w.sendFn = w.send
@@ -373,11 +376,12 @@ func (w *writer) send(fd uintptr) bool {
 func (w *writer) run() error {
 	e := w.e
 	for {
-		n, err := e.tun.Read(w.buf[greHeaderLen:])
+		const room = wire.GREKeyHeaderLen
+		n, err := e.tun.Read(w.buf[room:])
 		if err != nil {
 			return err
 		}
-		pkt := w.buf[greHeaderLen : greHeaderLen+n]
+		pkt := w.buf[room : room+n]
 		p, res := e.core.outbound(pkt, &w.fc)
 		if res != outOK && res != outFallback {
 			e.core.count(res)
@@ -386,8 +390,8 @@ func (w *writer) run() error {
 		var proto uint8
 		if p.mode == modeGRE {
 			proto = protoGRE
-			wire.PutGRE(w.buf, wire.GREProtocol(pkt[0]>>4 == 6))
-			w.out = w.buf[:greHeaderLen+n]
+			wire.PutGREKey(w.buf[room-w.gre:], wire.GREProtocol(pkt[0]>>4 == 6), w.key)
+			w.out = w.buf[room-w.gre : room+n]
 		} else {
 			proto = wire.IPIPProto(pkt[0]>>4 == 6)
 			w.out = pkt

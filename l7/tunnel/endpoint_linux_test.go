@@ -46,7 +46,7 @@ func newTestbed(t *testing.T, mod func(*Config)) *testbed {
 	tb.l7.Sysctl("net.ipv4.conf.all.rp_filter", "1")
 	cfg := Config{
 		VIPs:       []netip.Addr{vip.Addr()},
-		LDs:        []netip.Prefix{netip.MustParsePrefix("198.18.1.1/32")},
+		LDs:        []netip.Addr{ld},
 		Local:      local,
 		Registerer: tb.reg,
 		Logger:     slog.New(slog.DiscardHandler),
@@ -115,9 +115,19 @@ func sendTo(t *testing.T, fd int, payload []byte) {
 	}
 }
 
-// recvInner waits up to wait for a tunnel packet on fd whose inner packet satisfies
-// match, checking its outer header on the way, and returns the inner packet.
+// recvInner waits up to wait for a tunnel packet to the LD (ld) on fd whose inner
+// packet satisfies match, checking its outer header on the way, and returns the inner
+// packet.
 func recvInner(t *testing.T, fd int, wait time.Duration, match func(pi packetInfo) bool) []byte {
+	t.Helper()
+	_, inner := recvTunnel(t, fd, ld, wait, match)
+	return inner
+}
+
+// recvTunnel waits up to wait for a tunnel packet to LD address dst on fd whose inner
+// packet satisfies match, checking its outer header on the way, and returns the tunnel
+// payload (GRE header or none, then the inner packet) and the inner packet.
+func recvTunnel(t *testing.T, fd int, to netip.Addr, wait time.Duration, match func(pi packetInfo) bool) (payload, inner []byte) {
 	t.Helper()
 	buf := make([]byte, 65536)
 	deadline := time.Now().Add(wait)
@@ -130,10 +140,10 @@ func recvInner(t *testing.T, fd int, wait time.Duration, match func(pi packetInf
 			t.Fatalf("reading the LD's raw socket: %v", err)
 		}
 		src, dst, proto, pl, err := outer4(buf[:n])
-		if err != nil || netip.AddrFrom4(dst) != ld {
+		if err != nil || netip.AddrFrom4(dst) != to {
 			continue
 		}
-		inner, _, err := decapsulate(proto, pl)
+		inner, _, err := decapsulate(proto, pl, 0)
 		if err != nil {
 			t.Fatalf("reply does not decapsulate: %v: % x", err, pl)
 		}
@@ -147,9 +157,9 @@ func recvInner(t *testing.T, fd int, wait time.Duration, match func(pi packetInf
 		if netip.AddrFrom4(src) != local {
 			t.Fatalf("reply from outer source %v, want %v", netip.AddrFrom4(src), local)
 		}
-		return bytes.Clone(inner)
+		return bytes.Clone(pl), bytes.Clone(inner)
 	}
-	return nil
+	return nil, nil
 }
 
 // to matches packets from the VIP to client c.
@@ -350,6 +360,80 @@ func TestGarbageInvalid(t *testing.T) {
 	}
 }
 
+// TestEndpointKeyAndLDs runs an endpoint with a GRE key and two LDs (198.18.1.1 and
+// .2): a packet without the key is refused, the replies carry the key, and a packet of
+// a live flow from the other LD's address is delivered but does not take the flow's
+// replies away from its LD. Before, the key was ignored (and not sent), and the one
+// packet from .2 re-pointed the flow there.
+func TestEndpointKeyAndLDs(t *testing.T) {
+	const key = 0xdeadbeef // greWrap's
+	tb := newTestbed(t, func(c *Config) { c.Key = key; c.LDs = []netip.Addr{ld, ld2} })
+	var uc *net.UDPConn
+	tb.l7.MustDo(func() error {
+		var err error
+		uc, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(vip))
+		return err
+	})
+	defer uc.Close()
+	go func() {
+		b := make([]byte, 1500)
+		for {
+			n, from, err := uc.ReadFromUDPAddrPort(b)
+			if err != nil {
+				return
+			}
+			uc.WriteToUDPAddrPort(b[:n], from)
+		}
+	}()
+	gre1 := tb.ldSocket(t, unix.IPPROTO_GRE, ld.String())
+	gre2 := tb.ldSocket(t, unix.IPPROTO_GRE, ld2.String())
+	ipip := tb.ldSocket(t, unix.IPPROTO_IPIP, ld.String())
+	c := netip.AddrPortFrom(client.Addr(), 40030)
+	echo := func(data string) func(packetInfo) bool {
+		return func(pi packetInfo) bool { return to(c, protoUDP)(pi) && bytes.HasSuffix(pi.l4, []byte(data)) }
+	}
+
+	sendTo(t, gre1, greWrap(udpPacket(c, vip, []byte("no key")), false, false))
+	sendTo(t, ipip, udpPacket(c, vip, []byte("ipip")))
+	wrong := greWrap(udpPacket(c, vip, []byte("wrong key")), true, false)
+	wrong[7]++
+	sendTo(t, gre1, wrong)
+	sendTo(t, gre1, greWrap(udpPacket(c, vip, []byte("keyed")), true, false))
+	pl, _ := recvTunnel(t, gre1, ld, 3*time.Second, echo("keyed"))
+	if pl == nil {
+		t.Fatalf("no echo of the keyed packet; stats %+v", tb.ep.Stats())
+	}
+	if want := []byte{0x20, 0, 0x08, 0, 0xde, 0xad, 0xbe, 0xef}; !bytes.Equal(pl[:8], want) {
+		t.Fatalf("reply's GRE header % x, want % x (key bit, IPv4, the key)", pl[:8], want)
+	}
+	if s := tb.stats(func(s Stats) bool { return s.In["bad_key"] == 3 }); s.In["bad_key"] != 3 || s.In["ok"] != 1 {
+		t.Fatalf("stats %+v: want 3 bad_key (none, IPIP, wrong), 1 ok", s)
+	}
+
+	// The same flow from the other LD's address: delivered (echoed), but the echo goes
+	// to the flow's LD.
+	sendTo(t, gre2, greWrap(udpPacket(c, vip, []byte("from ld2")), true, false))
+	if _, in := recvTunnel(t, gre1, ld, 3*time.Second, echo("from ld2")); in == nil {
+		t.Fatalf("the echo of the packet from the other LD did not go to the flow's LD; stats %+v", tb.ep.Stats())
+	}
+	if _, in := recvTunnel(t, gre2, ld2, 300*time.Millisecond, to(c, protoUDP)); in != nil {
+		t.Fatal("a reply of the flow went to the other LD")
+	}
+	s := tb.stats(func(s Stats) bool { return s.MovesRefused == 1 })
+	if s.MovesRefused != 1 || s.Moves != 0 {
+		t.Fatalf("stats %+v: want 1 refused move", s)
+	}
+	if got := metricValue(t, tb.reg, "tiergate_l7_tunnel_packets_total", "bad_key"); got != 3 {
+		t.Errorf("metric bad_key = %v, want 3", got)
+	}
+	// A new flow from the other LD is its own.
+	c2 := netip.AddrPortFrom(client.Addr(), 40031)
+	sendTo(t, gre2, greWrap(udpPacket(c2, vip, []byte("new")), true, false))
+	if _, in := recvTunnel(t, gre2, ld2, 3*time.Second, func(pi packetInfo) bool { return to(c2, protoUDP)(pi) }); in == nil {
+		t.Fatalf("no echo to the other LD of its own flow; stats %+v", tb.ep.Stats())
+	}
+}
+
 // TestEndpointUDPAndICMP checks UDP replies (as QUIC's) and an ICMP error the kernel
 // makes, which must find its flow through the packet it quotes.
 func TestEndpointUDPAndICMP(t *testing.T) {
@@ -420,7 +504,7 @@ func TestEndpointCleanup(t *testing.T) {
 	// A new endpoint can take the same names at once.
 	tb.l7.MustDo(func() error {
 		ep, err := New(Config{Device: "tgtest0", Table: 4343, VIPs: []netip.Addr{vip.Addr()},
-			LDs: []netip.Prefix{netip.MustParsePrefix("198.18.1.1/32")}, Registerer: tb.reg})
+			LDs: []netip.Addr{ld}, Registerer: tb.reg})
 		if err != nil {
 			return err
 		}
@@ -428,37 +512,12 @@ func TestEndpointCleanup(t *testing.T) {
 	})
 }
 
-func metricValue(t *testing.T, reg *prometheus.Registry, name, result string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if m.GetGauge() != nil && result == "" {
-				return m.GetGauge().GetValue()
-			}
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("metric %s{result=%q} not found", name, result)
-	return 0
-}
-
 // TestEndpointIPv6 checks IPv6 inside (an IPv6 VIP, over GRE from an IPv4 LD) and IPv6
 // outside (IPIP from an IPv6 LD, carrying IPv4).
 func TestEndpointIPv6(t *testing.T) {
 	tb := newTestbed(t, func(c *Config) {
 		c.VIPs = append(c.VIPs, vip6.Addr())
-		c.LDs = append(c.LDs, netip.MustParsePrefix("2001:db8:1::1/128"))
+		c.LDs = append(c.LDs, netip.MustParseAddr("2001:db8:1::1"))
 		c.Local = netip.Addr{}
 	})
 	tb.ld.Addr("eth0", "2001:db8:1::1/64")

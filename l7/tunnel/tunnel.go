@@ -5,22 +5,33 @@
 // LD its flow came from.
 //
 // It needs no GRE or IPIP support in the kernel. Outer packets arrive on raw IP sockets
-// (protocols 47, 4 and 41); the inner packet is checked (outer source among Config.LDs,
-// inner destination a VIP) and written to the TUN device, which carries the VIPs as
-// host addresses, so the kernel delivers it locally. The flow it belongs to (inner
-// addresses, ports and protocol) is learned with the LD that sent it and the
-// encapsulation used, as TGW's return-path learning does. A policy rule sends
-// everything with a VIP as source into the TUN device; the endpoint reads these replies,
-// finds the flow (ICMP errors by the packet they quote), and sends them to that LD on
-// the raw socket, which builds the outer IP header. A reply that matches no flow goes to
-// the LD if exactly one has been seen lately, and is dropped otherwise.
+// (protocols 47, 4 and 41); the inner packet is checked (outer source one of Config.LDs
+// or within Config.LDRanges, the GRE key Config.Key when one is set, inner destination
+// a VIP) and written to the TUN device, which carries the VIPs as host addresses, so the
+// kernel delivers it locally. The flow it belongs to (inner addresses, ports and
+// protocol) is learned with the LD that sent it and the encapsulation used, as TGW's
+// return-path learning does. A policy rule sends everything with a VIP as source into
+// the TUN device; the endpoint reads these replies, finds the flow (ICMP errors by the
+// packet they quote), and sends them to that LD on the raw socket, which builds the
+// outer IP header.
 //
-// The tunnel format and the rules a tunnel packet must pass (GRE flags and checksum,
-// protocol types, inner version) are package wire's, which the LDs apply to the replies
-// too: a packet one end of the tunnel accepts, the other accepts.
+// A flow stays with the LD it was learned from: a packet of it from another LD is
+// delivered, but moves its replies there only once the flow has been quiet on its own
+// LD for Config.MoveIdle (the LD failed, or the routers in front moved the flow), so one
+// spoofed packet cannot redirect a live flow. A flow that has had no reply yet (one-way
+// traffic, as junk is) is forgotten after Config.OneWayIdle, and it and the TCP flows
+// that have shown only SYNs are the ones a full table evicts, oldest first. A reply
+// whose flow is unknown (untracked, expired, never seen) goes to the LD if exactly one
+// has been seen lately, and otherwise to one of Config.LDs chosen by a hash of the flow.
+//
+// The tunnel format and the rules a tunnel packet must pass (GRE flags, checksum and
+// key, protocol types, inner version) are package wire's, which the LDs apply to the
+// replies too: a packet one end of the tunnel accepts, the other accepts.
 //
 // Every packet is counted in tiergate_l7_tunnel_packets_total{dir,result}; the flows
-// tracked are tiergate_l7_tunnel_flows.
+// tracked are tiergate_l7_tunnel_flows, the flows evicted from a full table
+// tiergate_l7_tunnel_flow_evictions_total, and packets from another LD than their
+// flow's tiergate_l7_tunnel_flow_moves_total{result}.
 package tunnel
 
 import (
@@ -33,16 +44,21 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tiergate/tiergate/wire"
 )
 
 // Defaults of Config.
 const (
-	DefaultDevice   = "tg0"
-	DefaultFlowIdle = 10 * time.Minute
-	DefaultMaxFlows = 1 << 20
-	DefaultTable    = 4242
+	DefaultDevice     = "tg0"
+	DefaultFlowIdle   = 10 * time.Minute
+	DefaultOneWayIdle = 30 * time.Second
+	DefaultMoveIdle   = 10 * time.Second
+	DefaultMaxFlows   = 1 << 20
+	DefaultTable      = 4242
 	// DefaultMTU is the TUN device's MTU when every LD is reached over IPv4: 1500
-	// less the 20-byte outer IPv4 header and the 4-byte GRE header.
+	// less the 20-byte outer IPv4 header and the 4-byte GRE header (4 less again with
+	// a Key, whose header is 8 bytes).
 	DefaultMTU = 1500 - 20 - greHeaderLen
 	// DefaultMTU6 is the default when some LD is reached over IPv6 (40-byte header).
 	DefaultMTU6 = 1500 - 40 - greHeaderLen
@@ -67,11 +83,26 @@ type Config struct {
 	// Required.
 	VIPs []netip.Addr
 
-	// LDs are the addresses packets may come from: the L4 distributors' tunnel
-	// addresses. Packets from other sources are dropped and counted (unknown_ld).
-	// Their address families decide which raw sockets are opened. Required: the
-	// endpoint is not an open relay.
-	LDs []netip.Prefix
+	// LDs are the L4 distributors' tunnel addresses, each exactly: packets whose
+	// outer source is none of them (nor within LDRanges) are dropped and counted
+	// (unknown_ld). Their address families decide which raw sockets are opened, and
+	// a reply whose flow is unknown goes to one of them chosen by a hash of the flow.
+	// Required unless LDRanges is set: the endpoint is not an open relay.
+	LDs []netip.Addr
+
+	// LDRanges are prefixes every address of which is taken as an LD's, for LDs
+	// numbered from a range rather than listed. Whoever can send from an address in
+	// a range passes the source check, so a range is only as safe as the L7
+	// network's filtering of spoofed sources (deploy/tunnel.md); replies of unknown
+	// flows are not hashed over ranges. A prefix of length 0 is refused. Default
+	// none.
+	LDRanges []netip.Prefix
+
+	// Key, when not 0, is the GRE key (RFC 2890) the LDs put on every packet (l4d's
+	// tunnel.key, which must be the same number): a packet without it or with
+	// another, and any IPIP packet (which cannot carry one), is dropped and counted
+	// (bad_key); replies carry it. Default 0: no key, none checked or sent.
+	Key uint32
 
 	// Local is this node's tunnel address: the raw socket of its family is bound to
 	// it, so only packets addressed to it are received and replies leave from it.
@@ -85,17 +116,36 @@ type Config struct {
 	// Default 10m.
 	FlowIdle time.Duration
 
-	// MaxFlows bounds the flows tracked (about 100 bytes each). When the table is full
-	// a new flow's packets are still delivered, but its replies fall back as for an
-	// unknown flow. Default 1<<20.
+	// OneWayIdle is how long a flow that has had no reply yet is kept after its last
+	// packet (a TCP reset or an ICMP error is no reply: what the stack says to junk).
+	// A real flow is answered within a round trip; one-way junk is forgotten after
+	// this, and is the first evicted when the table is full. Default 30s (never more
+	// than FlowIdle).
+	OneWayIdle time.Duration
+
+	// MoveIdle is how long a flow must have had no packet from its LD before a packet
+	// of it from another LD moves its replies there. Until then such packets are
+	// delivered but the replies stay with the flow's LD, and the refusal is counted
+	// (tiergate_l7_tunnel_flow_moves_total{result="refused"}): a live flow is never
+	// redirected by one packet from elsewhere, spoofed or not, while a flow whose LD
+	// failed follows its new LD after this long (the LDs share no sessions, so the
+	// LD that forwarded a flow is the one that can carry its replies). Negative:
+	// never, a flow stays with its first LD until it expires. Default 10s.
+	MoveIdle time.Duration
+
+	// MaxFlows bounds the flows tracked (about 150 bytes each). When the table is
+	// full a new flow evicts the oldest flow that has had no reply yet or has shown
+	// only TCP SYNs; when there is none its packets are still delivered but not
+	// tracked (table_full), and its replies take the fallback of an unknown flow.
+	// Default 1<<20.
 	MaxFlows int
 
 	// MTU is the TUN device's MTU, which the local stack uses for the replies it
 	// sends (TCP's MSS follows from it), so it must leave room for the outer headers
-	// on the path to the LDs: path MTU less 24 (IPv4 outer) or 44 (IPv6 outer).
-	// Packets from LDs are delivered whatever their size; the LD clamps the client's
-	// MSS so they fit. Default 1476 (DefaultMTU), or 1456 (DefaultMTU6) when an LD
-	// prefix is IPv6.
+	// on the path to the LDs: path MTU less 24 (IPv4 outer) or 44 (IPv6 outer), 4
+	// more with a Key. Packets from LDs are delivered whatever their size; the LD
+	// clamps the client's MSS so they fit. Default 1476 (DefaultMTU), or 1456
+	// (DefaultMTU6) when an LD is IPv6; 1472 and 1452 with a Key.
 	MTU int
 
 	// Table is the policy routing table that routes replies into the TUN device: New
@@ -116,7 +166,14 @@ type Config struct {
 func (c Config) Validate() error {
 	c.VIPs = slices.Clone(c.VIPs)
 	c.LDs = slices.Clone(c.LDs)
+	c.LDRanges = slices.Clone(c.LDRanges)
 	return c.validate()
+}
+
+// hasLDFamily reports whether an LD address or range is IPv6 (v6) or IPv4 (!v6).
+func (c *Config) hasLDFamily(v6 bool) bool {
+	return slices.ContainsFunc(c.LDs, func(a netip.Addr) bool { return a.Is6() == v6 }) ||
+		slices.ContainsFunc(c.LDRanges, func(p netip.Prefix) bool { return p.Addr().Is6() == v6 })
 }
 
 // validate checks c and fills its defaults.
@@ -136,25 +193,35 @@ func (c *Config) validate() error {
 		}
 		c.VIPs[i] = v.Unmap()
 	}
-	if len(c.LDs) == 0 {
+	if len(c.LDs) == 0 && len(c.LDRanges) == 0 {
 		return errors.New("tunnel: no LDs: packets would be accepted from anywhere")
 	}
 	v6LD := false
-	for i, p := range c.LDs {
+	for i, a := range c.LDs {
+		if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
+			return fmt.Errorf("tunnel: LD address %q is not a usable address", a)
+		}
+		c.LDs[i] = a.Unmap()
+		v6LD = v6LD || c.LDs[i].Is6()
+	}
+	for i, p := range c.LDRanges {
 		if !p.IsValid() {
-			return fmt.Errorf("tunnel: LD prefix %q is not valid", p)
+			return fmt.Errorf("tunnel: LD range %q is not valid", p)
 		}
 		if p.Addr().Is4In6() {
 			p = netip.PrefixFrom(p.Addr().Unmap(), max(0, p.Bits()-96))
 		}
-		c.LDs[i] = p.Masked()
-		v6LD = v6LD || c.LDs[i].Addr().Is6()
+		if p.Bits() == 0 {
+			return fmt.Errorf("tunnel: LD range %s would take packets from anywhere", p)
+		}
+		c.LDRanges[i] = p.Masked()
+		v6LD = v6LD || c.LDRanges[i].Addr().Is6()
 	}
 	if c.Local.IsValid() {
 		c.Local = c.Local.Unmap()
 		if c.Local.IsUnspecified() {
 			c.Local = netip.Addr{}
-		} else if !slices.ContainsFunc(c.LDs, func(p netip.Prefix) bool { return p.Addr().Is4() == c.Local.Is4() }) {
+		} else if !c.hasLDFamily(c.Local.Is6()) {
 			return fmt.Errorf("tunnel: local address %s is of a family no LD uses", c.Local)
 		}
 	}
@@ -163,6 +230,18 @@ func (c *Config) validate() error {
 	}
 	if c.FlowIdle < 0 {
 		return fmt.Errorf("tunnel: negative flow idle time %s", c.FlowIdle)
+	}
+	if c.OneWayIdle == 0 {
+		c.OneWayIdle = min(DefaultOneWayIdle, c.FlowIdle)
+	}
+	if c.OneWayIdle < 0 {
+		return fmt.Errorf("tunnel: negative one-way idle time %s", c.OneWayIdle)
+	}
+	if c.MoveIdle == 0 {
+		c.MoveIdle = DefaultMoveIdle
+	}
+	if c.MoveIdle < 0 {
+		c.MoveIdle = -1 // never
 	}
 	if c.MaxFlows == 0 {
 		c.MaxFlows = DefaultMaxFlows
@@ -175,6 +254,7 @@ func (c *Config) validate() error {
 		if v6LD {
 			c.MTU = DefaultMTU6
 		}
+		c.MTU -= wire.SendLen(c.Key) - greHeaderLen
 	}
 	if c.MTU < 576 || c.MTU > 65535 || c.MTU < 1280 && slices.ContainsFunc(c.VIPs, netip.Addr.Is6) {
 		return fmt.Errorf("tunnel: MTU %d out of range (576 to 65535, at least 1280 with IPv6 VIPs)", c.MTU)
@@ -201,13 +281,15 @@ const (
 	inTruncated                 // shorter than its headers say
 	inBadChecksum               // GRE checksum wrong
 	inUnsupported               // GRE version, flags or protocol type we do not take
-	inUnknownLD                 // outer source not among Config.LDs
+	inUnknownLD                 // outer source not among Config.LDs or LDRanges
+	inBadKey                    // GRE key missing or not Config.Key (or IPIP with a key set)
 	inNotLocal                  // outer destination not Config.Local
 	inNotVIP                    // inner destination not a VIP
 	inError                     // writing to the TUN device failed
 	outOK                       // sent to the LD of the reply's flow
 	outFallback                 // no flow; sent to the only LD seen lately
-	outNoFlow                   // no flow and no single recent LD: dropped
+	outHashed                   // no flow; sent to an LD of Config.LDs chosen by hash
+	outNoFlow                   // no flow, no single recent LD, no LD address: dropped
 	outMalformed                // the local stack's packet did not parse
 	outNotVIP                   // source is not a VIP (a route sent it here by mistake)
 	outTooBig                   // larger than the path to the LD allows
@@ -218,10 +300,10 @@ const (
 var resultLabels = [numResults][2]string{
 	inOK: {"in", "ok"}, inTableFull: {"in", "table_full"}, inMalformed: {"in", "malformed"},
 	inTruncated: {"in", "truncated"}, inBadChecksum: {"in", "bad_checksum"},
-	inUnsupported: {"in", "unsupported"}, inUnknownLD: {"in", "unknown_ld"},
+	inUnsupported: {"in", "unsupported"}, inUnknownLD: {"in", "unknown_ld"}, inBadKey: {"in", "bad_key"},
 	inNotLocal: {"in", "not_local"}, inNotVIP: {"in", "not_vip"}, inError: {"in", "error"},
-	outOK: {"out", "ok"}, outFallback: {"out", "fallback"}, outNoFlow: {"out", "no_flow"},
-	outMalformed: {"out", "malformed"}, outNotVIP: {"out", "not_vip"},
+	outOK: {"out", "ok"}, outFallback: {"out", "fallback"}, outHashed: {"out", "hashed"},
+	outNoFlow: {"out", "no_flow"}, outMalformed: {"out", "malformed"}, outNotVIP: {"out", "not_vip"},
 	outTooBig: {"out", "too_big"}, outError: {"out", "error"},
 }
 
@@ -233,6 +315,8 @@ func parseResult(err error) result {
 		return inUnsupported
 	case errChecksum:
 		return inBadChecksum
+	case errBadKey:
+		return inBadKey
 	}
 	return inMalformed
 }
@@ -244,32 +328,55 @@ type Stats struct {
 	In, Out map[string]uint64
 	// Flows is the number of flows tracked.
 	Flows int
+	// Evictions counts flows evicted from a full table to make room for a new one.
+	Evictions uint64
+	// Moves counts packets from another LD than their flow's that moved the flow's
+	// replies to that LD (the flow had been quiet on its own for Config.MoveIdle),
+	// MovesRefused those that did not.
+	Moves, MovesRefused uint64
 }
 
 // core is the part of an Endpoint that decides what happens to packets, apart from the
 // devices and sockets: pure, so tests drive it directly.
 type core struct {
-	cfg      Config
-	vips     map[netip.Addr]struct{}
-	flows    *flowTable
-	recent   recentLDs
-	start    time.Time
-	idle     int64 // FlowIdle in ns
-	halfIdle int64 // min(HalfOpenIdle, FlowIdle) in ns
-	counts   [numResults]atomic.Uint64
+	cfg    Config
+	vips   map[netip.Addr]struct{}
+	lds    map[netip.Addr]struct{}
+	ldList []peer // Config.LDs, for replies of unknown flows
+	flows  *flowTable
+	recent recentLDs
+	start  time.Time
+	lim    limits
+	idle   int64 // FlowIdle in ns
+	move   int64 // MoveIdle in ns; negative: never
+	counts [numResults]atomic.Uint64
+
+	evictions, moves, movesRefused atomic.Uint64
 }
 
 func newCore(cfg Config) *core {
 	c := &core{
-		cfg:      cfg,
-		vips:     make(map[netip.Addr]struct{}, len(cfg.VIPs)),
-		flows:    newFlowTable(cfg.MaxFlows),
-		start:    time.Now(),
-		idle:     int64(cfg.FlowIdle),
-		halfIdle: int64(min(HalfOpenIdle, cfg.FlowIdle)),
+		cfg:   cfg,
+		vips:  make(map[netip.Addr]struct{}, len(cfg.VIPs)),
+		lds:   make(map[netip.Addr]struct{}, len(cfg.LDs)),
+		flows: newFlowTable(cfg.MaxFlows),
+		start: time.Now(),
+		lim: limits{
+			idle:     int64(cfg.FlowIdle),
+			halfOpen: int64(min(HalfOpenIdle, cfg.FlowIdle)),
+			oneWay:   int64(min(cfg.OneWayIdle, cfg.FlowIdle)),
+		},
+		idle: int64(cfg.FlowIdle),
+		move: int64(cfg.MoveIdle),
 	}
 	for _, v := range cfg.VIPs {
 		c.vips[v] = struct{}{}
+	}
+	for _, a := range cfg.LDs {
+		if _, dup := c.lds[a]; !dup {
+			c.lds[a] = struct{}{}
+			c.ldList = append(c.ldList, peerFrom(a, modeGRE))
+		}
 	}
 	return c
 }
@@ -291,7 +398,10 @@ func (c *core) isVIP(k *[16]byte, v6 bool) bool {
 }
 
 func (c *core) isLD(a netip.Addr) bool {
-	for _, p := range c.cfg.LDs {
+	if _, ok := c.lds[a]; ok {
+		return true
+	}
+	for _, p := range c.cfg.LDRanges {
 		if p.Contains(a) {
 			return true
 		}
@@ -328,7 +438,7 @@ func (c *core) inbound(v6 bool, proto uint8, pkt []byte, from *[16]byte, n *ldNo
 	if !c.isLD(src) {
 		return nil, inUnknownLD
 	}
-	inner, m, err := decapsulate(proto, payload)
+	inner, m, err := decapsulate(proto, payload, c.cfg.Key)
 	if err != nil {
 		return nil, parseResult(err)
 	}
@@ -346,11 +456,17 @@ func (c *core) inbound(v6 bool, proto uint8, pkt []byte, from *[16]byte, n *ldNo
 	now := c.now()
 	p := peerFrom(src, m)
 	r := inOK
-	switch c.flows.learn(pi.key, p, pi.key.proto == protoTCP && pi.tcpFlags&(tcpSYN|tcpACK) == tcpSYN, now) {
+	switch c.flows.learn(pi.key, p, pi.key.proto == protoTCP && pi.tcpFlags&(tcpSYN|tcpACK) == tcpSYN, now, c.move) {
 	case learnKept:
 		return inner, inOK
 	case learnFull:
 		r = inTableFull
+	case learnEvicted:
+		c.evictions.Add(1)
+	case learnMoved:
+		c.moves.Add(1)
+	case learnRefused:
+		c.movesRefused.Add(1)
 	}
 	if n.last != p || now-n.at >= refresh {
 		c.recent.note(p, now)
@@ -372,24 +488,31 @@ func (c *core) outbound(pkt []byte, fc *fragCache) (peer, result) {
 	now := c.now()
 	var p peer
 	ok := false
+	k := pi.key.reverse() // the flow's key, client to VIP
 	if pi.frag && !pi.first {
 		p, ok = fc.get(&pi, now)
-	} else {
-		p, ok = c.flows.lookup(pi.key.reverse())
-		if !ok {
-			if q := icmpEmbedded(&pi); q != nil {
-				if k, valid := parseQuoted(q, pi.key.v6); valid {
-					p, ok = c.flows.lookup(k)
-				}
+	} else if q := icmpEmbedded(&pi); q != nil {
+		// An ICMP error is not an answer (to junk, it is all there is): it finds the
+		// flow it quotes, and confirms nothing.
+		if p, ok = c.flows.reply(k, false); !ok {
+			if qk, valid := parseQuoted(q, pi.key.v6); valid {
+				k = qk
+				p, ok = c.flows.reply(k, false)
 			}
 		}
+	} else {
+		// Neither is a TCP reset, what the stack answers a stray segment with.
+		p, ok = c.flows.reply(k, pi.key.proto != protoTCP || pi.tcpFlags&tcpRST == 0)
 	}
 	r := outOK
 	if !ok {
-		if p, ok = c.recent.only(now, c.idle); !ok {
+		if p, ok = c.recent.only(now, c.idle); ok {
+			r = outFallback
+		} else if p, ok = c.byHash(&k); ok && (!pi.frag || pi.first) { // later fragments: no ports to hash
+			r = outHashed
+		} else {
 			return peer{}, outNoFlow
 		}
-		r = outFallback
 	}
 	if pi.frag && pi.first {
 		fc.put(&pi, p, now)
@@ -397,9 +520,26 @@ func (c *core) outbound(pkt []byte, fc *fragCache) (peer, result) {
 	return p, r
 }
 
+// byHash returns the LD of Config.LDs that a hash of flow k picks, with the
+// encapsulation that LD used last (GRE if it has not been seen), or false when no LD
+// address is configured (ranges only).
+func (c *core) byHash(k *flowKey) (peer, bool) {
+	if len(c.ldList) == 0 {
+		return peer{}, false
+	}
+	p := c.ldList[(flowHash(k)>>32)%uint64(len(c.ldList))]
+	if m, ok := c.recent.mode(p); ok {
+		p.mode = m
+	}
+	return p, true
+}
+
 // stats returns the counters.
 func (c *core) stats() Stats {
-	s := Stats{In: map[string]uint64{}, Out: map[string]uint64{}, Flows: c.flows.len()}
+	s := Stats{
+		In: map[string]uint64{}, Out: map[string]uint64{}, Flows: c.flows.len(),
+		Evictions: c.evictions.Load(), Moves: c.moves.Load(), MovesRefused: c.movesRefused.Load(),
+	}
 	for r := range numResults {
 		l := resultLabels[r]
 		if l[0] == "in" {
@@ -413,26 +553,33 @@ func (c *core) stats() Stats {
 
 // sweepInterval is how often expired flows are removed.
 func (c *core) sweepInterval() time.Duration {
-	return max(time.Duration(c.halfIdle)/4, time.Millisecond)
+	return max(time.Duration(min(c.lim.halfOpen, c.lim.oneWay))/4, time.Millisecond)
 }
 
-func (c *core) sweep() int { return c.flows.sweep(c.now(), c.idle, c.halfIdle) }
+func (c *core) sweep() int { return c.flows.sweep(c.now(), c.lim) }
 
 // collector exports a core's counters.
 type collector struct {
-	c       *core
-	packets *prometheus.Desc
-	flows   *prometheus.Desc
+	c         *core
+	packets   *prometheus.Desc
+	flows     *prometheus.Desc
+	evictions *prometheus.Desc
+	moves     *prometheus.Desc
 }
 
 func newCollector(c *core) *collector {
 	return &collector{
 		c: c,
 		packets: prometheus.NewDesc("tiergate_l7_tunnel_packets_total",
-			"Packets through the L7 tunnel endpoint, by direction (in: from LDs; out: replies to them) and result (ok, fallback: sent to the only recent LD for want of a flow; anything else: dropped for that reason, except in table_full, delivered untracked).",
+			"Packets through the L7 tunnel endpoint, by direction (in: from LDs; out: replies to them) and result (ok; fallback: sent to the only recent LD for want of a flow; hashed: sent to an LD chosen by a hash of the flow for want of a flow and of a single recent LD; anything else: dropped for that reason, except in table_full, delivered untracked).",
 			[]string{"dir", "result"}, nil),
 		flows: prometheus.NewDesc("tiergate_l7_tunnel_flows",
 			"Flows whose return path the L7 tunnel endpoint tracks.", nil, nil),
+		evictions: prometheus.NewDesc("tiergate_l7_tunnel_flow_evictions_total",
+			"Flows evicted from the L7 tunnel endpoint's full table (the oldest that had had no reply yet or had shown only TCP SYNs) to make room for a new flow.", nil, nil),
+		moves: prometheus.NewDesc("tiergate_l7_tunnel_flow_moves_total",
+			"Packets from another LD than the one their flow's replies go to, by result: moved (the flow had been quiet on its LD for move_idle; its replies now go to this LD) or refused (delivered, the replies stay).",
+			[]string{"result"}, nil),
 	}
 }
 
@@ -440,6 +587,8 @@ func newCollector(c *core) *collector {
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.packets
 	ch <- m.flows
+	ch <- m.evictions
+	ch <- m.moves
 }
 
 // Collect implements prometheus.Collector.
@@ -449,6 +598,9 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.packets, prometheus.CounterValue, float64(m.c.counts[r].Load()), l[0], l[1])
 	}
 	ch <- prometheus.MustNewConstMetric(m.flows, prometheus.GaugeValue, float64(m.c.flows.len()))
+	ch <- prometheus.MustNewConstMetric(m.evictions, prometheus.CounterValue, float64(m.c.evictions.Load()))
+	ch <- prometheus.MustNewConstMetric(m.moves, prometheus.CounterValue, float64(m.c.moves.Load()), "moved")
+	ch <- prometheus.MustNewConstMetric(m.moves, prometheus.CounterValue, float64(m.c.movesRefused.Load()), "refused")
 }
 
 var _ prometheus.Collector = (*collector)(nil)

@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"encoding/binary"
+	"errors"
 
 	"github.com/tiergate/tiergate/wire"
 )
@@ -17,8 +18,9 @@ const (
 	protoICMPv6 = 58
 )
 
-// greHeaderLen is the GRE header this endpoint prepends to replies, [wire.PutGRE]'s: no
-// checksum, key or sequence number.
+// greHeaderLen is the GRE header this endpoint prepends to replies without a key,
+// [wire.PutGRE]'s: no checksum, key or sequence number. With Config.Key it is
+// [wire.PutGREKey]'s, [wire.GREKeyHeaderLen] bytes.
 const greHeaderLen = wire.GREHeaderLen
 
 // mode is how a packet was, or is to be, encapsulated.
@@ -46,6 +48,8 @@ var (
 	errMalformed   = wire.ErrMalformed
 	errUnsupported = wire.ErrUnsupported
 	errChecksum    = wire.ErrChecksum
+	// errBadKey reports a tunnel packet without the configured GRE key.
+	errBadKey = errors.New("tunnel: GRE key missing or wrong")
 )
 
 // outer4 parses the IPv4 header of a packet read from an IPv4 raw socket and returns its
@@ -72,12 +76,16 @@ func outer4(b []byte) (src, dst [4]byte, proto uint8, payload []byte, err error)
 
 // decapsulate returns the inner packet of a tunnel payload p (what follows the outer IP
 // header) carried with outer protocol proto, and the mode it came in. The rules are
-// [wire.Decap]'s, the ones l4d applies to the same packets; the inner header past its
-// version and fixed length is checked by parseFlow.
-func decapsulate(proto uint8, p []byte) (inner []byte, m mode, err error) {
+// [wire.Decap]'s and, with a key (not 0), [wire.GRE.KeyMatches]', the ones l4d applies
+// to the same packets; the inner header past its version and fixed length is checked
+// by parseFlow.
+func decapsulate(proto uint8, p []byte, key uint32) (inner []byte, m mode, err error) {
 	var t wire.Tunnel
 	if err := wire.Decap(proto, p, &t); err != nil {
 		return nil, 0, err
+	}
+	if !t.GRE.KeyMatches(key) {
+		return nil, 0, errBadKey
 	}
 	m = modeIPIP
 	if proto == protoGRE {
@@ -119,6 +127,7 @@ type packetInfo struct {
 
 // TCP flag bits.
 const (
+	tcpRST = 0x04
 	tcpSYN = 0x02
 	tcpACK = 0x10
 )

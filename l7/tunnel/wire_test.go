@@ -13,6 +13,7 @@ import (
 
 var (
 	ld     = netip.MustParseAddr("198.18.1.1")
+	ld2    = netip.MustParseAddr("198.18.1.2")
 	local  = netip.MustParseAddr("198.18.1.11")
 	client = netip.MustParseAddrPort("198.18.0.50:40000")
 	vip    = netip.MustParseAddrPort("203.0.113.10:8443")
@@ -101,7 +102,7 @@ func TestTiersAgree(t *testing.T) {
 			} else {
 				payload = outer[40:]
 			}
-			inner7, m, err7 := decapsulate(tc.proto, payload)
+			inner7, m, err7 := decapsulate(tc.proto, payload, 0)
 
 			// l4d: the frame on the internal port.
 			frame := append(append(make([]byte, 12, 14+len(outer)), et...), outer...)
@@ -237,7 +238,7 @@ func FuzzInbound(f *testing.F) {
 			return
 		}
 		_ = src
-		inner, m, err := decapsulate(proto, pl)
+		inner, m, err := decapsulate(proto, pl, 0)
 		if err != nil {
 			return
 		}
@@ -282,7 +283,7 @@ func BenchmarkInboundParse(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_, _, proto, pl, _ := outer4(pkt)
-		inner, _, _ := decapsulate(proto, pl)
+		inner, _, _ := decapsulate(proto, pl, 0)
 		if _, err := parseFlow(inner); err != nil {
 			b.Fatal(err)
 		}
