@@ -301,7 +301,7 @@ func (st *site) writeL7Config(path string, c l7Config) error {
 		insecure = "admin_insecure: true   # in the node's own network namespace\n"
 	}
 	if c.tunnelLD != "" {
-		tunnel = fmt.Sprintf("tunnel: {vips: [%q], lds: [%q]}   # l7d's own end of the LD's GRE tunnel\n", l4VIP, c.tunnelLD)
+		tunnel = fmt.Sprintf("tunnel: {vips: [%q], lds: [%q], key: %d}   # l7d's own end of the LD's GRE tunnel, l4d's key\n", l4VIP, c.tunnelLD, l4TunnelKey)
 	}
 	yaml := fmt.Sprintf(`# Written by tgdemo on every run.
 listeners: [{name: demo, addr: %q, pool: demo%s}]

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -109,6 +110,9 @@ func TestL7Configs(t *testing.T) {
 			if got := strings.Contains(string(b), "tunnel:") && strings.Contains(string(b), "quic_server_id: 1"); got != tc.tunnel {
 				t.Errorf("tunnel and QUIC server ID present = %v, want %v:\n%s", got, tc.tunnel, b)
 			}
+			if tc.tunnel && cfg.Tunnel.Key != l4TunnelKey {
+				t.Errorf("tunnel key %#x, want l4d's, %#x", cfg.Tunnel.Key, l4TunnelKey)
+			}
 		})
 	}
 }
@@ -124,6 +128,7 @@ func TestL4dConfig(t *testing.T) {
 		`{name: quic, vip: "203.0.113.10", protocol: udp, port: 443, pool: l7, quic: true}`,
 		`"--no-pci", "--no-huge", "-m", "512"`, `iface=x0`, `iface=i0`,
 		`admin_listen: "127.0.0.1:9180"`,
+		fmt.Sprintf("tunnel: {mode: gre, key: %d}", l4TunnelKey),
 	} {
 		if !strings.Contains(c, want) {
 			t.Errorf("l4d configuration lacks %q:\n%s", want, c)

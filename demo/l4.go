@@ -41,6 +41,10 @@ const (
 	l4AdminAt     = "127.0.0.1:9180"
 	l4KSMetricsAt = "127.0.0.1:9240"
 	l4L7AdminPort = "9241"
+	// l4TunnelKey is the GRE key of the tunnel between the LD and the L7 nodes, set on
+	// both ends (l4d's tunnel.key, l7d's tunnel.key): the nodes take only packets
+	// carrying it, and the LD only replies carrying it.
+	l4TunnelKey = 0x74670001
 )
 
 // l4Node is one L7 node of the L4 mode.
@@ -304,6 +308,7 @@ dpdk:
 ports:
   external: {device: net_af_packet0, addr: "%s/24", gateway: %q}
   internal: {device: net_af_packet1, addr: "%s/24"}
+tunnel: {mode: gre, key: %d}   # the L7 nodes' tunnel.key is the same
 conntrack: {capacity: 65536}
 rules:
   - {name: https, vip: %q, protocol: tcp, port: 443, pool: l7}
@@ -312,7 +317,7 @@ pools:
   l7:
     members:
 %s    health: {type: http, path: /healthz, interval: 500ms, timeout: 400ms}
-`, l4AdminAt, l4LDExternal, l4ClientIP, l4LDInternal, l4VIP, l4VIP, members.String())
+`, l4AdminAt, l4LDExternal, l4ClientIP, l4LDInternal, l4TunnelKey, l4VIP, l4VIP, members.String())
 }
 
 // waitL4Ready waits until l4d reports every member up and a request through the VIP
