@@ -238,7 +238,11 @@ func FuzzInbound(f *testing.F) {
 			return
 		}
 		_ = src
+		keyed, _, kerr := decapsulate(proto, pl, 0xdeadbeef)
 		inner, m, err := decapsulate(proto, pl, 0)
+		if kerr == nil && (err != nil || !bytes.Equal(keyed, inner) || m != modeGRE) {
+			t.Fatalf("taken with a key (GRE %v) but not without: %v", m == modeGRE, err)
+		}
 		if err != nil {
 			return
 		}
@@ -254,6 +258,59 @@ func FuzzInbound(f *testing.F) {
 		}
 		if q := icmpEmbedded(&pi); q != nil {
 			parseQuoted(q, pi.key.v6)
+		}
+	})
+}
+
+// FuzzFlowTable drives a small flow table with learns, replies and sweeps from the
+// input, two bytes per step, and checks after each what must hold: the count is the
+// entries', no shard is over its limit, the queue of young flows stays bounded, and a
+// new flow never evicts an established one.
+func FuzzFlowTable(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 2, 0x40, 1, 0x80, 1, 0xc0, 0, 0, 3})
+	f.Add(bytes.Repeat([]byte{0, 7, 0x41, 7, 0x12, 9}, 40))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ft := newFlowTable(2 * numShards)
+		l := limits{idle: 100, halfOpen: 30, oneWay: 10}
+		now := int64(1)
+		for i := 0; i+1 < len(b); i += 2 {
+			op, k := b[i], flowKey{sport: uint16(b[i+1]), proto: protoUDP}
+			now += int64(op & 0x0f)
+			s := ft.shard(&k)
+			switch op >> 6 {
+			case 0, 1: // a packet from LD 0 or 1, SYN or not
+				var est []flowKey
+				if _, ok := s.m[k]; !ok {
+					for k2, e := range s.m {
+						if e.established() && now-e.seen < e.limit(l) {
+							est = append(est, k2)
+						}
+					}
+				}
+				p := peer{mode: modeGRE}
+				p.addr[0] = op >> 6
+				ft.learn(k, p, op&0x10 != 0, now, 20)
+				for _, k2 := range est {
+					if _, ok := s.m[k2]; !ok {
+						t.Fatalf("step %d: a new flow evicted established flow %d", i/2, k2.sport)
+					}
+				}
+			case 2:
+				ft.reply(k, op&0x10 != 0)
+			case 3:
+				ft.sweep(now, l)
+			}
+			n := 0
+			for j := range ft.shards {
+				s := &ft.shards[j]
+				n += len(s.m)
+				if len(s.m) > ft.perShard || len(s.young)-s.head > 2*ft.perShard+1 || s.head > len(s.young) {
+					t.Fatalf("step %d: shard %d holds %d (limit %d), queue %d from %d", i/2, j, len(s.m), ft.perShard, len(s.young), s.head)
+				}
+			}
+			if n != ft.len() {
+				t.Fatalf("step %d: count %d, entries %d", i/2, ft.len(), n)
+			}
 		}
 	})
 }
