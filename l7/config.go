@@ -66,6 +66,16 @@ type Config struct {
 	// keyserver error means no certificate.
 	IsNoCertificate func(error) bool
 
+	// MaxBodyMemory bounds the memory of the buffers request and response bodies are
+	// copied through, for the whole server. Bodies are streamed, never held whole:
+	// each HTTP/2 or HTTP/3 request with a body, and each response streamed to an
+	// HTTP/2 or HTTP/3 client, holds one 32 KiB buffer from this budget while it is
+	// copied (HTTP/1.1 bodies pass through each connection's own buffers, which
+	// MaxConns bounds). A request that finds it spent is answered 503 and counted in
+	// tiergate_l7_body_memory_refused_total; tiergate_l7_body_memory_bytes shows what
+	// is in use. Changing it takes a restart. Default 256 MiB.
+	MaxBodyMemory int64
+
 	// Registerer receives the server's metrics. Default: none registered.
 	Registerer prometheus.Registerer
 
@@ -152,13 +162,17 @@ type Listener struct {
 	// on HTTP/1.1 the wait for the first request of a new connection. Default 10s.
 	ReadHeaderTimeout config.Duration `yaml:"read_header_timeout,omitempty" json:"read_header_timeout,omitempty"`
 
-	// ReadTimeout bounds reading a whole request, body included (HTTP/1.1, HTTP/2).
-	// Default 60s.
+	// ReadTimeout bounds reading a whole request, body included: on HTTP/1.1 from
+	// its headers, on HTTP/2 and HTTP/3 from the stream's start (an HTTP/3 stream's
+	// own deadline, which the connection's PINGs do not put off). A body not received
+	// in time is answered 408, or its stream reset. Default 60s.
 	ReadTimeout config.Duration `yaml:"read_timeout,omitempty" json:"read_timeout,omitempty"`
 
 	// WriteTimeout bounds writing a response to a client that stops reading: one
 	// response on HTTP/1.1; on HTTP/2 the connection is closed when no byte could be
-	// written for this long. HTTP/3 relies on QUIC's idle timeout. Default 30s.
+	// written for this long; on HTTP/3 the request's stream is reset when a part of
+	// its response (its headers, or up to 32 KiB of its body) could not be written
+	// for this long, whatever the connection's PINGs. Default 30s.
 	WriteTimeout config.Duration `yaml:"write_timeout,omitempty" json:"write_timeout,omitempty"`
 
 	// IdleTimeout closes a connection with no request in progress for this long.
@@ -207,7 +221,11 @@ type Listener struct {
 	// connection. Default 250.
 	MaxConcurrentStreams int `yaml:"max_concurrent_streams,omitempty" json:"max_concurrent_streams,omitempty"`
 
-	// MaxRequestBody bounds a request body; beyond it the answer is 413. Default 16 MiB.
+	// MaxRequestBody bounds a request body; beyond it the answer is 413 (when the
+	// body says its length), or the request fails as the limit is crossed (its
+	// forward to the backend is cut and the answer is 413 if none was sent yet).
+	// Bodies are forwarded as they arrive, not held whole (see Config.MaxBodyMemory).
+	// Default 16 MiB.
 	MaxRequestBody int `yaml:"max_request_body,omitempty" json:"max_request_body,omitempty"`
 }
 
@@ -223,7 +241,9 @@ type PoolConfig struct {
 	ConnsPerMember int `yaml:"conns_per_member,omitempty" json:"conns_per_member,omitempty"`
 
 	// Timeout bounds one request to the pool, from the first connection attempt to
-	// the whole response; beyond it the answer is 504. Default 30s.
+	// the whole response; beyond it the answer is 504, or, once the response's
+	// headers are passed on, its body is cut (responses are streamed to the client
+	// as they arrive, so a slow client's download counts here too). Default 30s.
 	Timeout config.Duration `yaml:"timeout,omitempty" json:"timeout,omitempty"`
 
 	// ConnectTimeout bounds connecting to one member; a member that cannot be reached
@@ -247,6 +267,8 @@ const (
 	DefaultQUICRetryAbove         = 100
 	DefaultMaxConcurrentStreams   = 250
 	DefaultMaxRequestBody         = 16 << 20
+
+	DefaultMaxBodyMemory = 256 << 20
 
 	DefaultConnsPerMember = 512
 	DefaultPoolTimeout    = config.Duration(30 * time.Second)
@@ -306,6 +328,9 @@ func (c *Config) validate() error {
 		}
 		p := c.Backends[name]
 		ck.Nest(config.At("backends", name), p.Validate())
+	}
+	if c.MaxBodyMemory < 0 {
+		ck.Addf("max_body_memory", "%d: limits must not be negative", c.MaxBodyMemory)
 	}
 	if err := ck.Err(); err != nil {
 		return fmt.Errorf("l7: %w", err)
@@ -395,6 +420,7 @@ func (c *Config) populate() {
 		pools[name] = p
 	}
 	c.Backends = pools
+	setDefault(&c.MaxBodyMemory, DefaultMaxBodyMemory)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 )
 
@@ -160,6 +161,12 @@ func FuzzUpstreamRequest(f *testing.F) {
 	})
 }
 
+// fuzzListener is what bodyFrom needs of a listener.
+var fuzzListener = &listener{
+	cfg: ListenerConfig{Listener: Listener{MaxRequestBody: 1 << 16}},
+	s:   &Server{bodies: &bodyBudget{max: 1 << 20, inUse: prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"}), refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "c"})}},
+}
+
 // FuzzFromHTTP feeds HTTP/2 and HTTP/3 requests, as net/http and quic-go hand them
 // over, through the conversion to fasthttp and prepareUpstream. The servers check
 // header syntax already; the conversion must stay safe if one did not.
@@ -185,7 +192,12 @@ func FuzzFromHTTP(f *testing.F) {
 		}
 		req := fasthttp.AcquireRequest()
 		defer fasthttp.ReleaseRequest(req)
-		if status := fromHTTP(req, hr, 1<<16); status != 0 {
+		if status := fromHTTP(req, hr); status != 0 {
+			return
+		}
+		var ch chunk
+		defer ch.put()
+		if _, status := fuzzListener.bodyFrom(req, hr, &ch); status != 0 {
 			return
 		}
 		var named [][]byte

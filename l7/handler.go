@@ -2,6 +2,7 @@ package l7
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -154,10 +155,13 @@ func (l *listener) proxy(snap *snapshot, r *Request, resp *fasthttp.Response, d 
 			return route.Canceled
 		}
 		var o route.Outcome
-		o, last = b.do(r.Request, resp, deadline)
+		o, last = b.do(r.Request, r.body, resp, deadline)
 		return o
 	})
 	switch {
+	case r.body != nil && r.body.err != nil:
+		l.log.Debug("reading the request body failed", "client", d.ClientIP, "client_source", d.ClientSource, "err", r.body.err)
+		answer(resp, r.body.status())
 	case err != nil:
 		l.log.Debug("no backend to take the request", "client", d.ClientIP, "client_source", d.ClientSource, "err", err)
 		answer(resp, fasthttp.StatusServiceUnavailable)
@@ -168,6 +172,22 @@ func (l *listener) proxy(snap *snapshot, r *Request, resp *fasthttp.Response, d 
 		answer(resp, status)
 	default:
 		removeResponseHopHeaders(&resp.Header)
+		if resp.BodyStream() == nil {
+			break
+		}
+		if resp.Header.ContentLength() < -1 {
+			// Delimited by the backend closing its connection: chunked to the client.
+			resp.Header.SetContentLength(-1)
+		}
+		if r.chunk != nil && r.chunk.buf == nil {
+			// An HTTP/2 or HTTP/3 client: the body is copied through a buffer.
+			c, ok := l.s.bodies.chunk()
+			if !ok {
+				answer(resp, fasthttp.StatusServiceUnavailable)
+				break
+			}
+			*r.chunk = c
+		}
 	}
 }
 
@@ -246,7 +266,23 @@ func (l *listener) serveH1(ctx *fasthttp.RequestCtx) {
 	}
 	r := Request{Request: &ctx.Request, Conn: hc.c.info}
 	clientClose := ctx.Request.Header.ConnectionClose()
-	switch l.serve(&r, &ctx.Response, start) {
+	if ctx.Request.IsBodyStream() {
+		// fasthttp read the headers and at most 8 KiB of the body; the rest is
+		// forwarded as it arrives, within MaxRequestBody.
+		n := ctx.Request.Header.ContentLength()
+		if n > l.cfg.MaxRequestBody {
+			l.refuse(&ctx.Response, fasthttp.StatusRequestEntityTooLarge, ProtoHTTP1, start)
+			ctx.SetConnectionClose()
+			return
+		}
+		r.body = &clientBody{r: ctx.Request.BodyStream(), left: int64(l.cfg.MaxRequestBody)}
+		ctx.Request.SetBodyStream(r.body, n)
+	}
+	next := l.serve(&r, &ctx.Response, start)
+	if r.body != nil && r.body.err != nil {
+		clientClose = true // what is left of the body is not worth reading
+	}
+	switch next {
 	case dropConn:
 		// fasthttp closes a hijacked connection once the hijack handler returns; with
 		// no response, nothing is written first.
@@ -281,37 +317,60 @@ func (l *listener) h1Error(ctx *fasthttp.RequestCtx, err error) {
 type connInfoKey struct{}
 
 // ServeHTTP is the handler of HTTP/2 and HTTP/3 requests: it converts the request to
-// a fasthttp.Request, serves it, and writes the fasthttp.Response back.
+// a fasthttp.Request, serves it, and writes the fasthttp.Response back. Over HTTP/3
+// it applies ReadTimeout (from the request's start, to its body's end) and
+// WriteTimeout (for each part of the response written) to the request's stream,
+// which a QUIC connection's PINGs would otherwise keep forever; a stream whose
+// response cannot be written in time is reset.
 func (l *listener) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 	start := time.Now()
 	info, _ := hr.Context().Value(connInfoKey{}).(*ConnInfo)
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
+	defer fasthttp.ReleaseResponse(resp) // closes a streamed response, freeing its backend connection
+	var ch chunk
+	defer ch.put()
 
 	if info == nil {
 		l.refuse(resp, http.StatusInternalServerError, "", start)
-		writeResponse(w, resp, hr.Method == http.MethodHead, false)
+		l.writeResponse(w, resp, hr.Method == http.MethodHead, false, nil, nil)
 		return
 	}
+	var dl deadliner
+	if info.Proto == ProtoHTTP3 {
+		dl, _ = w.(deadliner)
+		if dl != nil {
+			_ = dl.SetReadDeadline(start.Add(l.cfg.ReadTimeout.D()))
+		}
+	}
 	next := keepConn
-	if status := fromHTTP(req, hr, l.cfg.MaxRequestBody); status != 0 {
+	r := Request{Request: req, Conn: *info, chunk: &ch}
+	status := fromHTTP(req, hr)
+	if status == 0 {
+		r.body, status = l.bodyFrom(req, hr, &ch)
+	}
+	if status != 0 {
 		l.refuse(resp, status, info.Proto, start)
 	} else {
-		r := Request{Request: req, Conn: *info}
 		next = l.serve(&r, resp, start)
 	}
 	if next == dropConn {
 		// Both servers reset the stream and leave the connection's other streams be.
 		panic(http.ErrAbortHandler)
 	}
-	writeResponse(w, resp, hr.Method == http.MethodHead, next == closeConn && info.Proto == ProtoHTTP2)
+	l.writeResponse(w, resp, hr.Method == http.MethodHead, next == closeConn && info.Proto == ProtoHTTP2, &ch, dl)
 }
 
-// fromHTTP fills req from hr, reading at most maxBody bytes of body. It returns 0, or
-// the status to refuse the request with.
-func fromHTTP(req *fasthttp.Request, hr *http.Request, maxBody int) int {
+// deadliner is the HTTP/3 response writer's hold on its stream's deadlines.
+type deadliner interface {
+	SetReadDeadline(time.Time) error
+	SetWriteDeadline(time.Time) error
+}
+
+// fromHTTP fills req from hr, but for its body. It returns 0, or the status to refuse
+// the request with.
+func fromHTTP(req *fasthttp.Request, hr *http.Request) int {
 	req.Header.SetMethod(hr.Method)
 	uri := hr.RequestURI
 	if uri == "" {
@@ -336,22 +395,54 @@ func fromHTTP(req *fasthttp.Request, hr *http.Request, maxBody int) int {
 			req.Header.Add(k, v)
 		}
 	}
-	if hr.ContentLength > int64(maxBody) {
-		return http.StatusRequestEntityTooLarge
-	}
-	if hr.Body != nil && hr.Body != http.NoBody {
-		n, err := io.Copy(req.BodyWriter(), io.LimitReader(hr.Body, int64(maxBody)+1))
-		if n > int64(maxBody) {
-			return http.StatusRequestEntityTooLarge
-		}
-		if err != nil {
-			return http.StatusBadRequest
-		}
-	}
-	if n := len(req.Body()); n > 0 || hr.ContentLength == 0 && methodHasBody(hr.Method) {
-		req.Header.SetContentLength(n)
-	}
 	return 0
+}
+
+// bodyFrom sets req's body from hr's, within MaxRequestBody. A body of at most
+// bodyChunk bytes is read whole into a buffer from the body budget (ch) and sent with
+// its length; a longer one is forwarded as it arrives (with its length when the
+// client gave one, else chunked), through the returned clientBody. It returns the
+// status to refuse the request with, or 0.
+func (l *listener) bodyFrom(req *fasthttp.Request, hr *http.Request, ch *chunk) (*clientBody, int) {
+	maxBody := int64(l.cfg.MaxRequestBody)
+	n := hr.ContentLength // -1: unknown
+	if n > maxBody {
+		return nil, http.StatusRequestEntityTooLarge
+	}
+	if hr.Body == nil || hr.Body == http.NoBody || n == 0 {
+		if n == 0 && methodHasBody(hr.Method) {
+			req.Header.SetContentLength(0)
+		}
+		return nil, 0
+	}
+	c, ok := l.s.bodies.chunk()
+	if !ok {
+		return nil, http.StatusServiceUnavailable
+	}
+	*ch = c
+	body := &clientBody{r: hr.Body, left: maxBody}
+	buf := c.buf[:]
+	if n >= 0 && n < bodyChunk {
+		buf = buf[:n]
+	}
+	got, err := io.ReadFull(body, buf)
+	switch {
+	case body.err != nil:
+		return body, body.status()
+	case n >= 0 && int64(got) == n, n < 0 && err != nil:
+		// All of it (err is io.EOF or io.ErrUnexpectedEOF): sent from req's own buffer.
+		if got > 0 || methodHasBody(hr.Method) {
+			req.SetBody(buf[:got])
+			req.Header.SetContentLength(got)
+		}
+		ch.put()
+		return nil, 0
+	case err != nil:
+		return nil, http.StatusBadRequest // shorter than its Content-Length
+	}
+	body.prefix = buf[:got]
+	req.SetBodyStream(body, int(n))
+	return body, 0
 }
 
 // validRequestTarget reports a request target without controls, spaces or non-ASCII
@@ -374,20 +465,27 @@ func methodHasBody(m string) bool {
 
 // writeResponse writes resp to an HTTP/2 or HTTP/3 response writer. With closeConn
 // the response carries Connection: close, which makes the HTTP/2 server send GOAWAY.
-func writeResponse(w http.ResponseWriter, resp *fasthttp.Response, head, closeConn bool) {
+// A streamed body is copied through ch's buffer, each part within WriteTimeout over
+// HTTP/3 (dl); when the backend or the client fails midway the stream is reset, so
+// the client cannot take a cut body for a whole one.
+func (l *listener) writeResponse(w http.ResponseWriter, resp *fasthttp.Response, head, closeConn bool, ch *chunk, dl deadliner) {
 	h := w.Header()
 	for k, v := range resp.Header.All() {
 		key := textproto.CanonicalMIMEHeaderKey(string(k))
-		if key == "Content-Length" {
+		if key == "Content-Length" || key == "Transfer-Encoding" {
 			continue
 		}
 		h[key] = append(h[key], string(v))
 	}
 	status := resp.StatusCode()
-	body := resp.Body()
+	stream := resp.BodyStream()
+	var body []byte
+	if stream == nil {
+		body = resp.Body()
+	}
 	switch {
 	case status == http.StatusNoContent || status == http.StatusNotModified || status < 200:
-	case head:
+	case head || stream != nil:
 		if n := resp.Header.ContentLength(); n >= 0 {
 			h["Content-Length"] = []string{strconv.Itoa(n)}
 		}
@@ -397,8 +495,47 @@ func writeResponse(w http.ResponseWriter, resp *fasthttp.Response, head, closeCo
 	if closeConn {
 		h["Connection"] = []string{"close"}
 	}
+	if dl != nil {
+		_ = dl.SetWriteDeadline(time.Now().Add(l.cfg.WriteTimeout.D()))
+	}
 	w.WriteHeader(status)
-	if !head && len(body) > 0 {
-		_, _ = w.Write(body)
+	switch {
+	case head:
+	case stream != nil:
+		if err := copyBody(w, stream, ch.buf[:], dl, l.cfg.WriteTimeout.D()); err != nil {
+			l.log.Debug("streaming a response failed", "err", err)
+			panic(http.ErrAbortHandler)
+		}
+	case len(body) > 0:
+		if _, err := w.Write(body); err != nil && dl != nil {
+			panic(http.ErrAbortHandler) // the write deadline passed: reset the stream
+		}
+	}
+}
+
+// copyBody copies a streamed response body to w through buf, flushing each part so
+// that the client gets it as the backend sends it. With dl, each write must be done
+// within timeout.
+func copyBody(w http.ResponseWriter, body io.Reader, buf []byte, dl deadliner, timeout time.Duration) error {
+	f, _ := w.(http.Flusher)
+	for {
+		n, rerr := body.Read(buf)
+		if n > 0 {
+			if dl != nil {
+				_ = dl.SetWriteDeadline(time.Now().Add(timeout))
+			}
+			if _, err := w.Write(buf[:n]); err != nil {
+				return fmt.Errorf("writing to the client: %w", err)
+			}
+			if f != nil {
+				f.Flush()
+			}
+		}
+		switch {
+		case rerr == io.EOF:
+			return nil
+		case rerr != nil:
+			return fmt.Errorf("reading from the backend: %w", rerr)
+		}
 	}
 }

@@ -99,6 +99,19 @@ func startBackend(t testing.TB, name string) *backend {
 }
 
 func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/big":
+		serveBig(w, r)
+		return
+	case "/sink":
+		serveSink(w, r)
+		return
+	case "/cut":
+		// Half the body its length promises, then the connection is dropped.
+		w.Header().Set("Content-Length", "1048576")
+		_, _ = io.Copy(w, &patternReader{n: 512 << 10})
+		panic(http.ErrAbortHandler)
+	}
 	body, _ := io.ReadAll(r.Body)
 	if r.URL.Path == "/slow" {
 		d, _ := time.ParseDuration(r.URL.Query().Get("d"))

@@ -152,6 +152,7 @@ func newListener(s *Server, idx int, cfg ListenerConfig) *listener {
 		IdleTimeout:                  cfg.IdleTimeout.D(),
 		ReadBufferSize:               cfg.MaxHeaderBytes,
 		MaxRequestBodySize:           cfg.MaxRequestBody,
+		StreamRequestBody:            true, // forwarded as it arrives (serveH1)
 		Concurrency:                  cfg.MaxConns,
 		NoDefaultServerHeader:        true,
 		NoDefaultContentType:         true,

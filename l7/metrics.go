@@ -39,6 +39,8 @@ type metrics struct {
 	conns            *prometheus.GaugeVec
 	connsRejected    *prometheus.CounterVec
 	quicRetries      *prometheus.CounterVec
+	bodyMemory       prometheus.Gauge
+	bodyRefused      prometheus.Counter
 	requests         *prometheus.CounterVec
 	requestSeconds   *prometheus.HistogramVec
 	requestsByProto  *prometheus.CounterVec
@@ -68,6 +70,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tiergate_l7_quic_retries_total",
 			Help: "QUIC Retry packets sent, asking a new connection to prove its address before any TLS work (quic_retry_above, max_handshakes_per_source), by listener.",
 		}, []string{"listener"}),
+		bodyMemory: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tiergate_l7_body_memory_bytes",
+			Help: "Bytes of the buffers HTTP/2 and HTTP/3 request and response bodies are being copied through, against max_body_memory.",
+		}),
+		bodyRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tiergate_l7_body_memory_refused_total",
+			Help: "HTTP/2 and HTTP/3 requests answered 503 because max_body_memory was in use.",
+		}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tiergate_http_requests_total",
 			Help: "HTTP requests answered, by route (its name; in the simple form, the pool; a pool the decider chose; - for requests refused before routing or matching no route) and status code (closed: dropped without an answer).",
@@ -87,7 +97,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"pool", "reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.handshakes, m.handshakeSeconds, m.conns, m.connsRejected, m.quicRetries,
+		reg.MustRegister(m.handshakes, m.handshakeSeconds, m.conns, m.connsRejected, m.quicRetries, m.bodyMemory, m.bodyRefused,
 			m.requests, m.requestSeconds, m.requestsByProto, m.backendErrors)
 	}
 	return m

@@ -88,6 +88,11 @@ func newUpstream(key memberKey, connectTimeout time.Duration, maxConns int, m *m
 			DisableHeaderNamesNormalizing: true,
 			DisablePathNormalizing:        true,
 			SecureErrorLogMessage:         true,
+			// Responses go to the client as they arrive, never held whole; the
+			// connection returns to the pool when the body has been passed on (the
+			// response's Reset closes the stream, and a stream not read to its end
+			// closes the connection).
+			StreamResponseBody: true,
 			DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {
 				return fasthttp.DialTimeout(addr, min(timeout, connectTimeout))
 			},
@@ -112,12 +117,17 @@ func isIdempotent(h *fasthttp.RequestHeader) bool {
 	return h.IsGet() || h.IsHead() || h.IsPut() || h.IsOptions() || h.IsDelete() || h.IsTrace()
 }
 
-// do sends req to the member until deadline and fills resp. It counts a failure and
-// returns how the attempt went for the member's health.
-func (b *upstream) do(req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) (route.Outcome, error) {
+// do sends req, whose body, when streamed, is body, to the member until deadline and
+// fills resp, whose body is then a stream. It counts a failure and returns how the
+// attempt went for the member's health; a failure to read the client's body is not
+// the member's.
+func (b *upstream) do(req *fasthttp.Request, body *clientBody, resp *fasthttp.Response, deadline time.Time) (route.Outcome, error) {
 	resp.Reset()
 	resp.Header.SetNoDefaultContentType(true)
 	err := b.hc.DoDeadline(req, resp, deadline)
+	if err != nil && body != nil && body.err != nil {
+		return route.Canceled, err
+	}
 	if err == nil {
 		if resp.StatusCode() >= 500 {
 			return route.Failure, nil

@@ -23,6 +23,9 @@ const (
 type Request struct {
 	*fasthttp.Request
 	Conn ConnInfo
+
+	body  *clientBody // the client's body, when it is forwarded as it arrives
+	chunk *chunk      // HTTP/2, HTTP/3: the request's copy buffer, if it has one
 }
 
 // ConnInfo describes the connection a request arrived on.

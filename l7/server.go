@@ -47,6 +47,7 @@ type Server struct {
 	m         *metrics
 	router    *route.Router
 	listeners []*listener
+	bodies    *bodyBudget // MaxBodyMemory
 
 	state    atomic.Pointer[snapshot] // what requests and handshakes read; written by Start and Commit
 	draining atomic.Bool
@@ -83,6 +84,7 @@ func NewServer(cfg Config) (*Server, error) {
 		log: cfg.Logger.With("component", "l7"),
 		m:   newMetrics(cfg.Registerer),
 	}
+	s.bodies = &bodyBudget{max: cfg.MaxBodyMemory, inUse: s.m.bodyMemory, refused: s.m.bodyRefused}
 	s.router = route.NewRouter(route.Options{Registerer: cfg.Registerer, Logger: cfg.Logger})
 	s.state.Store(s.compile(cfg, routingOf(&cfg), nil, nil))
 	for i, lc := range cfg.Listeners {
@@ -313,6 +315,9 @@ func (s *Server) Prepare(cfg Config) (*Prepared, error) {
 	cur := s.state.Load().cfg
 	if err := checkReload(cur.Listeners, cfg.Listeners); err != nil {
 		return nil, err
+	}
+	if cfg.MaxBodyMemory != cur.MaxBodyMemory {
+		return nil, fmt.Errorf("l7: reload: max_body_memory changed (%d → %d); %w", cur.MaxBodyMemory, cfg.MaxBodyMemory, ErrRestartRequired)
 	}
 	cfg.Registerer, cfg.Logger = cur.Registerer, cur.Logger
 	routing := routingOf(&cfg)

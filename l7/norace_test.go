@@ -1,0 +1,5 @@
+//go:build !race
+
+package l7
+
+const raceEnabled = false
