@@ -93,6 +93,15 @@ type FileConfig struct {
 	// in memory only and a restart loads the files again.
 	StateDir string `yaml:"state_dir"`
 
+	// MaxBodyMemory bounds, for all listeners together, the buffers request and
+	// response bodies are copied through: bodies are streamed, never held whole, and
+	// each HTTP/2 or HTTP/3 request with a body, or response being streamed to such a
+	// client, holds 32 KiB of it while it is copied (HTTP/1.1 bodies use their
+	// connection's buffers). A request that finds it spent is answered 503, counted in
+	// tiergate_l7_body_memory_refused_total. Changing it takes a restart. Default
+	// 256 MiB. See l7.Config.MaxBodyMemory.
+	MaxBodyMemory int64 `yaml:"max_body_memory"`
+
 	// ShutdownGrace is how long in-flight requests may take on SIGTERM/SIGINT.
 	// Default 10s.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
@@ -260,6 +269,9 @@ func (c *FileConfig) validate() error {
 		c.GCPercent = DefaultGCPercent
 	}
 	var ck config.Checker
+	if c.MaxBodyMemory < 0 {
+		ck.Addf("max_body_memory", "%d: limits must not be negative", c.MaxBodyMemory)
+	}
 	if c.GCPercent < -1 {
 		ck.Addf("gc_percent", "%d: want -1 (off) or a positive percentage", c.GCPercent)
 	}

@@ -88,6 +88,7 @@ func TestParseConfig(t *testing.T) {
 		{"bad log level", minimal + "log_level: chatty\n", `log_level: "chatty": want debug`},
 		{"bad gc percent", minimal + "gc_percent: -5\n", "gc_percent: -5: want"},
 		{"bad gomaxprocs", minimal + "gomaxprocs: -2\n", "gomaxprocs: -2: want"},
+		{"negative body memory", minimal + "max_body_memory: -1\n", "max_body_memory: -1: limits must not be negative"},
 		{"admin loopback", minimal + "admin_listen: \"127.0.0.2:9241\"\n", ""},
 		{"admin IPv6 loopback", minimal + "admin_listen: \"[::1]:9241\"\n", ""},
 		{"admin localhost", minimal + "admin_listen: \"localhost:9241\"\n", ""},
@@ -143,6 +144,9 @@ func TestDefaultsAndSample(t *testing.T) {
 	if len(s.Listeners) != 1 || s.Listeners[0].MaxConns != 10000 || s.KeyServers == nil || len(s.KeyServers.Servers) != 2 ||
 		s.Certificates.Default != "www" || len(s.Certificates.TicketKeyFiles) != 2 {
 		t.Errorf("sample parsed as %+v", s)
+	}
+	if s.MaxBodyMemory != l7.DefaultMaxBodyMemory {
+		t.Errorf("sample's max_body_memory: %d", s.MaxBodyMemory)
 	}
 	if s.StateDir != "/var/lib/tiergate/l7d" || s.AdminTokenFile == "" || s.AdminInsecure {
 		t.Errorf("sample's admin and state: %q %q %v", s.StateDir, s.AdminTokenFile, s.AdminInsecure)

@@ -261,6 +261,7 @@ func (d *Daemon) l7Config(cfg *FileConfig, pol decider) l7.Config {
 		Decider:         pol,
 		AcceptFilter:    pol.p.Accept,
 		IsNoCertificate: func(err error) bool { return errors.Is(err, certs.ErrNoCertificate) },
+		MaxBodyMemory:   cfg.MaxBodyMemory,
 		Registerer:      d.reg,
 		Logger:          d.log,
 	}
