@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/l7"
 	"github.com/tiergate/tiergate/policy/blacklist"
@@ -20,6 +22,7 @@ const (
 	codeBadLines         = "bad_lines"          // 422: an upload with bad lines, listed
 	codeStateWriteFailed = "state_write_failed" // 500: the list's state file could not be written
 	codeListFilesFailed  = "list_files_failed"  // 500: the list's files could not be loaded
+	codeBusy             = "busy"               // 429: another upload is being read
 )
 
 // badLines are the details of a bad_lines error: how many lines were bad, and the
@@ -77,8 +80,14 @@ func (d *Daemon) listInfo(l *blacklist.List) listInfo {
 // error has daemon.APIError's JSON shape. Changes run on the owner goroutine, one after
 // the other. With an admin token, every request but GET /healthz and GET /metrics must
 // carry it (daemon.AdminAuth).
+//
+// Uploads are read one at a time, as a stream, within admin_blacklist_uploads: one
+// over a limit is answered 413, code too_large, naming the limit (details "limit" and
+// "max"); one that waited longer than the limits' wait for another, 429, code busy,
+// with Retry-After.
 func (d *Daemon) adminHandler() http.Handler {
 	mux := daemon.AdminMux(d.reg, d.srv.Healthy)
+	uploads := d.uploader()
 	handle := func(pattern string, h daemon.Handler) { mux.Handle(pattern, h) }
 	handle("/reload", func(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != http.MethodPost {
@@ -113,7 +122,13 @@ func (d *Daemon) adminHandler() http.Handler {
 		if err != nil {
 			return err
 		}
-		s, err := blacklist.Read(r.Body)
+		lim := d.current().AdminBlacklistUploads
+		release, err := uploads.Acquire(r.Context(), lim)
+		if err != nil {
+			return busyError(w, err)
+		}
+		defer release()
+		s, err := uploads.Read(r.Body, lim)
 		if err != nil {
 			return uploadError(err)
 		}
@@ -133,7 +148,13 @@ func (d *Daemon) adminHandler() http.Handler {
 		if err != nil {
 			return err
 		}
-		delta, err := blacklist.ReadDelta(r.Body)
+		lim := d.current().AdminBlacklistUploads
+		release, err := uploads.Acquire(r.Context(), lim)
+		if err != nil {
+			return busyError(w, err)
+		}
+		defer release()
+		delta, err := uploads.ReadDelta(r.Body, lim)
 		if err != nil {
 			return uploadError(err)
 		}
@@ -217,8 +238,43 @@ func (d *Daemon) list(r *http.Request) (*blacklist.List, error) {
 	return d.lists.Listener(name), nil
 }
 
-// uploadError describes a rejected upload: 422, with its bad lines when it is text.
+// uploader returns the Uploader of the admin API's blacklist uploads, counting in
+// d.reg when there is one.
+func (d *Daemon) uploader() *blacklist.Uploader {
+	var reg prometheus.Registerer
+	if d.reg != nil {
+		reg = d.reg
+	}
+	u, err := blacklist.NewUploader(reg)
+	if err != nil {
+		d.log.Error("blacklist upload metrics not registered", "err", err)
+		u, _ = blacklist.NewUploader(nil)
+	}
+	return u
+}
+
+// uploadLimit describes the limit an upload passed, in a too_large error.
+type uploadLimit struct {
+	Limit string `json:"limit"`
+	Max   int64  `json:"max"`
+}
+
+// busyError answers an upload that waited too long for another (429, code busy,
+// Retry-After), or whose client went away while it waited.
+func busyError(w http.ResponseWriter, err error) *daemon.APIError {
+	w.Header().Set("Retry-After", "1")
+	return daemon.Wrap(http.StatusTooManyRequests, codeBusy, "upload refused; the list in force stays", err)
+}
+
+// uploadError describes a rejected upload: 413 when it passed a limit, else 422,
+// with its bad lines when it is text.
 func uploadError(err error) *daemon.APIError {
+	var le *blacklist.LimitError
+	if errors.As(err, &le) {
+		e := daemon.Wrap(http.StatusRequestEntityTooLarge, daemon.CodeTooLarge, "upload refused; the list in force stays", le)
+		e.Details = uploadLimit{Limit: "admin_blacklist_uploads." + le.Limit, Max: le.Max}
+		return e
+	}
 	e := daemon.Wrap(http.StatusUnprocessableEntity, codeInvalidList, "upload rejected; the list in force stays", err)
 	var pe *blacklist.ParseErrors
 	if errors.As(err, &pe) {

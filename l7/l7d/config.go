@@ -83,6 +83,16 @@ type FileConfig struct {
 	// everyone else out (a management network, a firewall). Default false.
 	AdminInsecure bool `yaml:"admin_insecure"`
 
+	// AdminBlacklistUploads bounds what one upload to PUT /blacklists/{name} or POST
+	// /blacklists/{name}/delta may make l7d read and hold, and uploads are read one
+	// at a time: max_body_bytes, the body as sent, default 256 MiB; max_binary_bytes
+	// and max_text_bytes, after gunzip, defaults 128 MiB and 512 MiB; max_entries,
+	// default 16,777,216 (the defaults take 10M IPv4 entries in either format); and
+	// wait, how long an upload waits for the one being read, default 5s. An upload
+	// over a limit is answered 413, code too_large, naming the limit; one that waited
+	// too long, 429, code busy. See blacklist.UploadLimits.
+	AdminBlacklistUploads blacklist.UploadLimits `yaml:"admin_blacklist_uploads"`
+
 	// StateDir keeps what is pushed to the blacklists through the admin endpoint
 	// across restarts and reloads. Every accepted push or delta writes the list's
 	// entries (expired ones left out) to <state_dir>/blacklist-<list>.bin in the
@@ -281,6 +291,8 @@ func (c *FileConfig) validate() error {
 	if _, err := daemon.LogLevel(c.LogLevel); err != nil {
 		ck.Addf("log_level", "%q: want debug, info, warn or error", c.LogLevel)
 	}
+	ck.Nest("admin_blacklist_uploads", c.AdminBlacklistUploads.Validate())
+	c.AdminBlacklistUploads.Defaults()
 	if c.AdminListen != "off" && c.AdminTokenFile == "" && !c.AdminInsecure && !daemon.IsLoopbackListen(c.AdminListen) {
 		ck.Addf("admin_listen", "%q: other hosts can reach it and the admin API would serve them unauthenticated: "+
 			"set admin_token_file (or admin_insecure: true when the network keeps them out)", c.AdminListen)

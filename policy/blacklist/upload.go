@@ -227,16 +227,17 @@ func NewUploader(reg prometheus.Registerer) (*Uploader, error) {
 	return u, nil
 }
 
-// Acquire waits until no other upload is being read, at most wait (and until ctx
-// ends), and returns the function that ends this one. After wait it returns ErrBusy,
-// and ctx's error when ctx ends first.
-func (u *Uploader) Acquire(ctx context.Context, wait time.Duration) (release func(), err error) {
+// Acquire waits until no other upload is being read, at most lim.Wait (and until ctx
+// ends), and returns the function that ends this one. After the wait it returns
+// ErrBusy, and ctx's error when ctx ends first.
+func (u *Uploader) Acquire(ctx context.Context, lim UploadLimits) (release func(), err error) {
+	lim.Defaults()
 	select {
 	case u.slot <- struct{}{}:
 		return u.release, nil
 	default:
 	}
-	t := time.NewTimer(wait)
+	t := time.NewTimer(lim.Wait.D())
 	defer t.Stop()
 	select {
 	case u.slot <- struct{}{}:

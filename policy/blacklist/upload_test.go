@@ -14,6 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // gzipBomb returns a gzip stream of a few thousandths of size that inflates to head
@@ -171,12 +173,12 @@ func TestUploaderOneAtATime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	release, err := u.Acquire(context.Background(), time.Second)
+	release, err := u.Acquire(context.Background(), UploadLimits{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if _, err := u.Acquire(context.Background(), 50*time.Millisecond); !errors.Is(err, ErrBusy) {
+	if _, err := u.Acquire(context.Background(), UploadLimits{Wait: config.Duration(50 * time.Millisecond)}); !errors.Is(err, ErrBusy) {
 		t.Fatalf("second upload: %v, want ErrBusy", err)
 	}
 	if waited := time.Since(start); waited < 50*time.Millisecond {
@@ -187,12 +189,12 @@ func TestUploaderOneAtATime(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := u.Acquire(ctx, time.Minute); !errors.Is(err, context.Canceled) {
+	if _, err := u.Acquire(ctx, UploadLimits{Wait: config.Duration(time.Minute)}); !errors.Is(err, context.Canceled) {
 		t.Errorf("with its request gone: %v", err)
 	}
 	got := make(chan error, 1)
 	go func() {
-		r, err := u.Acquire(context.Background(), 10*time.Second)
+		r, err := u.Acquire(context.Background(), UploadLimits{Wait: config.Duration(10 * time.Second)})
 		if err == nil {
 			r()
 		}
