@@ -506,11 +506,12 @@ func (c *core) outbound(pkt []byte, fc *fragCache) (peer, result) {
 	}
 	r := outOK
 	if !ok {
-		if p, ok = c.recent.only(now, c.idle); ok {
-			r = outFallback
-		} else if p, ok = c.byHash(&k); ok && (!pi.frag || pi.first) { // later fragments: no ports to hash
+		r = outFallback
+		if p, ok = c.recent.only(now, c.idle); !ok && (!pi.frag || pi.first) { // later fragments: no ports to hash
 			r = outHashed
-		} else {
+			p, ok = c.byHash(&k)
+		}
+		if !ok {
 			return peer{}, outNoFlow
 		}
 	}
