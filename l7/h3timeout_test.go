@@ -69,6 +69,9 @@ func TestHTTP3StreamTimeouts(t *testing.T) {
 			t.Errorf("read %d bytes of %d after stalling, err %v: the stream was not reset", n, size, err)
 		}
 		t.Logf("read %d bytes, then %v", n, err)
+		if n := counter(ts.m.responsesCut.WithLabelValues("web", cutClient)); n != 1 {
+			t.Errorf("%v responses counted as cut for the client", n)
+		}
 	})
 
 	// The connection itself is alive: its PINGs went on, and it serves requests.

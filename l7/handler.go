@@ -502,21 +502,34 @@ func (l *listener) writeResponse(w http.ResponseWriter, resp *fasthttp.Response,
 	switch {
 	case head:
 	case stream != nil:
-		if err := copyBody(w, stream, ch.buf[:], dl, l.cfg.WriteTimeout.D()); err != nil {
+		if side, err := copyBody(w, stream, ch.buf[:], dl, l.cfg.WriteTimeout.D()); err != nil {
 			l.log.Debug("streaming a response failed", "err", err)
+			l.cut(side)
 			panic(http.ErrAbortHandler)
 		}
 	case len(body) > 0:
 		if _, err := w.Write(body); err != nil && dl != nil {
+			l.cut(cutClient)
 			panic(http.ErrAbortHandler) // the write deadline passed: reset the stream
 		}
 	}
 }
 
+// Reasons of tiergate_l7_responses_cut_total.
+const (
+	cutClient  = "client"  // not taken within write_timeout (HTTP/3), or the client went away
+	cutBackend = "backend" // the backend failed midway
+)
+
+func (l *listener) cut(side string) {
+	l.s.m.responsesCut.WithLabelValues(l.cfg.Name, side).Inc()
+}
+
 // copyBody copies a streamed response body to w through buf, flushing each part so
 // that the client gets it as the backend sends it. With dl, each write must be done
 // within timeout.
-func copyBody(w http.ResponseWriter, body io.Reader, buf []byte, dl deadliner, timeout time.Duration) error {
+// On failure it returns the side that failed, cutClient or cutBackend.
+func copyBody(w http.ResponseWriter, body io.Reader, buf []byte, dl deadliner, timeout time.Duration) (string, error) {
 	f, _ := w.(http.Flusher)
 	for {
 		n, rerr := body.Read(buf)
@@ -525,7 +538,7 @@ func copyBody(w http.ResponseWriter, body io.Reader, buf []byte, dl deadliner, t
 				_ = dl.SetWriteDeadline(time.Now().Add(timeout))
 			}
 			if _, err := w.Write(buf[:n]); err != nil {
-				return fmt.Errorf("writing to the client: %w", err)
+				return cutClient, fmt.Errorf("writing to the client: %w", err)
 			}
 			if f != nil {
 				f.Flush()
@@ -533,9 +546,9 @@ func copyBody(w http.ResponseWriter, body io.Reader, buf []byte, dl deadliner, t
 		}
 		switch {
 		case rerr == io.EOF:
-			return nil
+			return "", nil
 		case rerr != nil:
-			return fmt.Errorf("reading from the backend: %w", rerr)
+			return cutBackend, fmt.Errorf("reading from the backend: %w", rerr)
 		}
 	}
 }

@@ -41,6 +41,7 @@ type metrics struct {
 	quicRetries      *prometheus.CounterVec
 	bodyMemory       prometheus.Gauge
 	bodyRefused      prometheus.Counter
+	responsesCut     *prometheus.CounterVec
 	requests         *prometheus.CounterVec
 	requestSeconds   *prometheus.HistogramVec
 	requestsByProto  *prometheus.CounterVec
@@ -78,6 +79,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tiergate_l7_body_memory_refused_total",
 			Help: "HTTP/2 and HTTP/3 requests answered 503 because max_body_memory was in use.",
 		}),
+		responsesCut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tiergate_l7_responses_cut_total",
+			Help: "HTTP/2 and HTTP/3 responses whose stream was reset midway, by listener and reason: client (not taken within write_timeout over HTTP/3, or the client went away), backend (the backend failed midway).",
+		}, []string{"listener", "reason"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tiergate_http_requests_total",
 			Help: "HTTP requests answered, by route (its name; in the simple form, the pool; a pool the decider chose; - for requests refused before routing or matching no route) and status code (closed: dropped without an answer).",
@@ -97,7 +102,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"pool", "reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.handshakes, m.handshakeSeconds, m.conns, m.connsRejected, m.quicRetries, m.bodyMemory, m.bodyRefused,
+		reg.MustRegister(m.handshakes, m.handshakeSeconds, m.conns, m.connsRejected, m.quicRetries,
+			m.bodyMemory, m.bodyRefused, m.responsesCut,
 			m.requests, m.requestSeconds, m.requestsByProto, m.backendErrors)
 	}
 	return m
