@@ -49,6 +49,7 @@ func TestRulesRequired(t *testing.T) {
 	if _, err := c.do(&protocol.Request{Op: protocol.OpECDSASign, ID: 1, KeyID: f.ids["ec"], Hash: protocol.HashSHA256, Payload: d}); err != nil {
 		t.Errorf("sign under allow_all_clients: %v", err)
 	}
+	//lint:ignore SA1019 TLS 1.2 RSA key exchange is PKCS #1 v1.5 encryption; it is what keyserverd must decrypt
 	ct, _ := rsa.EncryptPKCS1v15(rand.Reader, &f.rsa.PublicKey, []byte("secret"))
 	if _, err := c.do(&protocol.Request{Op: protocol.OpRSADecrypt, ID: 2, KeyID: f.ids["rsa"], Payload: ct}); !errors.Is(err, protocol.ErrNotAuthorized) {
 		t.Errorf("decrypt under allow_all_clients: %v, want not_authorized", err)
@@ -75,6 +76,7 @@ func TestOpsPerRule(t *testing.T) {
 		}
 	})
 	d := digest(crypto.SHA256, "ops")
+	//lint:ignore SA1019 TLS 1.2 RSA key exchange is PKCS #1 v1.5 encryption; it is what keyserverd must decrypt
 	ct, _ := rsa.EncryptPKCS1v15(rand.Reader, &f.rsa.PublicKey, []byte("secret"))
 	pkcs1 := &protocol.Request{Op: protocol.OpRSASignPKCS1, KeyID: f.ids["rsa"], Hash: protocol.HashSHA256, Payload: d}
 	pss := &protocol.Request{Op: protocol.OpRSASignPSS, KeyID: f.ids["rsa"], Hash: protocol.HashSHA256, Payload: d}
