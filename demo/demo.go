@@ -252,6 +252,7 @@ func (st *site) startKeyserverd(ctx context.Context, s *stack, ns *netNS, listen
 	cfg := fmt.Sprintf(`# Written by tgdemo on every run.
 listen: %q
 metrics_listen: %q
+state_dir: %q   # keyserverd's generated admin token: admin.token
 tls:
   cert_file: %q
   key_file: %q
@@ -263,7 +264,7 @@ pkcs11:
 clients:
   - name: l7-demo
     keys: ["*"]
-`, listen, metrics, st.ksCert, st.ksKey, st.l7ClientCA, st.tok.Module, st.tok.Label, st.pinFile)
+`, listen, metrics, filepath.Join(st.dir, "keyserverd-state"), st.ksCert, st.ksKey, st.l7ClientCA, st.tok.Module, st.tok.Label, st.pinFile)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
@@ -371,11 +372,12 @@ Tiergate demo (loopback, no L4 tier)
   keyserverd          %s (mutual TLS), pid %d, log keyserverd.log
   l7d                 https://%s (TCP: TLS 1.2/1.3, h2 + http/1.1; UDP: QUIC, HTTP/3), pid %d, log l7d.log
   metrics             keyserverd %s   l7d http://%s/metrics
+  keyserverd status   curl -s -H "Authorization: Bearer $(cat %s)" http://%s/status
   try                 curl --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/
   stop                Ctrl-C (or kill -INT %d)
 
 `, st.dir, st.tok.Label, st.keyID, o.KeyserverAt, ks.PID(), o.L7At, l7.PID(), metricsURL, o.L7AdminAt,
-		st.siteCA, l7Port, host, l7Port, os.Getpid())
+		filepath.Join(st.dir, "keyserverd-state", "admin.token"), o.MetricsAt, st.siteCA, l7Port, host, l7Port, os.Getpid())
 
 	hc := nsHTTP(nil, 2*time.Second)
 	return clientLoop(ctx, s, target{

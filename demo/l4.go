@@ -237,7 +237,8 @@ func runL4(ctx context.Context, o Options, st *site, out io.Writer) error {
 
 	// l4d on the LD's two veths.
 	l4Cfg := filepath.Join(st.dir, "l4d.yaml")
-	if err := os.WriteFile(l4Cfg, []byte(l4dConfig()), 0o600); err != nil {
+	l4State := filepath.Join(st.dir, "l4d-state") // its generated admin token
+	if err := os.WriteFile(l4Cfg, []byte(fmt.Sprintf("state_dir: %q\n", l4State)+l4dConfig()), 0o600); err != nil {
 		return err
 	}
 	l4d, err := s.start("l4d", filepath.Join(st.dir, "l4d.log"), nil, n.ld, filepath.Join(o.BinDir, "l4d"), "run", "-config", l4Cfg)
@@ -270,16 +271,17 @@ Tiergate demo: client → l4d (DPDK) → GRE → two l7d nodes → backend, in n
   l4d                 %[1]sld, DPDK net_af_packet on x0 %[7]s (clients) and i0 %[8]s (L7 side), pid %[9]d, log l4d.log
   l7d                 %[1]sl7a %[10]s (QUIC server ID 1), %[1]sl7b %[11]s (ID 2), tunnel endpoint + remote key, logs l7d-l7a.log l7d-l7b.log
   keyserverd          %[1]ssw %[12]s:2407 (mutual TLS), pid %[13]d, log keyserverd.log; backend %[14]s
-  l4d status          ip netns exec %[1]sld curl -s %[15]s/status
+  admin token         l4d: %[20]s (admin requests but /metrics and /healthz send it: T="Authorization: Bearer $(cat %[20]s)")
+  l4d status          ip netns exec %[1]sld curl -s -H "$T" %[15]s/status
   l4d metrics         ip netns exec %[1]sld curl -s %[15]s/metrics | grep tiergate_l4_member
-  drain a node        ip netns exec %[1]sld curl -s -X POST %[15]s/pools/l7/members/l7a/drain   (/undrain to resume)
+  drain a node        ip netns exec %[1]sld curl -s -H "$T" -X POST %[15]s/pools/l7/members/l7a/drain   (/undrain to resume)
   other metrics       ip netns exec %[1]ssw curl -s %[16]s/metrics (keyserverd)   ip netns exec %[1]sl7a curl -s %[10]s:%[17]s/metrics (l7d)
   try                 ip netns exec %[1]scl curl --cacert %[18]s --resolve demo.tiergate.test:443:%[6]s https://demo.tiergate.test/
   stop                Ctrl-C (or kill -INT %[19]d): daemons stopped, namespaces removed
 
 `, p, st.dir, st.tok.Label, st.keyID, l4ClientIP, l4VIP, l4LDExternal, l4LDInternal, l4d.PID(),
 		l4Nodes[0].ip, l4Nodes[1].ip, l4KeyserverIP, ks.PID(), backendAt, l4AdminAt, l4KSMetricsAt, l4L7AdminPort,
-		st.siteCA, os.Getpid())
+		st.siteCA, os.Getpid(), filepath.Join(l4State, "admin.token"))
 
 	swHTTP := nsHTTP(n.sw, 2*time.Second)
 	tgt.summary = func() []string {

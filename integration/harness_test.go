@@ -285,6 +285,7 @@ func newKeyserver(t *testing.T, p *pki, keys []*siteKey) *keyserverProc {
 		env: tok.Env(), health: "http://" + ks.metrics + "/healthz", log: filepath.Join(dir, "keyserverd.log")}
 	cfg := fmt.Sprintf(`listen: %q
 metrics_listen: %q
+state_dir: %q
 log_level: debug
 shutdown_grace: 5s
 tls:
@@ -301,7 +302,7 @@ clients:
     ops: ["*"]   # signatures, public keys and rsa_decrypt (TLS 1.2 RSA key exchange)
   - name: l7-ec-only
     keys: [p256, p384]
-`, ks.addr, ks.metrics, p.serverCert, p.serverKey, p.clientCAF, tok.Module, tok.Label, pinFile)
+`, ks.addr, ks.metrics, dir, p.serverCert, p.serverKey, p.clientCAF, tok.Module, tok.Label, pinFile)
 	if err := os.WriteFile(ks.cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}

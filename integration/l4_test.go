@@ -201,9 +201,11 @@ shutdown_grace: 2s
 			filepath.Join(bin, "l7d"), "run", "-config", cfg)
 	}
 
-	l4cfg := filepath.Join(t.TempDir(), "l4d.yaml")
+	l4dir := t.TempDir()
+	l4cfg := filepath.Join(l4dir, "l4d.yaml")
 	if err := os.WriteFile(l4cfg, []byte(`
 admin_listen: "127.0.0.1:9180"
+state_dir: "`+l4dir+`"           # the admin token l4d generates
 dpdk:
   eal_args: ["--no-pci", "--no-huge", "-m", "512", "--no-telemetry", "--log-level=warning",
              "--vdev=net_af_packet0,iface=x0,qpairs=2", "--vdev=net_af_packet1,iface=i0,qpairs=2"]
@@ -332,7 +334,13 @@ pools:
 		t.Fatal(err)
 	}
 	member := map[string]string{"198.18.1.11": "a", "198.18.1.12": "b"}[longNode]
-	resp, err := ldHTTP.Post("http://127.0.0.1:9180/pools/l7/members/"+member+"/drain", "", nil)
+	token, err := os.ReadFile(filepath.Join(l4dir, "admin.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain, _ := http.NewRequest("POST", "http://127.0.0.1:9180/pools/l7/members/"+member+"/drain", nil)
+	drain.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	resp, err := ldHTTP.Do(drain)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -142,6 +142,7 @@ func (f *fixture) keyserverConfig(name, listen, metrics string) (string, error) 
 	}
 	cfg := fmt.Sprintf(`listen: %q
 metrics_listen: %q
+state_dir: %q
 log_level: warn
 shutdown_grace: 5s
 tls:
@@ -155,7 +156,7 @@ pkcs11:
 %sclients:
   - name: %q
     keys: ["*"]
-`, listen, metrics, f.ksCert, f.ksKey, f.ksClientCA, f.tok.Module, f.tok.Label, f.pinFile, keys, l7Client)
+`, listen, metrics, filepath.Join(f.dir, "keyserverd-"+name), f.ksCert, f.ksKey, f.ksClientCA, f.tok.Module, f.tok.Label, f.pinFile, keys, l7Client)
 	path := filepath.Join(f.dir, "keyserverd-"+name+".yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
 }

@@ -141,6 +141,7 @@ func (f *fixture) writeConfig(name, listen, metrics, kind string, selectKey bool
 	}
 	cfg := fmt.Sprintf(`listen: %q
 metrics_listen: %q
+state_dir: %q
 log_level: info
 shutdown_grace: 5s
 tls:
@@ -150,7 +151,7 @@ tls:
 %sclients:
   - name: %q
     keys: ["*"]
-`, listen, metrics, f.serverCert, f.serverKey, f.clientCAFile, backendYAML, clientName)
+`, listen, metrics, filepath.Join(f.dir, "keyserverd-"+name), f.serverCert, f.serverKey, f.clientCAFile, backendYAML, clientName)
 	path := filepath.Join(f.dir, "keyserverd-"+name+".yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
 }

@@ -29,6 +29,7 @@ func TestAdminAuth(t *testing.T) {
 	}
 	serve := func(r req) *httptest.ResponseRecorder {
 		hr := httptest.NewRequest(r.method, r.path, nil)
+		hr.Host = "127.0.0.1:9240"
 		if r.authz != "" {
 			hr.Header.Set("Authorization", r.authz)
 		}
@@ -167,6 +168,7 @@ func FuzzAdminAuth(f *testing.F) {
 	h := guarded(&auth)
 	f.Fuzz(func(t *testing.T, authz string) {
 		r := httptest.NewRequest("POST", "/reload", nil)
+		r.Host = "localhost:9240"
 		r.Header["Authorization"] = []string{authz}
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)

@@ -9,7 +9,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/tiergate/tiergate/internal/config"
@@ -26,10 +29,10 @@ import (
 // a full example.
 //
 // On reload (SIGHUP, POST /reload) clients, allow_all_clients, deny, log_level,
-// admin_token_file, lame_duck,
+// admin_token_file, admin_hosts, lame_duck,
 // shutdown_grace and the key backends (pkcs11, software: the keys offered) change;
-// listen, limits, tls, admin_listen and admin_insecure are fixed at start, and a
-// reload that changes them is refused.
+// listen, limits, tls, admin_listen, admin_insecure and state_dir are fixed at
+// start, and a reload that changes them is refused.
 type FileConfig struct {
 	// Server is the keyserver's configuration: listen (default "127.0.0.1:2407":
 	// set the address the L7 nodes reach), limits, clients (required, or
@@ -45,15 +48,31 @@ type FileConfig struct {
 	// two.
 	MetricsListen string `yaml:"metrics_listen"`
 
-	// AdminTokenFile holds the bearer token of the admin endpoint: with it, every
-	// request but GET /healthz and /metrics needs "Authorization: Bearer <token>".
-	// Read at start and on reload. Default none: no token.
+	// AdminTokenFile holds the bearer token of the admin endpoint: every request
+	// but GET /healthz and /metrics needs "Authorization: Bearer <token>". The
+	// token is the file's content less surrounding white space, at least 16 bytes
+	// of visible ASCII; the file must exist, and is warned about when its group or
+	// others may read it. Read at start and on reload. Default: the token in
+	// <state_dir>/admin.token, generated there (0600) at the first start and logged
+	// with its path.
 	AdminTokenFile string `yaml:"admin_token_file"`
 
-	// AdminInsecure lets AdminListen be an address other hosts reach without
-	// AdminTokenFile; without it keyserverd refuses that configuration. Default
-	// false.
+	// AdminInsecure serves the admin endpoint with no token when AdminTokenFile is
+	// not set: whoever reaches admin_listen may reload keyserverd and read its
+	// status. Only where nothing else runs on the host and the network keeps others
+	// out. Fixed at start. Default false: a token is required.
 	AdminInsecure bool `yaml:"admin_insecure"`
+
+	// AdminHosts lists the host names (or addresses) by which the admin endpoint is
+	// reached, besides a loopback address, "localhost" and the address it listens
+	// on: a request whose Host header names anything else is refused (421), which
+	// keeps web pages out by DNS rebinding. Changes on reload. Default none.
+	AdminHosts []string `yaml:"admin_hosts"`
+
+	// StateDir is keyserverd's own directory: the admin token it generates lives
+	// there. Created (0700) when missing. Fixed at start. Default
+	// /var/lib/tiergate/keyserverd (systemd: StateDirectory=tiergate/keyserverd).
+	StateDir string `yaml:"state_dir"`
 
 	// TLS: the server's certificate and the CA that client certificates must chain to.
 	// All three files are required to run (not to import).
@@ -129,9 +148,13 @@ func (c *FileConfig) validate() error {
 	if c.AdminListen == "" {
 		c.AdminListen = DefaultAdminListen
 	}
-	if c.AdminListen != "off" && c.AdminTokenFile == "" && !c.AdminInsecure && !daemon.IsLoopbackListen(c.AdminListen) {
-		ck.Addf("admin_listen", "%q: other hosts can reach it and the admin endpoint would serve them unauthenticated: "+
-			"set admin_token_file (or admin_insecure: true when the network keeps them out)", c.AdminListen)
+	if c.StateDir == "" {
+		c.StateDir = daemon.DefaultStateDir("keyserverd")
+	}
+	for i, h := range c.AdminHosts {
+		if h == "" || strings.ContainsAny(h, "/ \t") {
+			ck.Addf(config.Index("admin_hosts", i), "%q: want a host name or address", h)
+		}
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = config.Duration(DefaultShutdownGrace)
@@ -148,6 +171,30 @@ func (c *FileConfig) validate() error {
 	ck.Nest("", c.Server.Validate())
 	c.Server.Defaults()
 	return ck.Err()
+}
+
+// warnSecrets logs a warning for each file of c holding a secret (the TLS key, the
+// software keys, the token's PIN file; the admin token is AdminToken's) that its
+// group or others may read.
+func (c *FileConfig) warnSecrets(log *slog.Logger) {
+	if c.TLS.KeyFile != "" {
+		daemon.WarnIfExposed(log, "keyserverd's TLS private key", c.TLS.KeyFile)
+	}
+	if c.PKCS11 != nil && c.PKCS11.PINFile != "" {
+		daemon.WarnIfExposed(log, "the token's user PIN", c.PKCS11.PINFile)
+	}
+	if s := c.Software; s != nil {
+		files := s.Files
+		if s.Dir != "" {
+			for _, pat := range []string{"*.key", "*.pem"} {
+				m, _ := filepath.Glob(filepath.Join(s.Dir, pat))
+				files = append(files, m...)
+			}
+		}
+		for _, f := range files {
+			daemon.WarnIfExposed(log, "a software private key", f)
+		}
+	}
 }
 
 // serverTLS loads the certificate, key and client CA files.

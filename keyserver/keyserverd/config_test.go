@@ -27,7 +27,8 @@ func TestParseConfig(t *testing.T) {
 		{"negative lame duck", "software: {}\nlame_duck: -1s\n", "lame_duck: -1s is negative"},
 		{"negative limit", "software: {}\nlimits: {max_conns: -1}\n", "limits.max_conns: must not be negative"},
 		{"two admin addresses", "software: {}\nadmin_listen: 127.0.0.1:1\nmetrics_listen: 127.0.0.1:2\n", `metrics_listen: "127.0.0.1:2" differs from admin_listen`},
-		{"admin everywhere", "software: {}\nadmin_listen: :9240\n", `admin_listen: ":9240": other hosts can reach it`},
+		{"admin everywhere, generated token", "software: {}\nallow_all_clients: true\nadmin_listen: :9240\n", ""},
+		{"bad admin host", "software: {}\nallow_all_clients: true\nadmin_hosts: ['a b']\n", `admin_hosts[0]: "a b"`},
 		{"admin everywhere, insecure", "software: {}\nallow_all_clients: true\nadmin_listen: :9240\nadmin_insecure: true\n", ""},
 		{"admin everywhere, token", "software: {}\nallow_all_clients: true\nadmin_listen: :9240\nadmin_token_file: /x\n", ""},
 		{"bad log level", "software: {}\nlog_level: loud\n", `log_level: "loud": want debug, info, warn or error`},
@@ -51,7 +52,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := c.Server.Limits
-	if c.AdminListen != DefaultAdminListen || c.ShutdownGrace.D() != 10*time.Second || c.LameDuck != 0 ||
+	if c.AdminListen != DefaultAdminListen || c.ShutdownGrace.D() != 10*time.Second || c.LameDuck != 0 || c.StateDir != "/var/lib/tiergate/keyserverd" ||
 		c.Server.Addr != "127.0.0.1:2407" || l.MaxConns != 4096 || l.IdleTimeout.D() != 5*time.Minute ||
 		l.MaxHandshakes != 64 || l.MaxHandshakesPerSource != 8 || l.HandshakeTimeout.D() != 3*time.Second || l.BackendWait.D() != time.Second {
 		t.Errorf("defaults not filled: %+v", c)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -59,6 +60,8 @@ type Daemon struct {
 	auth    daemon.AdminAuth
 	lame    daemon.LameDuck
 	admin   net.Listener
+	// tokenFile is where the admin token in force came from; "" for none.
+	tokenFile string
 }
 
 // setup reads the configuration and prepares logging and metrics.
@@ -73,12 +76,17 @@ func (d *Daemon) setup() error {
 	lvl, _ := daemon.LogLevel(cfg.LogLevel)
 	d.level.Set(lvl)
 	d.log = slog.New(slog.NewTextHandler(d.Stderr, &slog.HandlerOptions{Level: &d.level}))
-	token, err := daemon.ReadAdminTokenFile(cfg.AdminTokenFile)
-	if err != nil {
-		return err
+	cfg.warnSecrets(d.log)
+	if cfg.AdminListen != "off" {
+		token, path, err := daemon.AdminToken(cfg.AdminTokenFile, cfg.AdminInsecure, cfg.StateDir, d.log)
+		if err != nil {
+			return err
+		}
+		d.tokenFile = path
+		d.auth.SetToken(token)
 	}
 	d.auth.Logger = d.log
-	d.auth.SetToken(token)
+	d.auth.SetHosts(cfg.AdminHosts)
 	d.lame.Logger = d.log
 	d.file = cfg
 	d.ops, d.done, d.stopped = make(chan func()), make(chan struct{}), make(chan struct{})
@@ -109,17 +117,32 @@ func (d *Daemon) Check(out io.Writer) error {
 	if stderr == nil {
 		stderr = os.Stderr
 	}
-	backends, err := openBackends(cfg, daemon.NewLogger(cfg.LogLevel, stderr), false)
+	log := daemon.NewLogger(cfg.LogLevel, stderr)
+	cfg.warnSecrets(log)
+	backends, err := openBackends(cfg, log, false)
 	if err != nil {
 		return err
 	}
 	defer closeAll(backends)
-	fmt.Fprintf(out, "listen %s; admin %s; %d client rules\n", cfg.Server.Addr, cfg.AdminListen, len(cfg.Server.Clients))
+	fmt.Fprintf(out, "listen %s; admin %s (%s); %d client rules\n", cfg.Server.Addr, cfg.AdminListen, adminTokenSummary(cfg), len(cfg.Server.Clients))
 	if err := listKeys(out, backends); err != nil {
 		return err
 	}
 	fmt.Fprintln(out, "configuration OK")
 	return nil
+}
+
+// adminTokenSummary says where the admin endpoint's token comes from.
+func adminTokenSummary(cfg *FileConfig) string {
+	switch {
+	case cfg.AdminListen == "off":
+		return "off"
+	case cfg.AdminTokenFile != "":
+		return "token from " + cfg.AdminTokenFile
+	case cfg.AdminInsecure:
+		return "no token: admin_insecure"
+	}
+	return "token in " + filepath.Join(cfg.StateDir, daemon.GeneratedTokenFile) + ", generated if missing"
 }
 
 // Run serves until ctx is done, reloading on SIGHUP and POST /reload; then it stops
@@ -160,7 +183,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.admin = ln
 		admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
 		go admin.Serve(ln)
-		d.log.Info("admin", "addr", ln.Addr().String())
+		d.log.Info("admin", "addr", ln.Addr().String(), "token_file", d.tokenFile,
+			"example", fmt.Sprintf("curl -H \"Authorization: Bearer $(cat %s)\" http://%s/status", d.tokenFile, ln.Addr()))
 	}
 	if err := d.srv.Start(); err != nil {
 		if admin != nil {
@@ -263,6 +287,9 @@ func fixedChanges(cur, next *FileConfig) error {
 	if cur.AdminInsecure != next.AdminInsecure {
 		diff = append(diff, "admin_insecure")
 	}
+	if cur.StateDir != next.StateDir {
+		diff = append(diff, "state_dir")
+	}
 	if len(diff) == 0 {
 		return nil
 	}
@@ -283,10 +310,14 @@ func (d *Daemon) reload() (err error) {
 	if err := fixedChanges(d.file, cfg); err != nil {
 		return err
 	}
-	token, err := daemon.ReadAdminTokenFile(cfg.AdminTokenFile)
-	if err != nil {
-		return err
+	var token []byte
+	var tokenFile string
+	if cfg.AdminListen != "off" {
+		if token, tokenFile, err = daemon.AdminToken(cfg.AdminTokenFile, cfg.AdminInsecure, cfg.StateDir, d.log); err != nil {
+			return err
+		}
 	}
+	cfg.warnSecrets(d.log)
 	var backends []backend.Backend
 	if !reflect.DeepEqual(cfg.PKCS11, d.file.PKCS11) || !reflect.DeepEqual(cfg.Software, d.file.Software) {
 		if backends, err = openBackends(cfg, d.log, false); err != nil {
@@ -303,6 +334,8 @@ func (d *Daemon) reload() (err error) {
 	lvl, _ := daemon.LogLevel(cfg.LogLevel)
 	d.level.Set(lvl)
 	d.auth.SetToken(token)
+	d.auth.SetHosts(cfg.AdminHosts)
+	d.tokenFile = tokenFile
 	d.file = cfg
 	d.log.Info("reloaded", "config", d.Path, "client_rules", len(cfg.Server.Clients), "keys", len(d.srv.Keys()), "backends_reopened", backends != nil)
 	return nil

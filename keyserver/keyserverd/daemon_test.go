@@ -64,9 +64,10 @@ func newPKI(t *testing.T) *pki {
 func (p *pki) config(more string) string {
 	return fmt.Sprintf(`listen: "127.0.0.1:0"
 admin_listen: "127.0.0.1:0"
+state_dir: %q
 log_level: debug
 tls: {cert_file: %q, key_file: %q, client_ca_file: %q}
-`, p.cert, p.key, p.clientCAF) + more
+`, filepath.Join(p.dir, "state"), p.cert, p.key, p.clientCAF) + more
 }
 
 // softKeys writes two PEM keys, a and b, into a directory for the software backend.
@@ -97,6 +98,8 @@ type running struct {
 	url  string
 	log  *testenv.LockedBuffer
 	stop func() error
+	// token is the admin token in force at start (generated unless configured).
+	token string
 }
 
 func writeFile(t *testing.T, path, data string) {
@@ -146,7 +149,15 @@ func start(t *testing.T, config string) *running {
 			t.Logf("keyserverd log:\n%s", log)
 		}
 	})
-	return &running{Daemon: d, t: t, path: path, url: "http://" + d.AdminAddr().String(), log: log, stop: stop}
+	r := &running{Daemon: d, t: t, path: path, url: "http://" + d.AdminAddr().String(), log: log, stop: stop}
+	if d.tokenFile != "" {
+		tok, err := os.ReadFile(d.tokenFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.token = strings.TrimSpace(string(tok))
+	}
+	return r
 }
 
 // do sends an admin request (with token tok, if any) and returns the status and body.
@@ -168,10 +179,11 @@ func (r *running) do(method, path, tok string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// want sends a request and checks its status and that the body holds each of parts.
+// want sends a request with the admin token and checks its status and that the body
+// holds each of parts.
 func (r *running) want(method, path string, status int, parts ...string) string {
 	r.t.Helper()
-	got, b := r.do(method, path, "")
+	got, b := r.do(method, path, r.token)
 	if got != status {
 		r.t.Errorf("%s %s: %d, want %d: %s", method, path, got, status, b)
 	}
@@ -303,22 +315,102 @@ func TestReload(t *testing.T) {
 		"tiergate_keyserver_keys 1")
 }
 
-// TestAdminToken: with admin_token_file, /reload and /status need the token, and
+// TestAdminToken: with admin_token_file, /reload and /status need that token, and
 // /healthz and /metrics do not.
 func TestAdminToken(t *testing.T) {
 	p := newPKI(t)
 	tokFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokFile, "0123456789abcdef0123\n")
 	r := start(t, p.config("software: {}\nallow_all_clients: true\nadmin_token_file: "+tokFile+"\n"))
-	r.want("GET", "/healthz", 503, "no keys loaded")
-	r.want("GET", "/metrics", 200, "tiergate_keyserver_keys 0")
-	r.want("POST", "/reload", 401, `"code": "unauthorized"`)
-	r.want("GET", "/status", 401)
+	if r.token != "0123456789abcdef0123" {
+		t.Errorf("token in force %q", r.token)
+	}
+	for _, c := range []struct {
+		method, path string
+		code         int
+	}{{"GET", "/healthz", 503}, {"GET", "/metrics", 200}, {"POST", "/reload", 401}, {"GET", "/status", 401}} {
+		if code, body := r.do(c.method, c.path, ""); code != c.code || (c.code == 401 && !strings.Contains(body, `"code": "unauthorized"`)) {
+			t.Errorf("%s %s without the token: %d %s", c.method, c.path, code, body)
+		}
+	}
 	if code, body := r.do("POST", "/reload", "0123456789abcdef0123"); code != 200 {
 		t.Errorf("reload with the token: %d %s", code, body)
 	}
 	if code, _ := r.do("GET", "/status", "0123456789abcdef0123"); code != 200 {
 		t.Errorf("status with the token: %d", code)
+	}
+}
+
+// TestAdminTokenByDefault: without admin_token_file keyserverd generates a token in
+// its state directory (0600), logs where, and requires it; a request naming another
+// host is refused whatever its token; admin_insecure serves without one.
+func TestAdminTokenByDefault(t *testing.T) {
+	p := newPKI(t)
+	r := start(t, p.config("software: {}\nallow_all_clients: true\nadmin_hosts: [ks1.admin.example]\n"))
+	path := filepath.Join(p.dir, "state", "admin.token")
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 || len(r.token) != 64 {
+		t.Fatalf("generated token %s: %v %v (%d bytes)", path, fi, err, len(r.token))
+	}
+	if !strings.Contains(r.log.String(), "admin token generated") || !strings.Contains(r.log.String(), path) || strings.Contains(r.log.String(), r.token) {
+		t.Errorf("the log does not say where the token is (or shows it):\n%s", r.log)
+	}
+	if code, _ := r.do("GET", "/status", ""); code != 401 {
+		t.Errorf("status without the token: %d, want 401", code)
+	}
+	r.want("GET", "/status", 200, `"allow_all_clients": true`)
+	r.want("POST", "/reload", 200)
+	if code, _ := r.do("GET", "/metrics", ""); code != 200 {
+		t.Errorf("metrics without the token: %d", code)
+	}
+	for host, want := range map[string]int{"rebound.attacker.example": 421, "ks1.admin.example:9240": 200, "localhost": 200} {
+		req, _ := http.NewRequest("GET", r.url+"/status", nil)
+		req.Host = host
+		req.Header.Set("Authorization", "Bearer "+r.token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || (want == 421 && !strings.Contains(string(b), `"code": "misdirected_request"`)) {
+			t.Errorf("Host %q: %d %s, want %d", host, resp.StatusCode, b, want)
+		}
+	}
+	// A restart reads the same token back.
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	again := start(t, p.config("software: {}\nallow_all_clients: true\n"))
+	if again.token != r.token {
+		t.Errorf("token after a restart %q, want %q", again.token, r.token)
+	}
+
+	open := start(t, newPKI(t).config("software: {}\nallow_all_clients: true\nadmin_insecure: true\n"))
+	if code, body := open.do("GET", "/status", ""); code != 200 || open.token != "" {
+		t.Errorf("admin_insecure: %d %s (token %q)", code, body, open.token)
+	}
+}
+
+// TestSecretFilesWarned: keyserverd warns about its TLS key and software keys when
+// their group or others may read them.
+func TestSecretFilesWarned(t *testing.T) {
+	p := newPKI(t)
+	keys := softKeys(t)
+	if err := os.Chmod(p.key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(keys, "a.key"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, p.config(fmt.Sprintf("software: {dir: %q}\nallow_all_clients: true\n", keys)))
+	log := r.log.String()
+	for _, want := range []string{p.key, filepath.Join(keys, "a.key")} {
+		if !strings.Contains(log, "readable by others than its owner") || !strings.Contains(log, "file="+want) {
+			t.Errorf("no warning about %s:\n%s", want, log)
+		}
+	}
+	if strings.Contains(log, "file="+filepath.Join(keys, "b.key")) {
+		t.Errorf("a 0600 key warned about:\n%s", log)
 	}
 }
 

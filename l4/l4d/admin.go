@@ -59,9 +59,15 @@ type configBody struct {
 	LogLevel    *string    `json:"log_level"`
 	AdminListen *string    `json:"admin_listen"`
 	StateFile   *string    `json:"state_file"`
+	StateDir    *string    `json:"state_dir"`
+	Insecure    *bool      `json:"admin_insecure"`
 	DPDK        *DPDKFile  `json:"dpdk"`
 	Ports       *PortsFile `json:"ports"`
 	HashSeed    *uint64    `json:"hash_seed"`
+	// The admin token and hosts change with the file (reload) only; PUT /config
+	// reads and leaves them.
+	AdminHosts []string `json:"admin_hosts"`
+	TokenFile  *string  `json:"admin_token_file"`
 }
 
 // adminHandler serves /metrics, /healthz and the admin API:
@@ -307,6 +313,12 @@ func (d *Daemon) putConfig(w http.ResponseWriter, r *http.Request) error {
 		}
 		if body.StateFile != nil && *body.StateFile != cur.StateFile {
 			diff = append(diff, "state_file")
+		}
+		if body.StateDir != nil && *body.StateDir != cur.StateDir {
+			diff = append(diff, "state_dir")
+		}
+		if body.Insecure != nil && *body.Insecure != cur.AdminInsecure {
+			diff = append(diff, "admin_insecure")
 		}
 		if c := body.Conntrack.Capacity; c != 0 && c != cur.Conntrack.Capacity {
 			diff = append(diff, "conntrack.capacity")

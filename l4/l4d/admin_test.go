@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tiergate/tiergate/internal/config"
+	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/l4/datapath"
 	"github.com/tiergate/tiergate/l4/dpdk"
 	"github.com/tiergate/tiergate/l4/port"
@@ -97,6 +98,8 @@ type testDaemon struct {
 	url   string
 	ports *testPorts
 	stop  func() error
+	// token is the admin token in force at start, sent with every request.
+	token string
 }
 
 func writeFile(t *testing.T, path, data string) {
@@ -144,7 +147,15 @@ func startDaemon(t *testing.T, path string) *testDaemon {
 			t.Errorf("stopping l4d: %v", err)
 		}
 	})
-	return &testDaemon{Daemon: d, t: t, url: "http://" + d.AdminAddr().String(), ports: tp, stop: stop}
+	td := &testDaemon{Daemon: d, t: t, url: "http://" + d.AdminAddr().String(), ports: tp, stop: stop}
+	if d.tokenFile != "" {
+		tok, err := os.ReadFile(d.tokenFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		td.token = strings.TrimSpace(string(tok))
+	}
+	return td
 }
 
 func startWith(t *testing.T, config string) *testDaemon {
@@ -163,6 +174,9 @@ func (td *testDaemon) do(method, path, body string) (int, string) {
 	req, err := http.NewRequest(method, td.url+path, r)
 	if err != nil {
 		td.t.Fatal(err)
+	}
+	if td.token != "" {
+		req.Header.Set("Authorization", "Bearer "+td.token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -671,12 +685,64 @@ func TestAdminToken(t *testing.T) {
 	}
 }
 
-func TestAdminListenNeedsToken(t *testing.T) {
-	cfg := strings.Replace(testConfig, `admin_listen: "127.0.0.1:0"`, `admin_listen: "0.0.0.0:0"`, 1)
-	if _, err := ParseConfig([]byte(cfg), "test"); err == nil || !strings.Contains(err.Error(), "admin_token_file") {
-		t.Fatalf("non-loopback admin without a token: %v, want refused", err)
+// TestAdminTokenByDefault: without admin_token_file l4d generates a token in its
+// state directory and requires it, on every address; a request naming another host
+// is refused; admin_insecure serves without a token.
+func TestAdminTokenByDefault(t *testing.T) {
+	c, err := ParseConfig([]byte(testConfig), "test")
+	if err != nil || c.StateDir != defaultStateDir || c.AdminInsecure || daemon.DefaultStateDir("l4d") != "/var/lib/tiergate/l4d" {
+		t.Fatalf("defaults: %v %q", err, c.StateDir)
 	}
-	if _, err := ParseConfig([]byte("admin_insecure: true\n"+cfg), "test"); err != nil {
-		t.Fatalf("admin_insecure: %v", err)
+	state := t.TempDir()
+	td := startWith(t, "state_dir: "+state+"\nadmin_hosts: [ld1.mgmt.example]\n"+testConfig)
+	if td.tokenFile != filepath.Join(state, "admin.token") || len(td.token) != 64 {
+		t.Fatalf("token file %q, token of %d bytes", td.tokenFile, len(td.token))
+	}
+	call := func(path, host, token string) int {
+		req, _ := http.NewRequest("GET", td.url+path, nil)
+		if host != "" {
+			req.Host = host
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		path, host, token string
+		want              int
+	}{
+		{"/status", "", "", 401},
+		{"/status", "", td.token, 200},
+		{"/healthz", "", "", 200},
+		{"/healthz", "rebound.attacker.example", "", 421},
+		{"/status", "rebound.attacker.example:9180", td.token, 421},
+		{"/status", "ld1.mgmt.example:9180", td.token, 200},
+	} {
+		if got := call(tc.path, tc.host, tc.token); got != tc.want {
+			t.Errorf("GET %s Host %q token %v: %d, want %d", tc.path, tc.host, tc.token != "", got, tc.want)
+		}
+	}
+	cfg := strings.Replace(testConfig, `admin_listen: "127.0.0.1:0"`, `admin_listen: "0.0.0.0:0"`, 1)
+	if _, err := ParseConfig([]byte(cfg), "test"); err != nil {
+		t.Errorf("non-loopback admin with the generated token: %v", err)
+	}
+	open := startWith(t, "admin_insecure: true\n"+testConfig)
+	if open.token != "" || call("/status", "", "") != 401 {
+		// call goes to td; check open on its own
+	}
+	req, _ := http.NewRequest("GET", open.url+"/status", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || open.token != "" {
+		t.Errorf("admin_insecure: %d (token %q)", resp.StatusCode, open.token)
 	}
 }

@@ -30,15 +30,31 @@ type FileConfig struct {
 	// "127.0.0.1:9180"; "off" disables it.
 	AdminListen string `yaml:"admin_listen" json:"admin_listen,omitempty"`
 
-	// AdminTokenFile holds the bearer token of the admin endpoint: with it, every
-	// request but GET /healthz and /metrics needs "Authorization: Bearer <token>".
-	// Read at start and on reload. Default none: no token.
+	// AdminTokenFile holds the bearer token of the admin endpoint: every request
+	// but GET /healthz and /metrics needs "Authorization: Bearer <token>". The
+	// token is the file's content less surrounding white space, at least 16 bytes
+	// of visible ASCII; the file must exist, and is warned about when its group or
+	// others may read it. Read at start and on reload. Default: the token in
+	// <state_dir>/admin.token, generated there (0600) at the first start and logged
+	// with its path.
 	AdminTokenFile string `yaml:"admin_token_file" json:"admin_token_file,omitempty"`
 
-	// AdminInsecure lets AdminListen be an address other hosts reach without
-	// AdminTokenFile; without it l4d refuses that configuration, since whoever
-	// reaches the API can take every member out of service. Default false.
+	// AdminInsecure serves the admin API with no token when AdminTokenFile is not
+	// set: whoever reaches admin_listen can take every member out of service. Only
+	// where nothing else runs on the host and the network keeps others out. Fixed
+	// at start. Default false: a token is required.
 	AdminInsecure bool `yaml:"admin_insecure" json:"admin_insecure,omitempty"`
+
+	// AdminHosts lists the host names (or addresses) by which the admin endpoint is
+	// reached, besides a loopback address, "localhost" and the address it listens
+	// on: a request whose Host header names anything else is refused (421), which
+	// keeps web pages out by DNS rebinding. Changes on reload. Default none.
+	AdminHosts []string `yaml:"admin_hosts" json:"admin_hosts,omitempty"`
+
+	// StateDir is l4d's own directory: the admin token it generates lives there.
+	// Created (0700) when missing. Fixed at start. Default /var/lib/tiergate/l4d
+	// (systemd: StateDirectory=tiergate/l4d).
+	StateDir string `yaml:"state_dir" json:"state_dir,omitempty"`
 
 	// StateFile, when set, keeps changes made through the admin API: after each one
 	// the forwarding configuration in force is written there (atomically), and at
@@ -189,6 +205,9 @@ func LoadConfig(path string) (*FileConfig, error) {
 	return daemon.ReadConfig(path, (*FileConfig).validate)
 }
 
+// defaultStateDir is StateDir's default; tests point it elsewhere.
+var defaultStateDir = daemon.DefaultStateDir("l4d")
+
 // ParseConfig decodes and validates a configuration, filling in the defaults of the
 // sections fixed at start; name is used in errors. Errors name the field by its YAML
 // path ("pools.web.members[1].address: ...").
@@ -211,9 +230,13 @@ func (c *FileConfig) validate() error {
 	if c.LameDuck < 0 {
 		bad("lame_duck", "%v is negative", c.LameDuck)
 	}
-	if c.AdminListen != "off" && c.AdminTokenFile == "" && !c.AdminInsecure && !daemon.IsLoopbackListen(c.AdminListen) {
-		bad("admin_listen", "%q: other hosts can reach it and the admin API would serve them unauthenticated: "+
-			"set admin_token_file (or admin_insecure: true when the network keeps them out)", c.AdminListen)
+	if c.StateDir == "" {
+		c.StateDir = defaultStateDir
+	}
+	for i, h := range c.AdminHosts {
+		if h == "" || strings.ContainsAny(h, "/ \t") {
+			bad(config.Index("admin_hosts", i), "%q: want a host name or address", h)
+		}
 	}
 	c.DPDK.fill()
 	p := &c.DPDK

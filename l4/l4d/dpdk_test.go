@@ -54,7 +54,7 @@ func TestDPDK(t *testing.T) {
 		t.Fatalf("building l4d: %v\n%s", err, out)
 	}
 	path := filepath.Join(dir, "l4d.yaml")
-	writeFile(t, path, dpdkConfig)
+	writeFile(t, path, "state_dir: "+dir+"\n"+dpdkConfig)
 
 	var out strings.Builder
 	if err := exec.Command(bin, "check", "-config", path).Run(); err != nil {
@@ -110,9 +110,16 @@ func TestDPDK(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("l4d did not serve its admin endpoint in 60s")
 	}
+	token, err := os.ReadFile(filepath.Join(dir, "admin.token")) // generated at start
+	if err != nil {
+		t.Fatal(err)
+	}
+	authz := "Bearer " + strings.TrimSpace(string(token))
 	get := func(path string) (int, string) {
 		t.Helper()
-		resp, err := http.Get(base + path)
+		req, _ := http.NewRequest("GET", base+path, nil)
+		req.Header.Set("Authorization", authz)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatalf("GET %s: %v", path, err)
 		}
@@ -165,6 +172,7 @@ func TestDPDK(t *testing.T) {
 	// A change through the admin API reaches the running datapath.
 	req, _ := http.NewRequestWithContext(context.Background(), "PUT", base+"/rules/dns",
 		strings.NewReader(`{"vip": "198.18.0.10", "protocol": "udp", "port": 53, "pool": "l7"}`))
+	req.Header.Set("Authorization", authz)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

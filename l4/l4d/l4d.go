@@ -75,6 +75,8 @@ type Daemon struct {
 	dist    *datapath.Distributor
 	running atomic.Bool
 	admin   net.Listener
+	// tokenFile is where the admin token in force came from; "" for none.
+	tokenFile string
 }
 
 // setup reads the configuration (and the state file) and prepares logging and
@@ -98,12 +100,16 @@ func (d *Daemon) setup() error {
 		d.log.Info("forwarding configuration from the state file; the configuration file's tunnel, timeouts, rules and pools are not used",
 			"state_file", cfg.StateFile, "rules", len(fwd.Rules), "pools", len(fwd.Pools))
 	}
-	token, err := daemon.ReadAdminTokenFile(cfg.AdminTokenFile)
-	if err != nil {
-		return err
+	if cfg.AdminListen != "off" {
+		token, path, err := daemon.AdminToken(cfg.AdminTokenFile, cfg.AdminInsecure, cfg.StateDir, d.log)
+		if err != nil {
+			return err
+		}
+		d.auth.SetToken(token)
+		d.tokenFile = path
 	}
 	d.auth.Logger = d.log
-	d.auth.SetToken(token)
+	d.auth.SetHosts(cfg.AdminHosts)
 	d.lame.Logger, d.lame.Grace = d.log, shutdownTimeout
 	d.file, d.fwd = cfg, fwd
 	d.reg = prometheus.NewRegistry()
@@ -196,7 +202,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.admin = ln
 		admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
 		go admin.Serve(ln)
-		d.log.Info("admin", "addr", ln.Addr().String())
+		d.log.Info("admin", "addr", ln.Addr().String(), "token_file", d.tokenFile,
+			"example", fmt.Sprintf("curl -H \"Authorization: Bearer $(cat %s)\" http://%s/status", d.tokenFile, ln.Addr()))
 	}
 	if d.ready != nil {
 		close(d.ready)
@@ -358,6 +365,12 @@ func fixedChanges(cur, next *FileConfig) error {
 	if cur.AdminListen != next.AdminListen {
 		diff = append(diff, "admin_listen")
 	}
+	if cur.AdminInsecure != next.AdminInsecure {
+		diff = append(diff, "admin_insecure")
+	}
+	if cur.StateDir != next.StateDir {
+		diff = append(diff, "state_dir")
+	}
 	if cur.StateFile != next.StateFile {
 		diff = append(diff, "state_file")
 	}
@@ -386,9 +399,12 @@ func (d *Daemon) Reload() (err error) {
 	if err := fixedChanges(d.file, cfg); err != nil {
 		return err
 	}
-	token, err := daemon.ReadAdminTokenFile(cfg.AdminTokenFile)
-	if err != nil {
-		return err
+	var token []byte
+	var tokenFile string
+	if cfg.AdminListen != "off" {
+		if token, tokenFile, err = daemon.AdminToken(cfg.AdminTokenFile, cfg.AdminInsecure, cfg.StateDir, d.log); err != nil {
+			return err
+		}
 	}
 	fwd, fromState, err := forwardingInForce(cfg)
 	if err != nil {
@@ -404,6 +420,8 @@ func (d *Daemon) Reload() (err error) {
 	lvl, _ := daemon.LogLevel(cfg.LogLevel)
 	d.level.Set(lvl)
 	d.auth.SetToken(token)
+	d.auth.SetHosts(cfg.AdminHosts)
+	d.tokenFile = tokenFile
 	d.file, d.fwd = cfg, fwd
 	d.log.Info("reloaded", "config", d.Path, "from_state_file", fromState, "rules", len(fwd.Rules), "pools", len(fwd.Pools))
 	return nil
