@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"time"
 )
 
 // TicketKeyLen is the length of a session ticket key.
@@ -111,4 +112,25 @@ func newTicketState(keys [][TicketKeyLen]byte) *ticketState {
 // tickets).
 func (t *ticketState) sameKeys(keys [][TicketKeyLen]byte) bool {
 	return slices.Equal(t.keys, keys)
+}
+
+// NewestTicketKeyAge returns how long ago the newest of the ticket key files at paths
+// was written (its modification time), so that a caller can warn when rotation has
+// stopped: every key, the newest included, older than the rotation period means no
+// new key was put in place. A file that cannot be examined is an error naming it.
+func NewestTicketKeyAge(paths []string, now time.Time) (time.Duration, error) {
+	if len(paths) == 0 {
+		return 0, errors.New("no ticket key files")
+	}
+	var newest time.Time
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return 0, fmt.Errorf("ticket key file %s: %w", p, err)
+		}
+		if fi.ModTime().After(newest) {
+			newest = fi.ModTime()
+		}
+	}
+	return max(now.Sub(newest), 0), nil
 }

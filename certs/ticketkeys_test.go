@@ -1,12 +1,16 @@
 package certs
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func randomKey(t testing.TB) [TicketKeyLen]byte {
@@ -112,4 +116,38 @@ func FuzzParseTicketKey(f *testing.F) {
 			t.Fatalf("hex round trip: %x, %v", again, err)
 		}
 	})
+}
+
+// TestNewestTicketKeyAge: the age of the most recently written key file, whatever
+// its place in the list; a missing file is an error naming it.
+func TestNewestTicketKeyAge(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Date(2030, 1, 10, 12, 0, 0, 0, time.UTC)
+	var paths []string
+	for i, age := range []time.Duration{72 * time.Hour, 5 * time.Hour, 48 * time.Hour} {
+		p := filepath.Join(dir, fmt.Sprintf("ticket-%d.key", i))
+		if err := os.WriteFile(p, bytes.Repeat([]byte{byte(i + 1)}, TicketKeyLen), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, now.Add(-age), now.Add(-age)); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, p)
+	}
+	if age, err := NewestTicketKeyAge(paths, now); err != nil || age != 5*time.Hour {
+		t.Errorf("age %v, %v; want 5h", age, err)
+	}
+	if age, err := NewestTicketKeyAge(paths[:1], now); err != nil || age != 72*time.Hour {
+		t.Errorf("one file: %v, %v; want 72h", age, err)
+	}
+	if age, err := NewestTicketKeyAge(paths[:1], now.Add(-100*time.Hour)); err != nil || age != 0 {
+		t.Errorf("a file from the future: %v, %v; want 0", age, err)
+	}
+	missing := filepath.Join(dir, "missing.key")
+	if _, err := NewestTicketKeyAge(append(paths, missing), now); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Errorf("missing file: %v", err)
+	}
+	if _, err := NewestTicketKeyAge(nil, now); err == nil {
+		t.Errorf("no files: no error")
+	}
 }

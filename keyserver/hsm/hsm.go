@@ -95,6 +95,14 @@ type Config struct {
 	// the token whose type the backend supports; others are logged and skipped.
 	Keys []KeySpec `yaml:"keys"`
 
+	// AllowExtractable serves keys whose value can leave the token (CKA_EXTRACTABLE
+	// true, or CKA_SENSITIVE false: made by a tool that did not protect them), with
+	// a warning. Default false: such a key is refused: one that Keys names fails
+	// New, one found by listing every key is skipped with an error logged. Either
+	// way it is counted (ExtractableKeys). Keys imported by Import are sensitive and
+	// non-extractable.
+	AllowExtractable bool `yaml:"allow_extractable"`
+
 	// Sessions is the number of operation sessions, which bounds the operations in
 	// flight on the token. Default: 4 × GOMAXPROCS, capped below the token's
 	// maximum session count when it announces one, and at least 1.
@@ -174,6 +182,10 @@ type Backend struct {
 	closeOnce sync.Once
 	closeErr  error
 
+	allowExtractable   bool
+	extractableRefused atomic.Int64 // keys refused for being extractable
+	extractableServed  atomic.Int64 // extractable keys served (AllowExtractable)
+
 	recoveries atomic.Uint64
 	finds      atomic.Uint64 // C_FindObjectsInit calls
 	logins     atomic.Uint64 // C_Login calls
@@ -251,6 +263,8 @@ func newBackend(cfg *Config) (*Backend, error) {
 		mechs: map[uint]bool{},
 		byID:  map[protocol.KeyID]*keyObject{},
 		done:  make(chan struct{}),
+
+		allowExtractable: cfg.AllowExtractable,
 	}
 	if b.log == nil {
 		b.log = slog.Default()
@@ -351,6 +365,13 @@ func (b *Backend) Keys() ([]*backend.Key, error) {
 		ks[i] = k.key
 	}
 	return ks, nil
+}
+
+// ExtractableKeys returns how many of the token's keys whose value can leave it
+// (CKA_EXTRACTABLE true or CKA_SENSITIVE false) New refused, and how many it served
+// (Config.AllowExtractable).
+func (b *Backend) ExtractableKeys() (refused, served int) {
+	return int(b.extractableRefused.Load()), int(b.extractableServed.Load())
 }
 
 // Recoveries returns how many operations failed with a session, login, handle or

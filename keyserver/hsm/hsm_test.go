@@ -1047,3 +1047,72 @@ func TestSessionWaitBounded(t *testing.T) {
 		t.Errorf("Sign once the session came free: %v", err)
 	}
 }
+
+// TestExtractableKeysRefused: a key already on the token whose value can leave it
+// (CKA_EXTRACTABLE true, CKA_SENSITIVE false) is refused when named, skipped when
+// every key is listed, and served only with allow_extractable, each time counted.
+func TestExtractableKeysRefused(t *testing.T) {
+	b, _ := fixture(t)
+	label := uniqueLabel("extractable")
+	id := []byte(label)
+	p256 := []byte{0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07}
+	b.mu.Lock()
+	_, _, err := b.mod.ctx.GenerateKeyPair(b.login, []*pkcs11.Mechanism{pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil)},
+		[]*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true), pkcs11.NewAttribute(pkcs11.CKA_EC_PARAMS, p256),
+			pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true), pkcs11.NewAttribute(pkcs11.CKA_ID, id), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+		},
+		[]*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true), pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
+			pkcs11.NewAttribute(pkcs11.CKA_SIGN, true), pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, false),
+			pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, true), pkcs11.NewAttribute(pkcs11.CKA_ID, id),
+			pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+		})
+	b.mu.Unlock()
+	if err != nil {
+		t.Fatalf("generating an extractable key: %v", err)
+	}
+	defer b.destroyObjects(t, pkcs11.CKO_PUBLIC_KEY, id)
+	defer b.destroyObjects(t, pkcs11.CKO_PRIVATE_KEY, id)
+
+	cfg := tokenConfig()
+	cfg.Keys = []KeySpec{{Label: label}}
+	if b2, err := New(cfg); err == nil {
+		b2.Close()
+		t.Fatal("an extractable key named in keys was loaded")
+	} else if !strings.Contains(err.Error(), label) || !strings.Contains(err.Error(), "CKA_EXTRACTABLE true") || !strings.Contains(err.Error(), "allow_extractable") {
+		t.Errorf("refusal: %v", err)
+	}
+
+	all, err := New(tokenConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer all.Close()
+	ks, _ := all.Keys()
+	for _, k := range ks {
+		if k.Label == label {
+			t.Error("an extractable key was served when listing every key")
+		}
+	}
+	if refused, served := all.ExtractableKeys(); refused != 1 || served != 0 {
+		t.Errorf("listing every key: refused %d, served %d; want 1 and 0", refused, served)
+	}
+
+	cfg.AllowExtractable = true
+	allowed, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer allowed.Close()
+	ks, _ = allowed.Keys()
+	if len(ks) != 1 || ks[0].Label != label {
+		t.Fatalf("allow_extractable: %d keys", len(ks))
+	}
+	if err := signOnce(ks[0], []byte("allowed")); err != nil {
+		t.Errorf("signing with the allowed key: %v", err)
+	}
+	if refused, served := allowed.ExtractableKeys(); refused != 0 || served != 1 {
+		t.Errorf("allow_extractable: refused %d, served %d; want 0 and 1", refused, served)
+	}
+}

@@ -101,9 +101,9 @@ func parseKeySpecs(in []KeySpec) ([]keySpec, error) {
 				return nil, fmt.Errorf("keys[%d]: %w", i, err)
 			}
 			if u.Type != "" && u.Type != "private" {
-				return nil, fmt.Errorf("keys[%d]: URI %s has type=%s: key URIs name private keys", i, ks.URI, u.Type)
+				return nil, fmt.Errorf("keys[%d]: URI %s has type=%s: key URIs name private keys", i, Redact(ks.URI), u.Type)
 			}
-			out = append(out, keySpec{desc: "URI " + ks.URI, uri: u})
+			out = append(out, keySpec{desc: "URI " + Redact(ks.URI), uri: u})
 		case ks.ID != "":
 			s := strings.ReplaceAll(strings.TrimPrefix(strings.ToLower(ks.ID), "0x"), ":", "")
 			id, err := hex.DecodeString(s)
@@ -198,6 +198,10 @@ func (b *Backend) loadKeysLocked(specs []keySpec, slot uint, ti pkcs11.TokenInfo
 	}
 	if len(specs) == 0 {
 		for _, c := range cs {
+			if err := b.checkExtractableLocked(c); err != nil {
+				b.log.Error("pkcs11 key refused", "token", b.tokenLabel, "key", c.String(), "err", err)
+				continue
+			}
 			k, err := b.buildKeyLocked(c)
 			if err != nil {
 				b.log.Warn("pkcs11 key skipped", "token", b.tokenLabel, "key", c.String(), "err", err)
@@ -233,6 +237,9 @@ func (b *Backend) loadKeysLocked(specs []keySpec, slot uint, ti pkcs11.TokenInfo
 			return fmt.Errorf("%d private keys with %s on token %q: select by id", len(match), s.desc, b.tokenLabel)
 		}
 		for _, c := range match {
+			if err := b.checkExtractableLocked(c); err != nil {
+				return fmt.Errorf("loading key %s (%s): %w", s.desc, c, err)
+			}
 			k, err := b.buildKeyLocked(c)
 			if err != nil {
 				return fmt.Errorf("loading key %s (%s): %w", s.desc, c, err)
@@ -241,6 +248,34 @@ func (b *Backend) loadKeysLocked(specs []keySpec, slot uint, ti pkcs11.TokenInfo
 		}
 	}
 	return nil
+}
+
+// checkExtractableLocked refuses c, unless AllowExtractable, when its value can
+// leave the token: CKA_EXTRACTABLE true or CKA_SENSITIVE false. Either way such a
+// key is counted, and a served one logged as a warning.
+func (b *Backend) checkExtractableLocked(c candidate) error {
+	as, err := b.mod.ctx.GetAttributeValue(b.login, c.h, []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, nil),
+		pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, nil),
+	})
+	if err != nil || len(as) != 2 {
+		b.log.Warn("pkcs11 key: cannot read CKA_EXTRACTABLE and CKA_SENSITIVE; served", "token", b.tokenLabel, "key", c.String(), "err", err)
+		return nil
+	}
+	extractable := len(as[0].Value) == 1 && as[0].Value[0] != 0
+	sensitive := len(as[1].Value) == 1 && as[1].Value[0] != 0
+	if !extractable && sensitive {
+		return nil
+	}
+	why := fmt.Sprintf("its value can leave the token (CKA_EXTRACTABLE %v, CKA_SENSITIVE %v)", extractable, sensitive)
+	if b.allowExtractable {
+		b.extractableServed.Add(1)
+		b.log.Warn("pkcs11 key served although "+why+": re-import it with keyserverd import, which stores keys non-extractable",
+			"token", b.tokenLabel, "key", c.String())
+		return nil
+	}
+	b.extractableRefused.Add(1)
+	return fmt.Errorf("refused: %s; re-import it with keyserverd import (non-extractable), or set allow_extractable: true", why)
 }
 
 func (s keySpec) matches(c candidate) bool {

@@ -47,7 +47,8 @@ type URI struct {
 	// PINSource names where the PIN is read from: "file:/path" or a path. A URI that
 	// names a program ("|/bin/cmd") is rejected by the backend, not the parser.
 	PINSource string
-	// PINValue is the PIN itself. Discouraged: the URI then is a secret.
+	// PINValue is the PIN itself. Discouraged: the URI then is a secret. String,
+	// Redact and every error of this package show it as Redacted.
 	PINValue string
 	// ModuleName names a module to look for in the system's module directories.
 	ModuleName string
@@ -74,7 +75,7 @@ const uriScheme = "pkcs11:"
 // error naming it.
 func ParseURI(s string) (*URI, error) {
 	if len(s) < len(uriScheme) || !strings.EqualFold(s[:len(uriScheme)], uriScheme) {
-		return nil, fmt.Errorf("pkcs11 URI %q: does not begin with %q", s, uriScheme)
+		return nil, fmt.Errorf("pkcs11 URI %q: does not begin with %q", Redact(s), uriScheme)
 	}
 	rest := s[len(uriScheme):]
 	path, query, _ := strings.Cut(rest, "?")
@@ -93,6 +94,7 @@ func (u *URI) parsePart(s, part, sep string, query bool, seen map[string]bool) e
 	if part == "" {
 		return nil
 	}
+	s = Redact(s) // for errors
 	for _, attr := range strings.Split(part, sep) {
 		name, raw, ok := strings.Cut(attr, "=")
 		if !ok {
@@ -273,10 +275,51 @@ func unhex(c byte) (byte, bool) {
 	return 0, false
 }
 
-// String returns the URI in the canonical form ParseURI reads back: path attributes
-// in RFC 7512 order, then vendor path attributes, then the query. The id is always
-// percent-encoded in full, other values only where RFC 7512 requires it.
+// Redacted stands for a pin-value wherever a URI is shown.
+const Redacted = "REDACTED"
+
+// String returns the URI in its canonical form (Canonical) with a pin-value shown as
+// Redacted, so that logs and errors never hold the PIN.
 func (u *URI) String() string {
+	if u.PINValue == "" {
+		return u.Canonical()
+	}
+	r := *u
+	r.PINValue = Redacted
+	return r.Canonical()
+}
+
+// Redact returns a pkcs11: URI as written (parsed or not) with the value of every
+// pin-value attribute, however its name is escaped, replaced by Redacted: what
+// errors and logs may show of a configured URI.
+func Redact(s string) string {
+	var b strings.Builder
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i < len(s) && s[i] != ';' && s[i] != '&' && s[i] != '?' {
+			continue
+		}
+		attr := s[start:i]
+		if name, _, ok := strings.Cut(attr, "="); ok {
+			if n, err := pctDecode(name); err == nil && strings.EqualFold(strings.TrimPrefix(string(n), uriScheme), "pin-value") ||
+				strings.Contains(strings.ToLower(name), "pin-value") {
+				attr = name + "=" + Redacted
+			}
+		}
+		b.WriteString(attr)
+		if i < len(s) {
+			b.WriteByte(s[i])
+		}
+		start = i + 1
+	}
+	return b.String()
+}
+
+// Canonical returns the URI in the canonical form ParseURI reads back, pin-value
+// included: path attributes in RFC 7512 order, then vendor path attributes, then
+// the query. The id is always percent-encoded in full, other values only where RFC
+// 7512 requires it. Do not log it: String is for showing.
+func (u *URI) Canonical() string {
 	var b strings.Builder
 	b.WriteString(uriScheme)
 	sep := ""

@@ -85,8 +85,8 @@ func TestParseURI(t *testing.T) {
 		if want == "" {
 			want = tc.in
 		}
-		if got := u.String(); got != want {
-			t.Errorf("ParseURI(%q).String() = %q, want %q", tc.in, got, want)
+		if got := u.Canonical(); got != want {
+			t.Errorf("ParseURI(%q).Canonical() = %q, want %q", tc.in, got, want)
 		}
 	}
 }
@@ -147,7 +147,7 @@ func FuzzParseURI(f *testing.F) {
 		if err != nil {
 			return
 		}
-		canon := u.String()
+		canon := u.Canonical()
 		u2, err := ParseURI(canon)
 		if err != nil {
 			t.Fatalf("ParseURI(%q) ok, but its String() %q does not parse: %v", s, canon, err)
@@ -155,8 +155,58 @@ func FuzzParseURI(f *testing.F) {
 		if !reflect.DeepEqual(u, u2) {
 			t.Fatalf("round trip of %q through %q: %+v became %+v", s, canon, u, u2)
 		}
-		if again := u2.String(); again != canon {
+		if again := u2.Canonical(); again != canon {
 			t.Fatalf("String() not stable: %q then %q", canon, again)
 		}
 	})
+}
+
+// TestURIRedaction: a pin-value never shows in String, in Redact of a URI as
+// written, or in the errors of ParseURI and New, whatever else is wrong with it.
+func TestURIRedaction(t *testing.T) {
+	const pin = "s3cr3t-PIN-4711"
+	u, err := ParseURI("pkcs11:token=t?pin-value=" + pin + "&module-name=m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := u.String(); strings.Contains(s, pin) || !strings.Contains(s, "pin-value="+Redacted) {
+		t.Errorf("String() = %q", s)
+	}
+	if s := u.Canonical(); !strings.Contains(s, "pin-value="+pin) {
+		t.Errorf("Canonical() = %q, want the PIN kept", s)
+	}
+	for _, s := range []string{
+		"pkcs11:token=t?pin-value=" + pin,
+		"pkcs11:token=t?module-name=m&pin-value=" + pin + "&x-a=b",
+		"pkcs11:pin-value=" + pin + ";token=t",
+		"pkcs11:token=t?pin%2Dvalue=" + pin,
+		"PKCS11:token=t?PIN-VALUE=" + pin,
+	} {
+		if r := Redact(s); strings.Contains(r, pin) || !strings.Contains(r, Redacted) {
+			t.Errorf("Redact(%q) = %q", s, r)
+		}
+	}
+	for _, bad := range []string{
+		"pkcs11:token=t;bogus=1?pin-value=" + pin,
+		"pkcs11:token=t?pin-value=" + pin + "&pin-value=" + pin,
+		"pkcs11:token=%zz?pin-value=" + pin,
+		"pkcs11:pin-value=" + pin,
+		"pkcs11:token=t?pin-value=" + pin + "&slot-id=x",
+		"pkcs11:token=t?pin%2Dvalue=" + pin,
+		"http://x?pin-value=" + pin,
+	} {
+		if _, err := ParseURI(bad); err == nil || strings.Contains(err.Error(), pin) {
+			t.Errorf("ParseURI(%q): %v", bad, err)
+		}
+	}
+	for _, cfg := range []Config{
+		{URI: "pkcs11:token=no-such-token?pin-value=" + pin + "&module-path=" + DefaultModule},
+		{URI: "pkcs11:token=t;bogus=1?pin-value=" + pin},
+		{TokenLabel: "t", PIN: "x", Keys: []KeySpec{{URI: "pkcs11:object=k;type=public?pin-value=" + pin}}},
+		{TokenLabel: "t", PIN: "x", Keys: []KeySpec{{URI: "pkcs11:object=k;token=other?pin-value=" + pin}}},
+	} {
+		if _, err := New(cfg); err == nil || strings.Contains(err.Error(), pin) {
+			t.Errorf("New(%+v): %v", cfg.Keys, err)
+		}
+	}
 }

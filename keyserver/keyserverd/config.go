@@ -183,6 +183,12 @@ func (c *FileConfig) warnSecrets(log *slog.Logger) {
 	if c.PKCS11 != nil && c.PKCS11.PINFile != "" {
 		daemon.WarnIfExposed(log, "the token's user PIN", c.PKCS11.PINFile)
 	}
+	if c.PKCS11 != nil && c.PKCS11.URI != "" {
+		if u, err := hsm.ParseURI(c.PKCS11.URI); err == nil && u.PINSource != "" && !strings.HasPrefix(u.PINSource, "|") {
+			path := strings.TrimPrefix(strings.TrimPrefix(strings.TrimPrefix(u.PINSource, "file://localhost"), "file://"), "file:")
+			daemon.WarnIfExposed(log, "the token's user PIN", path)
+		}
+	}
 	if s := c.Software; s != nil {
 		files := s.Files
 		if s.Dir != "" {

@@ -172,6 +172,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		closeAll(backends)
 		return err
 	}
+	d.reg.MustRegister(extractableCollector{d.srv})
 	var admin *http.Server
 	if d.file.AdminListen != "off" {
 		ln, err := net.Listen("tcp", d.file.AdminListen)
@@ -259,6 +260,29 @@ func (d *Daemon) Addr() net.Addr {
 		return nil
 	}
 	return d.srv.Addr()
+}
+
+// extractableCollector reports tiergate_keyserver_extractable_keys{action}: the
+// keys of the PKCS#11 backends in force whose value can leave the token, refused or
+// served (pkcs11.allow_extractable).
+type extractableCollector struct{ srv *keyserver.Server }
+
+var extractableDesc = prometheus.NewDesc("tiergate_keyserver_extractable_keys",
+	"Keys on the token whose value can leave it (CKA_EXTRACTABLE true or CKA_SENSITIVE false), by action: refused, or served under pkcs11.allow_extractable.",
+	[]string{"action"}, nil)
+
+func (extractableCollector) Describe(ch chan<- *prometheus.Desc) { ch <- extractableDesc }
+
+func (c extractableCollector) Collect(ch chan<- prometheus.Metric) {
+	var refused, served int
+	for _, b := range c.srv.Backends() {
+		if h, ok := b.(interface{ ExtractableKeys() (int, int) }); ok {
+			r, s := h.ExtractableKeys()
+			refused, served = refused+r, served+s
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(extractableDesc, prometheus.GaugeValue, float64(refused), "refused")
+	ch <- prometheus.MustNewConstMetric(extractableDesc, prometheus.GaugeValue, float64(served), "served")
 }
 
 // restartError is a change of settings that are fixed at start.

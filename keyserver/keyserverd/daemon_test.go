@@ -507,6 +507,7 @@ func TestReloadHSMKeys(t *testing.T) {
 	if got, err := r.listKeysAs(p, "l7"); err != nil || got != "hsm-b" {
 		t.Errorf("keys after the reload: %q %v", got, err)
 	}
+	r.want("GET", "/metrics", 200, `tiergate_keyserver_extractable_keys{action="refused"} 0`, `tiergate_keyserver_extractable_keys{action="served"} 0`)
 	// A key that is not on the token: refused, the keys stay.
 	writeFile(t, r.path, hsmConf("hsm-none"))
 	r.want("POST", "/reload", 400, `"code": "invalid_config"`, "hsm-none")
@@ -544,5 +545,30 @@ func TestCheckAndMain(t *testing.T) {
 	var out bytes.Buffer
 	if err := (&Daemon{Path: path}).Check(&out); err != nil || !strings.Contains(out.String(), "1 client rules") {
 		t.Errorf("check: %v %s", err, out.String())
+	}
+}
+
+// TestPINValueNotEchoed: a pin-value in the PKCS#11 URI never shows in what
+// keyserverd prints when the token cannot be opened.
+func TestPINValueNotEchoed(t *testing.T) {
+	tok := token(t)
+	p := newPKI(t)
+	const pin = "Do-Not-Print-4711"
+	for _, uri := range []string{
+		"pkcs11:token=no-such-token?module-path=" + tok.Module + "&pin-value=" + pin,
+		"pkcs11:token=" + tok.Label + ";bogus=1?pin-value=" + pin,
+	} {
+		path := filepath.Join(t.TempDir(), "k.yaml")
+		writeFile(t, path, p.config(fmt.Sprintf("pkcs11: {uri: %q}\nallow_all_clients: true\n", uri)))
+		var out, errOut bytes.Buffer
+		code := Main([]string{"check", "-config", path}, &out, &errOut)
+		if code != 1 || strings.Contains(out.String()+errOut.String(), pin) {
+			t.Errorf("check with %q: %d\n%s%s", uri, code, out.String(), errOut.String())
+		}
+		log := &testenv.LockedBuffer{}
+		err := (&Daemon{Path: path, Stderr: log}).Run(context.Background())
+		if err == nil || strings.Contains(err.Error(), pin) || strings.Contains(log.String(), pin) {
+			t.Errorf("run with %q: %v\n%s", uri, err, log)
+		}
 	}
 }

@@ -107,7 +107,7 @@ func (d *Daemon) setup() error {
 	}
 	d.log = daemon.NewLogger(cfg.LogLevel, d.Stderr)
 	d.auth.Logger = d.log
-	token, err := readAdminToken(cfg)
+	token, err := readAdminToken(cfg, d.log)
 	if err != nil {
 		return err
 	}
@@ -226,8 +226,9 @@ func (d *Daemon) do(op func(*control)) error {
 	return nil
 }
 
-// readAdminToken reads cfg's admin token; nil without admin_token_file.
-func readAdminToken(cfg *FileConfig) ([]byte, error) {
+// readAdminToken reads cfg's admin token; nil without admin_token_file. A token
+// file others can read is warned about on log.
+func readAdminToken(cfg *FileConfig, log *slog.Logger) ([]byte, error) {
 	if cfg.AdminTokenFile == "" {
 		return nil, nil
 	}
@@ -235,6 +236,7 @@ func readAdminToken(cfg *FileConfig) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin_token_file: %w", err)
 	}
+	daemon.WarnIfExposed(log, "the admin token", cfg.AdminTokenFile)
 	return tok, nil
 }
 
@@ -501,7 +503,7 @@ func (c *control) prepare() (*reload, error) {
 		return nil, err
 	}
 	r := &reload{cfg: cfg}
-	if r.token, err = readAdminToken(cfg); err != nil {
+	if r.token, err = readAdminToken(cfg, d.log); err != nil {
 		return nil, err
 	}
 	pol, err := newDecider(cfg, d.lists, d.log)
