@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -146,4 +147,28 @@ func TestAdminTokenDefault(t *testing.T) {
 	if WarnIfExposed(log, "x", named) || logs.Len() != 0 {
 		t.Errorf("warned about a 0600 file: %s", logs.String())
 	}
+}
+
+// FuzzAdminHost: whatever the Host header, the check never panics, and lets a
+// request through only when the host, less its port, brackets and final dot, is a
+// loopback address, localhost or a configured name.
+func FuzzAdminHost(f *testing.F) {
+	for _, s := range []string{"", "127.0.0.1:9240", "[::1]", "localhost.", "evil.example", "[fe80::1%eth0]:1", "admin.example:1", ":", "[", "127.0.0.1.nip.io"} {
+		f.Add(s)
+	}
+	var auth AdminAuth
+	auth.SetHosts([]string{"admin.example"})
+	h := guarded(&auth)
+	f.Fuzz(func(t *testing.T, host string) {
+		r := httptest.NewRequest("GET", "/healthz", nil)
+		r.Host = host
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		n := normalHost(host)
+		ip, err := netip.ParseAddr(n)
+		want := host == "" || n == "localhost" || n == "admin.example" || (err == nil && ip.Unmap().WithZone("").IsLoopback())
+		if (w.Code == 200) != want {
+			t.Fatalf("Host %q: %d", host, w.Code)
+		}
+	})
 }
