@@ -65,8 +65,17 @@ func (l *listener) serve(r *Request, resp *fasthttp.Response, start time.Time) a
 	}
 	var cr *route.CompiledRoute
 	matched := false
+	screened := 0 // 421 or 400: the listener's strict_sni or path_mode refuses the request
 	if snap.table != nil {
-		cr, matched = snap.table.Match(l.cfg.Name, host, r.Header.Method(), r.URI().Path(), r.Header.Peek)
+		var pathBuf [256]byte
+		var norm []byte
+		screened, norm = snap.table.Screen(l.cfg.Name, host, sni, r.URI().PathOriginal(), pathBuf[:0])
+		if norm != nil {
+			r.URI().SetPathBytes(norm) // routed on, and sent to the backend
+		}
+		if screened == 0 {
+			cr, matched = snap.table.Match(l.cfg.Name, host, r.Header.Method(), r.URI().Path(), r.Header.Peek)
+		}
 	}
 	label := routeNone
 	if matched {
@@ -76,6 +85,8 @@ func (l *listener) serve(r *Request, resp *fasthttp.Response, start time.Time) a
 	switch {
 	case d.Status != 0:
 		answer(resp, d.Status)
+	case screened != 0:
+		answer(resp, screened)
 	case r.Header.IsConnect():
 		answer(resp, fasthttp.StatusMethodNotAllowed)
 	case d.Pool != "":

@@ -47,7 +47,7 @@ func compile(c *Config, rt *env, prev *state, old *Table) (*Table, *state) {
 		pools:    map[string]*poolState{},
 		limiters: map[string]*limiter{},
 	}
-	t := &Table{listeners: map[string]*listenerTable{}, pools: map[string]*Balancer{}}
+	t := &Table{m: rt.m, listeners: map[string]*listenerTable{}, pools: map[string]*Balancer{}}
 	for i := range c.Pools {
 		b := compilePool(&c.Pools[i], rt, prev, next, old)
 		t.pools[b.name] = b
@@ -55,7 +55,7 @@ func compile(c *Config, rt *env, prev *state, old *Table) (*Table, *state) {
 	}
 	for i := range c.Listeners {
 		l := &c.Listeners[i]
-		lt := &listenerTable{name: l.Name, exact: map[string]*vhostTable{}, wildcard: map[string]*vhostTable{}}
+		lt := newListenerTable(l.Name, l.PathMode, l.StrictSNI, rt.m)
 		for j := range l.VHosts {
 			vh := &l.VHosts[j]
 			routes := make([]*CompiledRoute, 0, len(vh.Routes))

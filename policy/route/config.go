@@ -32,6 +32,29 @@ type Listener struct {
 	// VHosts are the virtual hosts served on the listener. A host name may appear in
 	// one virtual host only.
 	VHosts []VHost `yaml:"vhosts,omitempty" json:"vhosts,omitempty"`
+
+	// PathMode is what becomes of a request whose path, as sent, is ambiguous: a
+	// backend may resolve it to another path than routes were matched on (a dot
+	// segment in any encoding or with a path parameter, "..;"; a backslash or %5C;
+	// %2F; "//"; a stray '%'; %00; double encoding; see CheckPath). "reject" answers
+	// 400. "forward_normalized" routes the request on the path's one reading and
+	// sends that to the backend (NormalizePath), answering 400 only what has none
+	// (%00, double encoding, "..."). "forward_raw" routes on the path as decoded and
+	// resolved and sends the backend the path as sent, as before: only for backends
+	// that need such spellings and resolve none of them. Paths that are not
+	// ambiguous, and every query string, reach the backend as sent in every mode.
+	// Counted in tiergate_route_ambiguous_paths_total. Default "reject".
+	PathMode string `yaml:"path_mode,omitempty" json:"path_mode,omitempty"`
+
+	// StrictSNI answers 421 Misdirected Request to a request whose host (Host, or an
+	// absolute target's authority, without its port, in any case) is not the TLS
+	// server name its connection was made for, on HTTP/1.1, HTTP/2 and HTTP/3
+	// alike; a connection made with no server name (SNI), as clients do for an IP
+	// address, has every request refused. A client that reused a connection for
+	// another name of the same certificate (HTTP/2 and HTTP/3 connection coalescing)
+	// retries it on a new one. Counted in tiergate_route_misdirected_total. Default
+	// false: the virtual host is chosen by Host alone, whatever the TLS server name.
+	StrictSNI bool `yaml:"strict_sni,omitempty" json:"strict_sni,omitempty"`
 }
 
 // VHost is a virtual host: the routes of requests for a set of host names.

@@ -30,6 +30,13 @@
 //
 // The caller (l7's handler) loads Router.Table once per request and:
 //
+//   - calls Table.Screen with the listener name, Host, the TLS server name and the
+//     path as sent: per the listener's StrictSNI it answers 421 to a Host that is
+//     not the server name, and per its PathMode it answers 400 to an ambiguous path
+//     (CheckPath: dot segments in any encoding or with a path parameter, backslashes,
+//     encoded slashes, "//", %00, double encoding), or gives the normalised path to
+//     route and forward (NormalizePath), so that no spelling of a path reaches a
+//     backend that resolves it to another path than the route matched;
 //   - calls Table.Match with the listener name, Host, method, path and a header
 //     lookup function (fasthttp's RequestHeader.Peek), getting the CompiledRoute,
 //     or false for a 404; it allocates nothing;

@@ -35,6 +35,8 @@ type metrics struct {
 	ejections    *prometheus.CounterVec
 	rateLimited  *prometheus.CounterVec
 	applies      *prometheus.CounterVec
+	ambiguous    *prometheus.CounterVec
+	misdirected  *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -59,11 +61,19 @@ func newMetrics() *metrics {
 			Name: "tiergate_route_config_applies_total",
 			Help: "Routing configurations applied, by result (ok, invalid).",
 		}, []string{"result"}),
+		ambiguous: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tiergate_route_ambiguous_paths_total",
+			Help: "Requests whose path as sent was ambiguous (route.CheckPath), by listener and what became of them: refused (400), normalized (routed and forwarded normalised) or forwarded (as sent, path_mode forward_raw).",
+		}, []string{"listener", "result"}),
+		misdirected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tiergate_route_misdirected_total",
+			Help: "Requests answered 421 because their host was not their connection's TLS server name (strict_sni), by listener.",
+		}, []string{"listener"}),
 	}
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.healthChecks, m.transitions, m.ejections, m.rateLimited, m.applies}
+	return []prometheus.Collector{m.healthChecks, m.transitions, m.ejections, m.rateLimited, m.applies, m.ambiguous, m.misdirected}
 }
 
 var (

@@ -3,6 +3,8 @@ package route
 import (
 	"slices"
 	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // HeaderFunc returns the first value of the request header named name (given in
@@ -13,6 +15,7 @@ type HeaderFunc func(name string) []byte
 // Table is a compiled Config: immutable, safe for any number of goroutines, read on
 // the request path without locks. Get one from Router.Table (or Compile).
 type Table struct {
+	m         *metrics
 	listeners map[string]*listenerTable
 	pools     map[string]*Balancer
 	poolList  []*Balancer
@@ -24,6 +27,74 @@ type listenerTable struct {
 	exact    map[string]*vhostTable
 	wildcard map[string]*vhostTable // by suffix with its leading dot: ".example.com"
 	def      *vhostTable
+
+	pathMode  string // PathReject, PathForwardNormalized or PathForwardRaw
+	strictSNI bool
+
+	pathRefused, pathNormalized, pathForwarded, misdirected prometheus.Counter
+}
+
+// newListenerTable returns the table of listener name, with no virtual host yet.
+func newListenerTable(name, pathMode string, strictSNI bool, m *metrics) *listenerTable {
+	if pathMode == "" {
+		pathMode = PathReject
+	}
+	return &listenerTable{name: name, exact: map[string]*vhostTable{}, wildcard: map[string]*vhostTable{},
+		pathMode: pathMode, strictSNI: strictSNI,
+		pathRefused:    m.ambiguous.WithLabelValues(name, "refused"),
+		pathNormalized: m.ambiguous.WithLabelValues(name, "normalized"),
+		pathForwarded:  m.ambiguous.WithLabelValues(name, "forwarded"),
+		misdirected:    m.misdirected.WithLabelValues(name),
+	}
+}
+
+// Screen checks a request on listener before it is routed, as the listener's
+// StrictSNI and PathMode say. host is the request's host (Host, or an absolute
+// target's authority; any case, port allowed), sni the TLS server name of its
+// connection ("" for none), rawPath its path as sent (fasthttp's
+// URI().PathOriginal()). It returns 0 and nil to route the request as it is; 0 and
+// a path (appended to buf) to route and forward instead of rawPath, the normalised
+// path of forward_normalized; or the status to answer: 421 (strict_sni) or 400. A
+// listener the Table does not route has the defaults. It allocates nothing unless
+// it normalises a path into a buf too small.
+func (t *Table) Screen(listener string, host []byte, sni string, rawPath, buf []byte) (status int, path []byte) {
+	lt := t.listeners[listener]
+	if lt == nil {
+		lt = newListenerTable(listener, "", false, t.m)
+	}
+	if lt.strictSNI && !sameHost(host, sni) {
+		lt.misdirected.Inc()
+		return 421, nil
+	}
+	v := CheckPath(rawPath)
+	switch {
+	case v == PathClean:
+		return 0, nil
+	case lt.pathMode == PathForwardRaw:
+		lt.pathForwarded.Inc()
+		return 0, nil
+	case lt.pathMode == PathForwardNormalized && v == PathResolvable:
+		lt.pathNormalized.Inc()
+		path, _ = NormalizePath(buf[:0], rawPath)
+		return 0, path
+	}
+	lt.pathRefused.Inc()
+	return 400, nil
+}
+
+// sameHost reports whether host, without its port, is the server name sni, in any
+// case and either with a trailing dot. An empty sni matches nothing.
+func sameHost(host []byte, sni string) bool {
+	if sni == "" {
+		return false
+	}
+	var hb, sb [maxHostLen]byte
+	h, ok := normalizeHost(hb[:0], host)
+	if !ok {
+		return false
+	}
+	s, ok := normalizeHost(sb[:0], []byte(sni))
+	return ok && string(h) == string(s)
 }
 
 // vhostTable holds a virtual host's routes in order, and the indexes that find the

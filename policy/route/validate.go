@@ -97,6 +97,11 @@ func (v *validator) config(c *Config) {
 }
 
 func (v *validator) listener(path string, l *Listener, pools map[string]int) {
+	switch l.PathMode {
+	case "", PathReject, PathForwardNormalized, PathForwardRaw:
+	default:
+		v.addf(at(path, "path_mode"), "%q: want %q (the default), %q or %q", l.PathMode, PathReject, PathForwardNormalized, PathForwardRaw)
+	}
 	hosts := map[string]string{} // normalised name → path of its first use
 	routeNames := map[string]string{}
 	for i := range l.VHosts {

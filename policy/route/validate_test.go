@@ -101,6 +101,11 @@ func TestValidateNamesFields(t *testing.T) {
 			[]string{"listeners[0].vhosts[0].routes[2].match: path, path_prefix and path_regex exclude each other"},
 		},
 		{
+			"unknown path mode",
+			func(c *Config) { c.Listeners[0].PathMode = "normalize" },
+			[]string{`listeners[0].path_mode: "normalize": want "reject" (the default), "forward_normalized" or "forward_raw"`},
+		},
+		{
 			"relative path",
 			func(c *Config) { c.Listeners[0].VHosts[0].Routes[2].Match.Path = "old" },
 			[]string{`listeners[0].vhosts[0].routes[2].match.path: "old" does not begin with '/'`},
