@@ -104,8 +104,9 @@ func TestDemo(t *testing.T) {
 		checkDemoOutput(t, "l4", s, []string{
 			"removing network namespaces left by an earlier run: " + stale,
 			"l4d                 " + prefix + "ld, DPDK net_af_packet",
-			"ip netns exec " + prefix + "ld curl -s 127.0.0.1:9180/status",
-			"ip netns exec " + prefix + "ld curl -s -X POST 127.0.0.1:9180/pools/l7/members/l7a/drain",
+			"ip netns exec " + prefix + "ld curl -s -H \"$T\" 127.0.0.1:9180/status",
+			"ip netns exec " + prefix + "ld curl -s -H \"$T\" -X POST 127.0.0.1:9180/pools/l7/members/l7a/drain",
+			"l4d-state/admin.token",
 			"stop                Ctrl-C",
 			"l4d: l7a ", // the per-member summary
 			"l4d stopped", "l7d l7a stopped", "l7d l7b stopped", "keyserverd stopped",

@@ -523,6 +523,8 @@ func TestCheckAndMain(t *testing.T) {
 	writeFile(t, path, p.config(fmt.Sprintf("software: {dir: %q}\nclients: [{name: l7, keys: ['*']}]\n", keys)))
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	writeFile(t, bad, p.config("software: {}\ntls: {}\n"))
+	noRules := filepath.Join(t.TempDir(), "norules.yaml")
+	writeFile(t, noRules, p.config(fmt.Sprintf("software: {dir: %q}\n", keys)))
 	for _, tc := range []struct {
 		args         []string
 		code         int
@@ -535,6 +537,8 @@ func TestCheckAndMain(t *testing.T) {
 		{[]string{"check", "-config", bad}, 1, "", "mapping key \"tls\" already defined"},
 		{[]string{"keys", "-config", path}, 0, "software  a", ""},
 		{[]string{"check", "-config", path, "x"}, 2, "", "unexpected arguments"},
+		{[]string{"check", "-config", noRules}, 1, "", "clients: no rules"},
+		{[]string{"keys", "-config", noRules}, 0, "software  a", ""}, // import and keys serve no client
 	} {
 		var out, errOut bytes.Buffer
 		code := Main(tc.args, &out, &errOut)

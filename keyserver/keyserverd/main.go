@@ -71,7 +71,18 @@ func parseFlags(name string, args []string, stderr io.Writer, extra func(*flag.F
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%s: unexpected argument %q", name, fs.Arg(0))
 	}
-	return LoadConfig(*path)
+	return loadToolConfig(*path)
+}
+
+// loadToolConfig reads a configuration for import and keys, which serve no client:
+// a file without client rules is taken as it is, not refused.
+func loadToolConfig(path string) (*FileConfig, error) {
+	return daemon.ReadConfig(path, func(c *FileConfig) error {
+		if len(c.Server.Clients) == 0 {
+			c.Server.AllowAllClients = true
+		}
+		return c.validate()
+	})
 }
 
 // openBackends opens the configured backends, PKCS#11 first. With allKeys the token's
