@@ -138,7 +138,7 @@ func NewListenerWithOptions(inner net.Listener, r *Resolver, o Options) (*Listen
 		inner:   inner,
 		r:       r,
 		proxy:   cfg.ProxyProtocol,
-		timeout: cfg.ProxyTimeout,
+		timeout: cfg.ProxyTimeout.D(),
 		name:    o.Name,
 		log:     o.Logger,
 	}

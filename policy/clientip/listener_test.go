@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // The listener tests run over loopback: 127.0.0.1 is the trusted load balancer,
@@ -67,7 +69,7 @@ func listen(t *testing.T, cfg Config, o Options) *proxyListener {
 }
 
 func proxyConfig(timeout time.Duration) Config {
-	return Config{ProxyProtocol: true, ProxyTrusted: []string{lbAddr + "/32"}, ProxyTimeout: timeout}
+	return Config{ProxyProtocol: true, ProxyTrusted: []string{lbAddr + "/32"}, ProxyTimeout: config.Duration(timeout)}
 }
 
 func (l *proxyListener) dial(t *testing.T, from string) *net.TCPConn {

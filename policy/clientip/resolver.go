@@ -43,42 +43,102 @@ const HeaderXFF = "X-Forwarded-For"
 
 // DefaultProxyTimeout is how long a peer has to send its PROXY header when
 // Config.ProxyTimeout is zero.
-const DefaultProxyTimeout = 5 * time.Second
+const DefaultProxyTimeout = config.Duration(5 * time.Second)
 
-// Config says, for one listener, where the client address may come from. The zero
-// value trusts nothing: the client is the packet source.
+// Config says, for one listener, where the client address may come from: the model a
+// configuration file (l7d's listeners[i].client_ip) and the control plane hold, with
+// the same names in YAML and JSON. The zero value trusts nothing: the client is the
+// packet source. The zero value of every field means the default its comment gives;
+// Defaults fills them in and Validate checks them, naming fields by path.
 type Config struct {
 	// TrustedProxies are CIDRs ("203.0.113.0/24", "2001:db8::/32") or single addresses
 	// of the proxies whose Header is believed, such as a CDN's edge ranges. A request
 	// whose peer is elsewhere has its headers ignored. Default none.
-	TrustedProxies []string `yaml:"trusted_proxies"`
+	TrustedProxies []string `yaml:"trusted_proxies,omitempty" json:"trusted_proxies,omitempty"`
 
 	// Header carries the client address from a trusted peer: "X-Forwarded-For" (read
 	// right to left, see ParseXFF), or the name of a header holding one address, set
 	// by the trusted peer, such as "X-Real-IP", "True-Client-IP" or
 	// "CF-Connecting-IP". Default X-Forwarded-For when TrustedProxies is set; it may
 	// not be set without them.
-	Header string `yaml:"header"`
+	Header string `yaml:"header,omitempty" json:"header,omitempty"`
 
 	// ProxyProtocol says the listener's peers open every connection with a PROXY
 	// protocol header, version 1 or 2, whose source is then the connection's peer.
 	// Only ProxyTrusted peers may connect. Default false.
-	ProxyProtocol bool `yaml:"proxy_protocol"`
+	ProxyProtocol bool `yaml:"proxy_protocol,omitempty" json:"proxy_protocol,omitempty"`
 
 	// ProxyTrusted are CIDRs or single addresses of the peers allowed to send PROXY
 	// headers (the load balancers in front). Connections from anywhere else are closed
 	// at once and counted. Required when ProxyProtocol is on, refused otherwise.
-	ProxyTrusted []string `yaml:"proxy_trusted"`
+	ProxyTrusted []string `yaml:"proxy_trusted,omitempty" json:"proxy_trusted,omitempty"`
 
 	// ProxyTimeout bounds the wait for a PROXY header after the connection is
 	// accepted; a peer that is slower is closed and counted. Default 5s; only with
 	// ProxyProtocol.
-	ProxyTimeout time.Duration `yaml:"proxy_timeout"`
+	ProxyTimeout config.Duration `yaml:"proxy_timeout,omitempty" json:"proxy_timeout,omitempty"`
 
 	// MaxHops bounds the X-Forwarded-For elements examined, rightmost first. When all
 	// of them are trusted proxies, the leftmost examined is the answer (see ParseXFF).
 	// Default 64.
-	MaxHops int `yaml:"max_hops"`
+	MaxHops int `yaml:"max_hops,omitempty" json:"max_hops,omitempty"`
+}
+
+// Validate checks c and returns every problem, each a *config.FieldError named by its
+// path within c, as in `trusted_proxies[2]: "10.0.0.0/33": bad CIDR`.
+func (c *Config) Validate() error {
+	var ck config.Checker
+	for _, list := range []struct {
+		field string
+		v     []string
+	}{{"trusted_proxies", c.TrustedProxies}, {"proxy_trusted", c.ProxyTrusted}} {
+		for i, s := range list.v {
+			if _, err := parsePrefix(s); err != nil {
+				ck.Add(config.Index(list.field, i), err)
+			}
+		}
+	}
+	switch {
+	case c.Header != "" && len(c.TrustedProxies) == 0:
+		ck.Addf("header", "%q is set but trusted_proxies is empty, so no peer's header would be believed", c.Header)
+	case c.Header != "" && !validFieldName(c.Header):
+		ck.Addf("header", "%q is not a valid header name", c.Header)
+	case c.Header != "" && textproto.CanonicalMIMEHeaderKey(c.Header) == "Forwarded":
+		ck.Addf("header", `"Forwarded" (RFC 7239) is not supported; use X-Forwarded-For or a single-value header`)
+	}
+	if c.MaxHops < 0 {
+		ck.Addf("max_hops", "%d is negative", c.MaxHops)
+	}
+	if c.ProxyTimeout < 0 {
+		ck.Addf("proxy_timeout", "%v is negative", c.ProxyTimeout)
+	}
+	if c.ProxyProtocol {
+		if len(c.ProxyTrusted) == 0 {
+			ck.Addf("proxy_trusted", "required when proxy_protocol is on (a PROXY header from anyone would let them choose their address)")
+		}
+	} else {
+		if len(c.ProxyTrusted) > 0 {
+			ck.Addf("proxy_trusted", "set but proxy_protocol is off")
+		}
+		if c.ProxyTimeout > 0 {
+			ck.Addf("proxy_timeout", "set but proxy_protocol is off")
+		}
+	}
+	return ck.Err()
+}
+
+// Defaults fills in the default of every field left zero: Header (X-Forwarded-For,
+// with TrustedProxies), MaxHops and, with ProxyProtocol, ProxyTimeout.
+func (c *Config) Defaults() {
+	if c.Header == "" && len(c.TrustedProxies) > 0 {
+		c.Header = HeaderXFF
+	}
+	if c.MaxHops == 0 {
+		c.MaxHops = DefaultMaxHops
+	}
+	if c.ProxyProtocol && c.ProxyTimeout == 0 {
+		c.ProxyTimeout = DefaultProxyTimeout
+	}
 }
 
 // Resolver finds the client address of requests on one listener. It is compiled from
@@ -93,9 +153,14 @@ type Resolver struct {
 	maxHops      int
 }
 
-// New checks cfg and compiles it. Errors name the field at fault, as in
-// `trusted_proxies[2]: "10.0.0.0/33": bad CIDR`.
+// New checks cfg (Validate: every problem, each naming its field, as in
+// `trusted_proxies[2]: "10.0.0.0/33": bad CIDR`), fills in its defaults and
+// compiles it.
 func New(cfg Config) (*Resolver, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Defaults()
 	r := &Resolver{}
 	var err error
 	if r.trusted, err = compilePrefixes("trusted_proxies", cfg.TrustedProxies); err != nil {
@@ -104,51 +169,12 @@ func New(cfg Config) (*Resolver, error) {
 	if r.proxyTrusted, err = compilePrefixes("proxy_trusted", cfg.ProxyTrusted); err != nil {
 		return nil, err
 	}
-
-	switch {
-	case cfg.Header != "" && len(cfg.TrustedProxies) == 0:
-		return nil, fieldErrorf("header", "%q is set but trusted_proxies is empty, so no peer's header would be believed", cfg.Header)
-	case cfg.Header != "":
-		if !validFieldName(cfg.Header) {
-			return nil, fieldErrorf("header", "%q is not a valid header name", cfg.Header)
-		}
+	if cfg.Header != "" {
 		cfg.Header = textproto.CanonicalMIMEHeaderKey(cfg.Header)
-		if cfg.Header == "Forwarded" {
-			return nil, fieldErrorf("header", `"Forwarded" (RFC 7239) is not supported; use X-Forwarded-For or a single-value header`)
-		}
-	case len(cfg.TrustedProxies) > 0:
-		cfg.Header = HeaderXFF
 	}
 	r.header = cfg.Header
 	r.xff = cfg.Header == HeaderXFF
-
-	if cfg.MaxHops < 0 {
-		return nil, fieldErrorf("max_hops", "%d is negative", cfg.MaxHops)
-	}
-	if cfg.MaxHops == 0 {
-		cfg.MaxHops = DefaultMaxHops
-	}
 	r.maxHops = cfg.MaxHops
-
-	if cfg.ProxyTimeout < 0 {
-		return nil, fieldErrorf("proxy_timeout", "%v is negative", cfg.ProxyTimeout)
-	}
-	if cfg.ProxyProtocol {
-		if len(cfg.ProxyTrusted) == 0 {
-			return nil, fieldErrorf("proxy_trusted", "required when proxy_protocol is on (a PROXY header from anyone would let them choose their address)")
-		}
-		if cfg.ProxyTimeout == 0 {
-			cfg.ProxyTimeout = DefaultProxyTimeout
-		}
-	} else {
-		if len(cfg.ProxyTrusted) > 0 {
-			return nil, fieldErrorf("proxy_trusted", "set but proxy_protocol is off")
-		}
-		if cfg.ProxyTimeout != 0 {
-			return nil, fieldErrorf("proxy_timeout", "set but proxy_protocol is off")
-		}
-	}
-
 	cfg.TrustedProxies = slices.Clone(cfg.TrustedProxies)
 	cfg.ProxyTrusted = slices.Clone(cfg.ProxyTrusted)
 	r.cfg = cfg
@@ -228,9 +254,4 @@ func (r *Resolver) FromHeaders(peer netip.Addr, peerSource Source, get func(name
 		}
 	}
 	return peer, peerSource
-}
-
-// fieldErrorf is a problem with the field of Config at path, as New reports it.
-func fieldErrorf(path, format string, args ...any) error {
-	return &config.FieldError{Path: path, Err: fmt.Errorf(format, args...)}
 }

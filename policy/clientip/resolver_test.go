@@ -1,14 +1,16 @@
 package clientip
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
-	"go.yaml.in/yaml/v3"
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 func TestNewErrors(t *testing.T) {
@@ -36,8 +38,8 @@ func TestNewErrors(t *testing.T) {
 		{"proxy without trusted", Config{ProxyProtocol: true},
 			`proxy_trusted: required when proxy_protocol is on (a PROXY header from anyone would let them choose their address)`},
 		{"trusted without proxy", Config{ProxyTrusted: []string{"10.0.0.0/8"}}, `proxy_trusted: set but proxy_protocol is off`},
-		{"timeout without proxy", Config{ProxyTimeout: time.Second}, `proxy_timeout: set but proxy_protocol is off`},
-		{"negative timeout", Config{ProxyProtocol: true, ProxyTrusted: []string{"10.0.0.1"}, ProxyTimeout: -time.Second},
+		{"timeout without proxy", Config{ProxyTimeout: config.Duration(time.Second)}, `proxy_timeout: set but proxy_protocol is off`},
+		{"negative timeout", Config{ProxyProtocol: true, ProxyTrusted: []string{"10.0.0.1"}, ProxyTimeout: config.Duration(-time.Second)},
 			`proxy_timeout: -1s is negative`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -61,7 +63,7 @@ func TestNewDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := r.Config(); c.Header != HeaderXFF || c.MaxHops != 64 || c.ProxyTimeout != 5*time.Second {
+	if c := r.Config(); c.Header != HeaderXFF || c.MaxHops != 64 || c.ProxyTimeout.D() != 5*time.Second {
 		t.Errorf("Config populated as %+v", c)
 	}
 	r, err = New(Config{TrustedProxies: []string{"10.0.0.0/8"}, Header: "true-client-ip"})
@@ -420,7 +422,9 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	return a
 }
 
-func TestConfigYAML(t *testing.T) {
+// TestConfigYAMLAndJSON: the model reads the same from YAML and from JSON (the
+// control plane's form), durations as text in both, and writes back what it read.
+func TestConfigYAMLAndJSON(t *testing.T) {
 	const doc = `
 trusted_proxies: [173.245.48.0/20, "2400:cb00::/32"]
 header: CF-Connecting-IP
@@ -429,19 +433,52 @@ proxy_trusted: [198.18.0.0/15]
 proxy_timeout: 3s
 max_hops: 8
 `
-	var cfg Config
-	dec := yaml.NewDecoder(strings.NewReader(doc))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil {
+	const js = `{"trusted_proxies": ["173.245.48.0/20", "2400:cb00::/32"], "header": "CF-Connecting-IP",
+		"proxy_protocol": true, "proxy_trusted": ["198.18.0.0/15"], "proxy_timeout": "3s", "max_hops": 8}`
+	var cfg, fromJSON, stdJSON Config
+	if err := config.Decode([]byte(doc), "YAML", &cfg); err != nil {
 		t.Fatal(err)
+	}
+	if err := config.Decode([]byte(js), "JSON", &fromJSON); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(js), &stdJSON); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(cfg, fromJSON) || !reflect.DeepEqual(cfg, stdJSON) {
+		t.Fatalf("YAML %+v\nJSON %+v\nencoding/json %+v", cfg, fromJSON, stdJSON)
+	}
+	out, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Config
+	if err := json.Unmarshal(out, &back); err != nil || !reflect.DeepEqual(back, cfg) {
+		t.Fatalf("round trip through %s: %+v, %v", out, back, err)
+	}
+	if !strings.Contains(string(out), `"proxy_timeout":"3s"`) {
+		t.Errorf("JSON %s: proxy_timeout is not text", out)
+	}
+	if out, _ := json.Marshal(Config{}); string(out) != "{}" {
+		t.Errorf("zero Config as JSON: %s", out)
 	}
 	r, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := r.Config()
-	if got.Header != "Cf-Connecting-Ip" || !got.ProxyProtocol || got.ProxyTimeout != 3*time.Second || got.MaxHops != 8 ||
+	if got.Header != "Cf-Connecting-Ip" || !got.ProxyProtocol || got.ProxyTimeout.D() != 3*time.Second || got.MaxHops != 8 ||
 		len(got.TrustedProxies) != 2 || len(got.ProxyTrusted) != 1 {
 		t.Errorf("decoded %+v", got)
+	}
+}
+
+// TestValidateAll: Validate reports every bad field, not only the first.
+func TestValidateAll(t *testing.T) {
+	c := Config{TrustedProxies: []string{"x", "10.0.0.0/8", "y"}, MaxHops: -1, ProxyTimeout: config.Duration(time.Second)}
+	want := "trusted_proxies[0]: \"x\": bad address\ntrusted_proxies[2]: \"y\": bad address\n" +
+		"max_hops: -1 is negative\nproxy_timeout: set but proxy_protocol is off"
+	if err := c.Validate(); err == nil || err.Error() != want {
+		t.Fatalf("Validate: %v\nwant %s", err, want)
 	}
 }
