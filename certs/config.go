@@ -30,25 +30,25 @@ import (
 	"github.com/tiergate/tiergate/keyserver/client"
 )
 
-// Config is the certificate part of l7d's configuration. The zero value of every
-// field means its documented default, but a Config that yields no certificate at all
-// does not load.
+// Config is the certificate part of l7d's configuration, with the same names in YAML
+// and JSON. The zero value of every field means its documented default, but a Config
+// that yields no certificate at all does not load.
 type Config struct {
 	// Certificates lists certificate files one by one. Default: none.
-	Certificates []CertConfig `yaml:"certificates"`
+	Certificates []CertConfig `yaml:"certificates" json:"certificates,omitempty"`
 
 	// Dir is a directory of certificates: every <name>.pem in it is a chain (leaf
 	// first) named <name>, whose private key is <name>.key beside it or, when there is
 	// no such file, a private key block in <name>.pem itself or, when there is none, a
 	// key held by the keyservers under the leaf's key ID. Files whose name starts with
 	// a dot are skipped. Default: none.
-	Dir string `yaml:"dir"`
+	Dir string `yaml:"dir" json:"dir,omitempty"`
 
 	// Default names the certificate served when the client's server name (SNI)
 	// matches no certificate, or when it sent none and the connection's local address
 	// matches no IP address certificate either. Default: none, and such handshakes
 	// fail with ErrNoCertificate.
-	Default string `yaml:"default"`
+	Default string `yaml:"default" json:"default,omitempty"`
 
 	// TicketKeyFiles are files of 32 random bytes each (raw, 64 hex digits, or the
 	// base64 of 32 bytes) that seal and open TLS session tickets. The first is the
@@ -58,24 +58,24 @@ type Config struct {
 	// (7 days in crypto/tls), then drop it. Default: none, and tickets are sealed with
 	// per-process random keys that crypto/tls rotates daily, so a client resumes only
 	// on the process that issued its ticket.
-	TicketKeyFiles []string `yaml:"ticket_key_files"`
+	TicketKeyFiles []string `yaml:"ticket_key_files" json:"ticket_key_files,omitempty"`
 }
 
 // CertConfig is one certificate.
 type CertConfig struct {
 	// Name identifies the certificate in Config.Default, reports, logs and metrics.
 	// Names are unique. Default: the base name of CertFile without its extension.
-	Name string `yaml:"name"`
+	Name string `yaml:"name" json:"name,omitempty"`
 
 	// CertFile is the PEM certificate chain: the leaf first, then each issuer in
 	// order (the root may be left out). Private key blocks in it are ignored, so one
 	// combined file may serve as both CertFile and KeyFile. Required.
-	CertFile string `yaml:"cert_file"`
+	CertFile string `yaml:"cert_file" json:"cert_file"`
 
 	// KeyFile is the PEM private key of the leaf (PKCS #8, PKCS #1 or SEC 1; not
 	// encrypted). Default: none, and the key is held by the keyservers under the
 	// leaf's key ID (Options.KeyServer is then required).
-	KeyFile string `yaml:"key_file"`
+	KeyFile string `yaml:"key_file" json:"key_file,omitempty"`
 }
 
 // Options are a Store's dependencies.

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/keyserver/client"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 	"github.com/tiergate/tiergate/testkit/softhsm"
@@ -39,11 +40,11 @@ func newClient(t *testing.T, p *pki, cn string, servers ...*keyserverProc) *clie
 	c, err := client.New(client.Config{
 		Servers:        addrs,
 		TLS:            p.clientTLS(t, cn),
-		RequestTimeout: 500 * time.Millisecond,
-		Timeout:        3 * time.Second,
-		PingInterval:   time.Second,
-		ReconnectMin:   50 * time.Millisecond,
-		ReconnectMax:   500 * time.Millisecond,
+		RequestTimeout: config.Duration(500 * time.Millisecond),
+		Timeout:        config.Duration(3 * time.Second),
+		PingInterval:   config.Duration(time.Second),
+		ReconnectMin:   config.Duration(50 * time.Millisecond),
+		ReconnectMax:   config.Duration(500 * time.Millisecond),
 	})
 	if err != nil {
 		t.Fatal(err)

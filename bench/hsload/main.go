@@ -27,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/client"
 )
@@ -200,10 +201,10 @@ func serveRemote(servers []string, certFile, clientCert, clientKey, caFile strin
 	c, err := client.New(client.Config{
 		Servers:        servers,
 		TLS:            &tls.Config{Certificates: []tls.Certificate{mtls}, RootCAs: pool},
-		RequestTimeout: reqTimeout,
-		PingInterval:   time.Second,
-		ReconnectMin:   50 * time.Millisecond,
-		ReconnectMax:   500 * time.Millisecond,
+		RequestTimeout: config.Duration(reqTimeout),
+		PingInterval:   config.Duration(time.Second),
+		ReconnectMin:   config.Duration(50 * time.Millisecond),
+		ReconnectMax:   config.Duration(500 * time.Millisecond),
 		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tiergate/tiergate/bench/benchkit"
+	tgconfig "github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/keyserver"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/client"
@@ -405,8 +406,8 @@ func (b *bench) runKeyserver(ctx context.Context, kind string) (err error) {
 		Servers:        []string{listen},
 		TLS:            b.f.clientTLS,
 		ConnsPerServer: clientConns,
-		RequestTimeout: b.o.requestTimeout,
-		Timeout:        3 * b.o.requestTimeout,
+		RequestTimeout: tgconfig.Duration(b.o.requestTimeout),
+		Timeout:        tgconfig.Duration(3 * b.o.requestTimeout),
 		Logger:         b.quiet,
 	})
 	if err != nil {

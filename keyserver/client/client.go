@@ -141,7 +141,7 @@ func New(cfg Config) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	cfg.populate()
+	cfg.Defaults()
 	cfg.Fallback = maps.Clone(cfg.Fallback)
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -149,6 +149,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	tc := cfg.TLS.Clone()
 	tc.MinVersion = tls.VersionTLS13
+	if cfg.ServerName != "" {
+		tc.ServerName = cfg.ServerName
+	}
 	if len(tc.NextProtos) == 0 {
 		tc.NextProtos = []string{ALPNDeadline, ALPN}
 	}
@@ -213,11 +216,11 @@ func (c *Client) sleep(d time.Duration) bool {
 
 // backoff returns the jittered delay before the n-th (from 1) reconnection attempt.
 func (c *Client) backoff(n int) time.Duration {
-	d := c.cfg.ReconnectMin
-	for i := 1; i < n && d < c.cfg.ReconnectMax; i++ {
+	d := c.cfg.ReconnectMin.D()
+	for i := 1; i < n && d < c.cfg.ReconnectMax.D(); i++ {
 		d *= 2
 	}
-	d = min(d, c.cfg.ReconnectMax)
+	d = min(d, c.cfg.ReconnectMax.D())
 	// Equal jitter: half fixed, half random, so that clients restarted together do not
 	// reconnect in lock step.
 	return d/2 + rand.N(d/2+1)
@@ -314,8 +317,8 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 		return nil, outClosed, 0, ErrClosed
 	}
 	start := time.Now()
-	deadline := start.Add(c.cfg.Timeout)
-	timer := getTimer(c.cfg.Timeout)
+	deadline := start.Add(c.cfg.Timeout.D())
+	timer := getTimer(c.cfg.Timeout.D())
 	defer putTimer(timer)
 
 	var tried uint64
@@ -344,7 +347,7 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 				c.m.failover()
 			}
 			attempts++
-			budget := min(c.cfg.RequestTimeout, remaining)
+			budget := min(c.cfg.RequestTimeout.D(), remaining)
 			if d, ok := ctx.Deadline(); ok {
 				budget = min(budget, max(time.Until(d), time.Millisecond))
 			}
@@ -361,7 +364,7 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 			var pe *protocol.Error
 			if errors.As(aerr, &pe) {
 				answer, answerOut = err, out
-			} else if o == outTimeout && remaining < c.cfg.RequestTimeout && answer != nil {
+			} else if o == outTimeout && remaining < c.cfg.RequestTimeout.D() && answer != nil {
 				err, out = answer, answerOut
 			}
 			if !o.retryable() {
@@ -404,7 +407,7 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 		// Another round may succeed (a server reconnected, load went down): pause
 		// briefly, then try every server again.
 		tried, transient = 0, false
-		timer.Reset(min(c.cfg.ReconnectMin, remaining))
+		timer.Reset(min(c.cfg.ReconnectMin.D(), remaining))
 		select {
 		case <-timer.C:
 		case <-ctx.Done():
@@ -431,7 +434,7 @@ func (c *Client) attempt(ctx context.Context, s *server, req *protocol.Request, 
 	if err != nil {
 		s.failures.Add(1)
 		if o == outTimeout {
-			s.timedOut(c.cfg.RequestTimeout, max(c.cfg.RequestTimeout, c.cfg.PingInterval))
+			s.timedOut(c.cfg.RequestTimeout.D(), max(c.cfg.RequestTimeout.D(), c.cfg.PingInterval.D()))
 			cn.requestPing()
 		}
 	}

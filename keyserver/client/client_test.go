@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 	"github.com/tiergate/tiergate/testkit/testpki"
 )
@@ -226,7 +227,7 @@ func TestConcurrentOutOfOrder(t *testing.T) {
 	r := newResponder(t, ks.p256)
 	r.maxDelay.Store(int64(2 * time.Millisecond))
 	const perConn = 256
-	c := newClient(t, Config{ConnsPerServer: 2, MaxInFlightPerConn: perConn, RequestTimeout: 10 * time.Second, Timeout: 20 * time.Second}, r)
+	c := newClient(t, Config{ConnsPerServer: 2, MaxInFlightPerConn: perConn, RequestTimeout: config.Duration(10 * time.Second), Timeout: config.Duration(20 * time.Second)}, r)
 	waitConns(t, c, 0, 2)
 	k := c.NewKey(keyID(t, ks.p256), ks.p256.Public())
 
@@ -271,7 +272,7 @@ func TestStalledServerFailsOver(t *testing.T) {
 	a := newResponder(t, ks.p256)
 	b := newResponder(t, ks.p256)
 	const reqTimeout = 200 * time.Millisecond
-	c := newClient(t, Config{RequestTimeout: reqTimeout, Timeout: 2 * time.Second, PingInterval: 500 * time.Millisecond}, a, b)
+	c := newClient(t, Config{RequestTimeout: config.Duration(reqTimeout), Timeout: config.Duration(2 * time.Second), PingInterval: config.Duration(500 * time.Millisecond)}, a, b)
 	waitConns(t, c, 0, 2)
 	waitConns(t, c, 1, 2)
 	k := c.NewKey(keyID(t, ks.p256), ks.p256.Public())
@@ -335,7 +336,7 @@ func TestKilledServerAndRestart(t *testing.T) {
 	a := newResponder(t, ks.p256)
 	b := newResponder(t, ks.p256)
 	reg := prometheus.NewRegistry()
-	c := newClient(t, Config{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond, Registerer: reg}, a, b)
+	c := newClient(t, Config{ReconnectMin: config.Duration(10 * time.Millisecond), ReconnectMax: config.Duration(100 * time.Millisecond), Registerer: reg}, a, b)
 	waitConns(t, c, 0, 2)
 	waitConns(t, c, 1, 2)
 	k := c.NewKey(keyID(t, ks.p256), ks.p256.Public())
@@ -458,7 +459,7 @@ func TestTypedErrors(t *testing.T) {
 		a, b := newResponder(t, ks.p256), newResponder(t, ks.p256)
 		a.code.Store(uint32(protocol.CodeOverloaded))
 		b.code.Store(uint32(protocol.CodeOverloaded))
-		c := newClient(t, Config{Timeout: 300 * time.Millisecond, ReconnectMin: 50 * time.Millisecond}, a, b)
+		c := newClient(t, Config{Timeout: config.Duration(300 * time.Millisecond), ReconnectMin: config.Duration(50 * time.Millisecond)}, a, b)
 		k := c.NewKey(keyID(t, ks.p256), ks.p256.Public())
 		start := time.Now()
 		_, err := k.SignContext(ctx, d, crypto.SHA256)
@@ -598,8 +599,8 @@ func TestCloseWithPendingRequests(t *testing.T) {
 	cfg := Config{
 		Servers:        []string{a.addr},
 		TLS:            sharedPKI().clientTLS(),
-		RequestTimeout: 10 * time.Second,
-		Timeout:        20 * time.Second,
+		RequestTimeout: config.Duration(10 * time.Second),
+		Timeout:        config.Duration(20 * time.Second),
 		Logger:         quietLog,
 	}
 	c, err := New(cfg)
@@ -711,8 +712,8 @@ func TestConfigValidation(t *testing.T) {
 		edit func(*Config)
 		want string
 	}{
-		{"no servers", func(c *Config) { c.Servers = nil }, "no servers"},
-		{"bad server", func(c *Config) { c.Servers = []string{"localhost"} }, `server "localhost"`},
+		{"no servers", func(c *Config) { c.Servers = nil }, "servers: required"},
+		{"bad server", func(c *Config) { c.Servers = []string{"localhost"} }, `servers[0]: "localhost"`},
 		{"empty port", func(c *Config) { c.Servers = []string{"localhost:"} }, "want host:port"},
 		{"duplicate", func(c *Config) { c.Servers = []string{"a:1", "a:1"} }, "listed twice"},
 		{"too many", func(c *Config) {
@@ -724,8 +725,8 @@ func TestConfigValidation(t *testing.T) {
 		{"no TLS", func(c *Config) { c.TLS = nil }, "TLS config is required"},
 		{"no client cert", func(c *Config) { c.TLS.Certificates = nil }, "no client certificate"},
 		{"TLS 1.2 cap", func(c *Config) { c.TLS.MaxVersion = 0x0303 }, "below TLS 1.3"},
-		{"negative conns", func(c *Config) { c.ConnsPerServer = -1 }, "ConnsPerServer is negative"},
-		{"negative timeout", func(c *Config) { c.Timeout = -time.Second }, "Timeout is negative"},
+		{"negative conns", func(c *Config) { c.ConnsPerServer = -1 }, "conns_per_server: -1 is negative"},
+		{"negative timeout", func(c *Config) { c.Timeout = config.Duration(-time.Second) }, "timeout: -1s is negative"},
 		{"nil fallback", func(c *Config) { c.Fallback = map[protocol.KeyID]crypto.Signer{{1}: nil} }, "is nil"},
 		{"fallback under wrong ID", func(c *Config) { c.Fallback = map[protocol.KeyID]crypto.Signer{{1}: ks.p256} }, "has key ID"},
 		{"metrics clash", func(c *Config) {
@@ -760,8 +761,9 @@ func TestConfigValidation(t *testing.T) {
 	if el := time.Since(start); el > 100*time.Millisecond {
 		t.Errorf("New took %s", el)
 	}
-	want := Config{ConnsPerServer: 2, MaxInFlightPerConn: 1024, RequestTimeout: time.Second, Timeout: 3 * time.Second,
-		DialTimeout: 2 * time.Second, PingInterval: 5 * time.Second, ReconnectMin: 100 * time.Millisecond, ReconnectMax: 10 * time.Second}
+	want := Config{ConnsPerServer: 2, MaxInFlightPerConn: 1024, RequestTimeout: config.Duration(time.Second), Timeout: config.Duration(3 * time.Second),
+		DialTimeout: config.Duration(2 * time.Second), PingInterval: config.Duration(5 * time.Second),
+		ReconnectMin: config.Duration(100 * time.Millisecond), ReconnectMax: config.Duration(10 * time.Second)}
 	got := c.cfg
 	got.Servers, got.TLS, got.Logger = nil, nil, nil
 	if got.ConnsPerServer != want.ConnsPerServer || got.MaxInFlightPerConn != want.MaxInFlightPerConn ||

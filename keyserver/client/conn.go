@@ -349,7 +349,7 @@ func (c *Client) runSlot(s *slot) {
 			return
 		}
 		log.Warn("keyserver connection lost", "err", cn.failed(), "up_for", time.Since(upSince).Round(time.Millisecond))
-		if time.Since(upSince) >= c.cfg.ReconnectMax {
+		if time.Since(upSince) >= c.cfg.ReconnectMax.D() {
 			failures = 0
 		}
 		failures++
@@ -362,9 +362,9 @@ func (c *Client) runSlot(s *slot) {
 // supervise pings cn every PingInterval (and when a request on it timed out) until
 // it fails or the client closes.
 func (c *Client) supervise(cn *conn) {
-	t := time.NewTicker(c.cfg.PingInterval)
+	t := time.NewTicker(c.cfg.PingInterval.D())
 	defer t.Stop()
-	timer := getTimer(c.cfg.RequestTimeout)
+	timer := getTimer(c.cfg.RequestTimeout.D())
 	defer putTimer(timer)
 	var seq uint64
 	var payload [8]byte
@@ -380,7 +380,7 @@ func (c *Client) supervise(cn *conn) {
 		}
 		seq++
 		binary.BigEndian.PutUint64(payload[:], seq)
-		timer.Reset(c.cfg.RequestTimeout)
+		timer.Reset(c.cfg.RequestTimeout.D())
 		req := protocol.Request{Op: protocol.OpPing, Payload: payload[:]}
 		body, err := cn.roundTrip(context.Background(), &req, 0, timer, c.closing, true)
 		var pe *protocol.Error
@@ -402,7 +402,7 @@ func (c *Client) supervise(cn *conn) {
 }
 
 func (c *Client) dial(srv *server) (*conn, error) {
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout.D())
 	defer cancel()
 	d := tls.Dialer{
 		NetDialer: &net.Dialer{KeepAlive: 15 * time.Second},
@@ -412,7 +412,7 @@ func (c *Client) dial(srv *server) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newConn(srv, nc, nc.(*tls.Conn).NetConn(), c.cfg.MaxInFlightPerConn, c.cfg.RequestTimeout), nil
+	return newConn(srv, nc, nc.(*tls.Conn).NetConn(), c.cfg.MaxInFlightPerConn, c.cfg.RequestTimeout.D()), nil
 }
 
 var timerPool sync.Pool

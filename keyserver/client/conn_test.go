@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 )
 
@@ -149,7 +150,7 @@ func TestWriteCoalescing(t *testing.T) {
 }
 
 func TestBackoff(t *testing.T) {
-	c := &Client{cfg: Config{ReconnectMin: 100 * time.Millisecond, ReconnectMax: time.Second}}
+	c := &Client{cfg: Config{ReconnectMin: config.Duration(100 * time.Millisecond), ReconnectMax: config.Duration(time.Second)}}
 	for n, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 60: time.Second} {
 		for range 20 {
 			if d := c.backoff(n); d < want/2 || d > want {

@@ -87,7 +87,7 @@ func TestSilentConnectionsDoNotLockOutClients(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // let the server accept them all
 
 	c, err := New(Config{Servers: []string{addr}, TLS: sharedPKI().clientTLS(), Logger: quietLog,
-		ConnsPerServer: 2, Timeout: 2 * time.Second, DialTimeout: time.Second})
+		ConnsPerServer: 2, Timeout: config.Duration(2 * time.Second), DialTimeout: config.Duration(time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestRequestsCarryTheirDeadline(t *testing.T) {
 		c.Backends = []backend.Backend{stallBackend{c.Backends[0], make(chan struct{}, 1), 600 * time.Millisecond, &signed}}
 	})
 	c, err := New(Config{Servers: []string{addr}, TLS: sharedPKI().clientTLS(), Logger: quietLog,
-		ConnsPerServer: 1, RequestTimeout: 100 * time.Millisecond, Timeout: 100 * time.Millisecond})
+		ConnsPerServer: 1, RequestTimeout: config.Duration(100 * time.Millisecond), Timeout: config.Duration(100 * time.Millisecond)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,9 @@
 package l7d
 
 import (
+	"encoding/json"
 	"os"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/l7"
 )
 
@@ -83,7 +86,7 @@ func TestParseConfig(t *testing.T) {
 		{"no addr", "listeners: [{pool: web}]\nbackends: {web: {members: [x:1]}}\ncertificates: {dir: d}\n", "listeners[0].addr: required"},
 		{"duplicate names", "listeners: [{name: a, addr: x:1, pool: web}, {name: a, addr: x:2, pool: web}]\nbackends: {web: {members: [x:1]}}\ncertificates: {dir: d}\n", `listeners[1].name: "a" used twice`},
 		{"no certificates", "listeners: [{addr: x:1, pool: web}]\nbackends: {web: {members: [x:1]}}\n", "certificates: give certificates or dir"},
-		{"partial keyservers", minimal + "keyservers: {servers: [x:1]}\n", "keyservers: servers, cert_file, key_file and ca_file are required"},
+		{"partial keyservers", minimal + "keyservers: {servers: [x:1]}\n", "keyservers.cert_file: required\nkeyservers.key_file: required\nkeyservers.ca_file: required"},
 		{"unknown field", minimal + "listen: x\n", "field listen not found"},
 		{"bad log level", minimal + "log_level: chatty\n", `log_level: "chatty": want debug`},
 		{"bad gc percent", minimal + "gc_percent: -5\n", "gc_percent: -5: want"},
@@ -104,17 +107,27 @@ func TestParseConfig(t *testing.T) {
 		{"quic server id", withListener(`quic_server_id: 4242`), ""},
 		{"quic server id too big", withListener(`quic_server_id: 70000`), "cannot unmarshal !!int `70000` into uint16"},
 		{"tunnel", minimal + "tunnel: {vips: [203.0.113.10, \"2001:db8::10\"], lds: [198.18.1.1], ld_ranges: [198.18.2.0/24], key: 4242, move_idle: -1s, local: 198.18.1.11, flow_idle: 20m, mtu: 1400, table: 100}\n", ""},
-		{"tunnel no vips", minimal + "tunnel: {lds: [198.18.1.1]}\n", "tunnel: no VIPs"},
-		{"tunnel no lds", minimal + "tunnel: {vips: [203.0.113.10]}\n", "tunnel: no LDs"},
+		{"tunnel no vips", minimal + "tunnel: {lds: [198.18.1.1]}\n", "tunnel.vips: required"},
+		{"tunnel no lds", minimal + "tunnel: {vips: [203.0.113.10]}\n", "tunnel.lds: required unless ld_ranges"},
 		{"tunnel bad vip", minimal + "tunnel: {vips: [203.0.113.300], lds: [198.18.1.1]}\n", "tunnel.vips[0]"},
 		{"tunnel bad ld", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1/40]}\n", "tunnel.lds[0]"},
-		{"tunnel range in lds", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1, 198.18.2.0/24]}\n", "tunnel.lds[1]: \"198.18.2.0/24\" is a range"},
+		{"tunnel range in lds", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1, 198.18.2.0/24]}\n", "tunnel.lds[1]: line 5: \"198.18.2.0/24\": ParseAddr"},
 		{"tunnel bad ld range", minimal + "tunnel: {vips: [203.0.113.10], ld_ranges: [198.18.2.1]}\n", "tunnel.ld_ranges[0]"},
 		{"tunnel ld range anywhere", minimal + "tunnel: {vips: [203.0.113.10], ld_ranges: [0.0.0.0/0]}\n", "would take packets from anywhere"},
 		{"tunnel bad local", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1], local: here}\n", "tunnel.local"},
 		{"tunnel local family", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1], local: \"2001:db8::1\"}\n", "family no LD uses"},
-		{"tunnel reserved table", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1], table: 254}\n", "routing table 254"},
+		{"tunnel reserved table", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1], table: 254}\n", "tunnel.table: 254 is reserved"},
 		{"tunnel unknown field", minimal + "tunnel: {vip: [203.0.113.10]}\n", "field vip not found"},
+		{"tunnel bad duration", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1], one_way_idle: -5s}\n", "tunnel.one_way_idle: -5s is negative"},
+		{"tunnel text duration", minimal + "tunnel: {vips: [203.0.113.10], lds: [198.18.1.1], one_way_idle: 5y}\n", `tunnel.one_way_idle: line 5: "5y": time: unknown unit`},
+		{"client_ip bad timeout", withListener(`client_ip: {proxy_timeout: 3s}`), "listeners[0].client_ip.proxy_timeout: set but proxy_protocol is off"},
+		{"client_ip negative timeout", withListener(`client_ip: {proxy_protocol: true, proxy_trusted: [10.0.0.1], proxy_timeout: -3s}`), "listeners[0].client_ip.proxy_timeout: -3s is negative"},
+		{"keyservers", minimal + "keyservers: {servers: [x:1], cert_file: c, key_file: k, ca_file: ca, server_name: ks, conns_per_server: 3, timeout: 2s, dial_timeout: 1s}\n", ""},
+		{"keyservers bad conns", minimal + "keyservers: {servers: [x:1], cert_file: c, key_file: k, ca_file: ca, conns_per_server: -1}\n", "keyservers.conns_per_server: -1 is negative"},
+		{"keyservers bad server", minimal + "keyservers: {servers: [x:1, \"y\"], cert_file: c, key_file: k, ca_file: ca}\n", `keyservers.servers[1]: "y"`},
+		{"keyservers bad timeout", minimal + "keyservers: {servers: [x:1], cert_file: c, key_file: k, ca_file: ca, request_timeout: 1x}\n", `keyservers.request_timeout: line 5: "1x"`},
+		{"keyservers program field", minimal + "keyservers: {servers: [x:1], cert_file: c, key_file: k, ca_file: ca, tls: {}}\n", "field tls not found"},
+		{"negative shutdown grace", minimal + "shutdown_grace: -1s\n", "shutdown_grace: -1s is negative"},
 	}
 	for _, tc := range cases {
 		_, err := ParseConfig([]byte(tc.in), "t.yaml")
@@ -129,7 +142,7 @@ func TestDefaultsAndSample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.AdminListen != DefaultAdminListen || c.ShutdownGrace != 10*time.Second || c.Listeners[0].Name != "listener0" ||
+	if c.AdminListen != DefaultAdminListen || c.ShutdownGrace.D() != 10*time.Second || c.Listeners[0].Name != "listener0" ||
 		c.StateDir != "" || c.AdminTokenFile != "" || c.AdminInsecure {
 		t.Errorf("defaults: %+v", c)
 	}
@@ -192,5 +205,49 @@ func TestSetProcs(t *testing.T) {
 	t.Setenv("GOMAXPROCS", "2")
 	if c, err := setProcs(0, reg, nil); c != nil || err != nil || runtime.GOMAXPROCS(0) != 3 {
 		t.Fatalf("GOMAXPROCS set: %v, %v; want the environment to win", c, err)
+	}
+}
+
+// TestConfigJSON: the whole file reads the same from JSON as from YAML, with the same
+// names (the models' and the daemon's own), durations and addresses as text: the
+// sample, read, written as JSON and read again, is what was read.
+func TestConfigJSON(t *testing.T) {
+	s, err := LoadConfig("../../deploy/l7d.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Tunnel.OneWayIdle = config.Duration(15 * time.Second)
+	s.KeyServers.PingInterval = config.Duration(4 * time.Second)
+	s.Listeners[0].ClientIP.ProxyTimeout = config.Duration(2 * time.Second)
+	s.Listeners[0].ClientIP.ProxyProtocol, s.Listeners[0].ClientIP.ProxyTrusted = true, []string{"198.18.0.0/15"}
+	js, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"one_way_idle":"15s"`, `"ping_interval":"4s"`, `"proxy_timeout":"2s"`, `"shutdown_grace":"10s"`,
+		`"client_ip":{`, `"keyservers":{"servers":[`, `"cert_file":`, `"tunnel":{`, `"vips":["`} {
+		if !strings.Contains(string(js), want) {
+			t.Errorf("JSON lacks %s:\n%s", want, js)
+		}
+	}
+	back, err := ParseConfig(js, "t.json")
+	if err != nil {
+		t.Fatalf("the sample as JSON: %v\n%s", err, js)
+	}
+	var std FileConfig
+	if err := json.Unmarshal(js, &std); err != nil {
+		t.Fatal(err)
+	}
+	// An empty list in the YAML ("files: []") comes back nil: compare as JSON, and
+	// the sections of this package's models exactly.
+	for _, c := range []*FileConfig{back, &std} {
+		if again, err := json.Marshal(c); err != nil || string(again) != string(js) {
+			t.Errorf("the sample through JSON:\n%s\nwant\n%s", again, js)
+		}
+		if !reflect.DeepEqual(c.Tunnel, s.Tunnel) || !reflect.DeepEqual(c.KeyServers, s.KeyServers) ||
+			!reflect.DeepEqual(c.Listeners, s.Listeners) || !reflect.DeepEqual(c.Certificates, s.Certificates) {
+			t.Errorf("through JSON: %+v %+v %+v %+v\nwant %+v %+v %+v %+v", c.Tunnel, c.KeyServers, c.Listeners, c.Certificates,
+				s.Tunnel, s.KeyServers, s.Listeners, s.Certificates)
+		}
 	}
 }

@@ -107,7 +107,7 @@ func (d *Daemon) setup() error {
 	}
 	d.log = daemon.NewLogger(cfg.LogLevel, d.Stderr)
 	d.auth.Logger = d.log
-	token, err := readAdminToken(cfg, d.log)
+	token, err := adminToken(cfg, d.log)
 	if err != nil {
 		return err
 	}
@@ -124,21 +124,13 @@ func (d *Daemon) setup() error {
 		Name: "tiergate_l7_reloads_total", Help: "Configuration reloads, by result.",
 	}, []string{"result"})
 	d.reg.MustRegister(d.reloads)
-	if cfg.KeyServers != nil {
-		tlsCfg, err := cfg.KeyServers.keyserverTLS()
-		if err != nil {
+	if ks := cfg.KeyServers; ks != nil {
+		cc := ks.Config
+		if cc.TLS, err = ks.keyserverTLS(); err != nil {
 			return err
 		}
-		d.ks, err = client.New(client.Config{
-			Servers:        cfg.KeyServers.Servers,
-			TLS:            tlsCfg,
-			ConnsPerServer: cfg.KeyServers.ConnsPerServer,
-			RequestTimeout: cfg.KeyServers.RequestTimeout,
-			Timeout:        cfg.KeyServers.Timeout,
-			Registerer:     d.reg,
-			Logger:         d.log,
-		})
-		if err != nil {
+		cc.Registerer, cc.Logger = d.reg, d.log
+		if d.ks, err = client.New(cc); err != nil {
 			return err
 		}
 	}
@@ -226,18 +218,13 @@ func (d *Daemon) do(op func(*control)) error {
 	return nil
 }
 
-// readAdminToken reads cfg's admin token; nil without admin_token_file. A token
-// file others can read is warned about on log.
-func readAdminToken(cfg *FileConfig, log *slog.Logger) ([]byte, error) {
-	if cfg.AdminTokenFile == "" {
-		return nil, nil
-	}
-	tok, err := daemon.ReadTokenFile(cfg.AdminTokenFile)
-	if err != nil {
-		return nil, fmt.Errorf("admin_token_file: %w", err)
-	}
-	daemon.WarnIfExposed(log, "the admin token", cfg.AdminTokenFile)
-	return tok, nil
+// adminToken reads cfg's admin token with the kit (daemon.AdminToken, which warns
+// about a file others can read); nil without admin_token_file: l7d generates none,
+// and validate refused an admin_listen others reach without one unless
+// admin_insecure.
+func adminToken(cfg *FileConfig, log *slog.Logger) ([]byte, error) {
+	tok, _, err := daemon.AdminToken(cfg.AdminTokenFile, true, "", log)
+	return tok, err
 }
 
 func (c *control) setConfig(cfg *FileConfig) {
@@ -373,7 +360,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			grace := d.current().ShutdownGrace
+			grace := d.current().ShutdownGrace.D()
 			d.log.Info("stopping", "grace", grace)
 			sctx, cancel := context.WithTimeout(context.Background(), grace)
 			err := srv.Shutdown(sctx)
@@ -384,7 +371,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return err
 		case err := <-tunErr:
 			d.log.Error("tunnel endpoint failed; stopping", "err", err)
-			sctx, cancel := context.WithTimeout(context.Background(), d.current().ShutdownGrace)
+			sctx, cancel := context.WithTimeout(context.Background(), d.current().ShutdownGrace.D())
 			srv.Shutdown(sctx)
 			cancel()
 			if admin != nil {
@@ -402,11 +389,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 // startTunnel creates the tunnel endpoint and runs it in the background; a failure of
 // the running endpoint is sent on failed. stop ends it and removes its device and
 // rules.
-func (d *Daemon) startTunnel(t *TunnelFile, failed chan<- error) (stop func(), err error) {
-	cfg, err := t.config()
-	if err != nil {
-		return nil, err
-	}
+func (d *Daemon) startTunnel(t *tunnel.Config, failed chan<- error) (stop func(), err error) {
+	cfg := *t
 	cfg.Registerer, cfg.Logger = d.reg, d.log
 	ep, err := tunnel.New(cfg)
 	if err != nil {
@@ -503,7 +487,7 @@ func (c *control) prepare() (*reload, error) {
 		return nil, err
 	}
 	r := &reload{cfg: cfg}
-	if r.token, err = readAdminToken(cfg, d.log); err != nil {
+	if r.token, err = adminToken(cfg, d.log); err != nil {
 		return nil, err
 	}
 	pol, err := newDecider(cfg, d.lists, d.log)
@@ -560,5 +544,5 @@ func sameKeyServers(a, b *KeyServersFile) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
-	return fmt.Sprint(*a) == fmt.Sprint(*b)
+	return reflect.DeepEqual(*a, *b)
 }

@@ -3,11 +3,16 @@ package tunnel
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"net/netip"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 func testCore(t testing.TB, mod func(*Config)) *core {
@@ -280,7 +285,7 @@ func TestFlowExpiry(t *testing.T) {
 // LD's address redirected a live flow's replies.
 func TestFlowMoves(t *testing.T) {
 	const move = int64(5 * time.Second)
-	c := testCore(t, func(c *Config) { c.MoveIdle = time.Duration(move) })
+	c := testCore(t, func(c *Config) { c.MoveIdle = config.Duration(move) })
 	p1, p2 := peerFrom(ld, modeGRE), peerFrom(ld2, modeGRE)
 	k := flowKey{sport: 1, proto: protoUDP}
 	c.flows.learn(k, p1, false, 1, c.move)
@@ -493,8 +498,8 @@ func TestConfigValidate(t *testing.T) {
 	}
 	c := Config{VIPs: vips, LDs: lds}
 	c.validate()
-	if c.Device != "tg0" || c.MTU != 1476 || c.Table != 4242 || c.FlowIdle != 10*time.Minute || c.MaxFlows != 1<<20 ||
-		c.OneWayIdle != 30*time.Second || c.MoveIdle != 10*time.Second || c.Key != 0 {
+	if c.Device != "tg0" || c.MTU != 1476 || c.Table != 4242 || c.FlowIdle.D() != 10*time.Minute || c.MaxFlows != 1<<20 ||
+		c.OneWayIdle.D() != 30*time.Second || c.MoveIdle.D() != 10*time.Second || c.Key != 0 {
 		t.Errorf("defaults: %+v", c)
 	}
 	c = Config{VIPs: vips, LDs: []netip.Addr{netip.MustParseAddr("2001:db8::1")}}
@@ -502,9 +507,9 @@ func TestConfigValidate(t *testing.T) {
 	if c.MTU != 1456 {
 		t.Errorf("MTU with an IPv6 LD: %d", c.MTU)
 	}
-	c = Config{VIPs: vips, LDs: lds, Key: 1, MoveIdle: -time.Second, FlowIdle: 20 * time.Second}
+	c = Config{VIPs: vips, LDs: lds, Key: 1, MoveIdle: config.Duration(-time.Second), FlowIdle: config.Duration(20 * time.Second)}
 	c.validate()
-	if c.MTU != 1472 || c.MoveIdle != -1 || c.OneWayIdle != 20*time.Second {
+	if c.MTU != 1472 || c.MoveIdle != -1 || c.OneWayIdle.D() != 20*time.Second {
 		t.Errorf("MTU with a key %d (want 1472), move idle %v (want -1), one-way idle %v (want the flow idle, 20s)", c.MTU, c.MoveIdle, c.OneWayIdle)
 	}
 	c = Config{VIPs: vips, LDRanges: []netip.Prefix{netip.MustParsePrefix("2001:db8::/64")}, Key: 1}
@@ -592,5 +597,93 @@ func BenchmarkInboundNewFlows(b *testing.B) {
 	for b.Loop() {
 		c.inbound(false, protoGRE, pkts[i&4095], nil, &n)
 		i++
+	}
+}
+
+// TestConfigYAMLAndJSON: the model reads the same from YAML (l7d's tunnel section) and
+// from JSON (the control plane's form), addresses and durations as text in both, and
+// writes back what it read.
+func TestConfigYAMLAndJSON(t *testing.T) {
+	const doc = `
+device: tg1
+vips: [203.0.113.10, "2001:db8:10::1"]
+lds: [198.18.1.1]
+ld_ranges: [198.18.2.0/24]
+key: 42
+local: 198.18.0.2
+flow_idle: 20m
+one_way_idle: 15s
+move_idle: -1s
+max_flows: 1000
+mtu: 1400
+table: 100
+`
+	const js = `{"device": "tg1", "vips": ["203.0.113.10", "2001:db8:10::1"], "lds": ["198.18.1.1"],
+		"ld_ranges": ["198.18.2.0/24"], "key": 42, "local": "198.18.0.2", "flow_idle": "20m",
+		"one_way_idle": "15s", "move_idle": "-1s", "max_flows": 1000, "mtu": 1400, "table": 100}`
+	var y, j, std Config
+	if err := config.Decode([]byte(doc), "YAML", &y); err != nil {
+		t.Fatal(err)
+	}
+	if err := config.Decode([]byte(js), "JSON", &j); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(js), &std); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(y, j) || !reflect.DeepEqual(y, std) {
+		t.Fatalf("YAML %+v\nJSON %+v\nencoding/json %+v", y, j, std)
+	}
+	if y.OneWayIdle.D() != 15*time.Second || y.MoveIdle.D() != -time.Second || y.Local != netip.MustParseAddr("198.18.0.2") {
+		t.Fatalf("decoded %+v", y)
+	}
+	out, err := json.Marshal(y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Config
+	if err := json.Unmarshal(out, &back); err != nil || !reflect.DeepEqual(back, y) {
+		t.Fatalf("round trip through %s: %+v, %v", out, back, err)
+	}
+	if out, _ := json.Marshal(Config{}); string(out) != `{"vips":null}` {
+		t.Errorf("zero Config as JSON: %s", out)
+	}
+	if err := y.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestValidatePaths: Validate names every bad field by its path.
+func TestValidatePaths(t *testing.T) {
+	c := Config{
+		VIPs:       []netip.Addr{vip.Addr(), netip.IPv4Unspecified()},
+		LDs:        []netip.Addr{ld, netip.MustParseAddr("224.0.0.1")},
+		LDRanges:   []netip.Prefix{netip.MustParsePrefix("::ffff:0.0.0.0/96")},
+		Local:      ld6,
+		OneWayIdle: config.Duration(-time.Second),
+		MTU:        100,
+		Table:      255,
+	}
+	want := []string{
+		`vips[1]: "0.0.0.0" is not a usable address`,
+		`lds[1]: "224.0.0.1" is not a usable address`,
+		`ld_ranges[0]: ::ffff:0.0.0.0/96 would take packets from anywhere`,
+		`local: ` + ld6.String() + ` is of a family no LD uses`,
+		`one_way_idle: -1s is negative`,
+		`mtu: 100 is out of range`,
+		`table: 255 is reserved or invalid`,
+	}
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("missing %q in\n%v", w, err)
+		}
+	}
+	if err := (&Config{}).Validate(); err == nil || !strings.Contains(err.Error(), "vips: required") ||
+		!strings.Contains(err.Error(), "lds: required unless ld_ranges") {
+		t.Errorf("empty config: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ package tunnel
 import (
 	"context"
 	"errors"
+	"slices"
 )
 
 // Endpoint is a tunnel endpoint; it exists only on Linux.
@@ -14,6 +15,9 @@ var errNotLinux = errors.New("tunnel: the tunnel endpoint needs Linux (TUN, raw 
 
 // New fails: the endpoint needs Linux.
 func New(cfg Config) (*Endpoint, error) {
+	cfg.VIPs = slices.Clone(cfg.VIPs)
+	cfg.LDs = slices.Clone(cfg.LDs)
+	cfg.LDRanges = slices.Clone(cfg.LDRanges)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

@@ -35,7 +35,6 @@
 package tunnel
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -45,15 +44,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/wire"
 )
 
 // Defaults of Config.
 const (
 	DefaultDevice     = "tg0"
-	DefaultFlowIdle   = 10 * time.Minute
-	DefaultOneWayIdle = 30 * time.Second
-	DefaultMoveIdle   = 10 * time.Second
+	DefaultFlowIdle   = config.Duration(10 * time.Minute)
+	DefaultOneWayIdle = config.Duration(30 * time.Second)
+	DefaultMoveIdle   = config.Duration(10 * time.Second)
 	DefaultMaxFlows   = 1 << 20
 	DefaultTable      = 4242
 	// DefaultMTU is the TUN device's MTU when every LD is reached over IPv4: 1500
@@ -70,25 +70,28 @@ const (
 // not fill the table for FlowIdle.
 const HalfOpenIdle = 75 * time.Second
 
-// Config configures an Endpoint. The zero value of every optional field means its
-// documented default.
+// Config configures an Endpoint. Its settings are the tunnel endpoint's model, l7d's
+// tunnel section, with the same names in YAML and JSON; the fields tagged "-" are the
+// objects a program hands over (metrics, logs). The zero value of every optional
+// field means the default its comment gives; Defaults fills them in and Validate
+// checks them, naming fields by path ("lds[1]", "one_way_idle").
 type Config struct {
 	// Device is the TUN device's name (at most 15 bytes). It is created by New and
 	// removed by Close. Default "tg0".
-	Device string
+	Device string `yaml:"device" json:"device,omitempty"`
 
 	// VIPs are the virtual addresses this node serves, IPv4 or IPv6. They are
 	// assigned to the TUN device as host addresses (/32, /128), so the listeners can
-	// bind to them, and every packet from an LD must be addressed to one of them.
-	// Required.
-	VIPs []netip.Addr
+	// bind to them (or to 0.0.0.0 / ::), and every packet from an LD must be
+	// addressed to one of them. Required.
+	VIPs []netip.Addr `yaml:"vips" json:"vips"`
 
 	// LDs are the L4 distributors' tunnel addresses, each exactly: packets whose
 	// outer source is none of them (nor within LDRanges) are dropped and counted
 	// (unknown_ld). Their address families decide which raw sockets are opened, and
 	// a reply whose flow is unknown goes to one of them chosen by a hash of the flow.
 	// Required unless LDRanges is set: the endpoint is not an open relay.
-	LDs []netip.Addr
+	LDs []netip.Addr `yaml:"lds" json:"lds,omitempty"`
 
 	// LDRanges are prefixes every address of which is taken as an LD's, for LDs
 	// numbered from a range rather than listed. Whoever can send from an address in
@@ -96,32 +99,32 @@ type Config struct {
 	// network's filtering of spoofed sources (deploy/tunnel.md); replies of unknown
 	// flows are not hashed over ranges. A prefix of length 0 is refused. Default
 	// none.
-	LDRanges []netip.Prefix
+	LDRanges []netip.Prefix `yaml:"ld_ranges" json:"ld_ranges,omitempty"`
 
 	// Key, when not 0, is the GRE key (RFC 2890) the LDs put on every packet (l4d's
 	// tunnel.key, which must be the same number): a packet without it or with
 	// another, and any IPIP packet (which cannot carry one), is dropped and counted
 	// (bad_key); replies carry it. Default 0: no key, none checked or sent.
-	Key uint32
+	Key uint32 `yaml:"key" json:"key,omitempty"`
 
 	// Local is this node's tunnel address: the raw socket of its family is bound to
 	// it, so only packets addressed to it are received and replies leave from it.
 	// Default: any local address receives, and the kernel picks the source of replies
 	// by route.
-	Local netip.Addr
+	Local netip.Addr `yaml:"local" json:"local,omitzero"`
 
 	// FlowIdle is how long a learned return path is kept after a flow's last packet
 	// from its LD. It should be longer than the LDs' own idle timeout for established
 	// connections, so a connection quiet on both tiers still finds its way back.
 	// Default 10m.
-	FlowIdle time.Duration
+	FlowIdle config.Duration `yaml:"flow_idle" json:"flow_idle,omitempty"`
 
 	// OneWayIdle is how long a flow that has had no reply yet is kept after its last
 	// packet (a TCP reset or an ICMP error is no reply: what the stack says to junk).
 	// A real flow is answered within a round trip; one-way junk is forgotten after
 	// this, and is the first evicted when the table is full. Default 30s (never more
 	// than FlowIdle).
-	OneWayIdle time.Duration
+	OneWayIdle config.Duration `yaml:"one_way_idle" json:"one_way_idle,omitempty"`
 
 	// MoveIdle is how long a flow must have had no packet from its LD before a packet
 	// of it from another LD moves its replies there. Until then such packets are
@@ -129,145 +132,162 @@ type Config struct {
 	// (tiergate_l7_tunnel_flow_moves_total{result="refused"}): a live flow is never
 	// redirected by one packet from elsewhere, spoofed or not, while a flow whose LD
 	// failed follows its new LD after this long (the LDs share no sessions, so the
-	// LD that forwarded a flow is the one that can carry its replies). Negative:
-	// never, a flow stays with its first LD until it expires. Default 10s.
-	MoveIdle time.Duration
+	// LD that forwarded a flow is the one that can carry its replies). Negative
+	// ("-1s"): never, a flow stays with its first LD until it expires. Default 10s.
+	MoveIdle config.Duration `yaml:"move_idle" json:"move_idle,omitempty"`
 
 	// MaxFlows bounds the flows tracked (about 150 bytes each). When the table is
 	// full a new flow evicts the oldest flow that has had no reply yet or has shown
 	// only TCP SYNs; when there is none its packets are still delivered but not
 	// tracked (table_full), and its replies take the fallback of an unknown flow.
-	// Default 1<<20.
-	MaxFlows int
+	// Default 1<<20 (1048576).
+	MaxFlows int `yaml:"max_flows" json:"max_flows,omitempty"`
 
 	// MTU is the TUN device's MTU, which the local stack uses for the replies it
 	// sends (TCP's MSS follows from it), so it must leave room for the outer headers
 	// on the path to the LDs: path MTU less 24 (IPv4 outer) or 44 (IPv6 outer), 4
 	// more with a Key. Packets from LDs are delivered whatever their size; the LD
-	// clamps the client's MSS so they fit. Default 1476 (DefaultMTU), or 1456
-	// (DefaultMTU6) when an LD is IPv6; 1472 and 1452 with a Key.
-	MTU int
+	// clamps the client's MSS so they fit. From 576 to 65535, at least 1280 with an
+	// IPv6 VIP. Default 1476 (DefaultMTU), or 1456 (DefaultMTU6) when an LD is IPv6;
+	// 1472 and 1452 with a Key.
+	MTU int `yaml:"mtu" json:"mtu,omitempty"`
 
 	// Table is the policy routing table that routes replies into the TUN device: New
 	// adds "default dev <Device>" to it and a rule "from <VIP> lookup <Table>" per
-	// VIP, and Close removes the rules. It must not be used for anything else.
-	// Default 4242.
-	Table int
+	// VIP, and Close removes the rules. It must not be used for anything else; 253 to
+	// 255 are the kernel's. Default 4242.
+	Table int `yaml:"table" json:"table,omitempty"`
 
 	// Registerer receives the endpoint's metrics; Close unregisters them. Default
 	// none.
-	Registerer prometheus.Registerer
+	Registerer prometheus.Registerer `yaml:"-" json:"-"`
 
 	// Logger receives the endpoint's logs. Default slog.Default().
-	Logger *slog.Logger
+	Logger *slog.Logger `yaml:"-" json:"-"`
 }
 
-// Validate checks c as New does, without creating anything.
-func (c Config) Validate() error {
-	c.VIPs = slices.Clone(c.VIPs)
-	c.LDs = slices.Clone(c.LDs)
-	c.LDRanges = slices.Clone(c.LDRanges)
-	return c.validate()
-}
-
-// hasLDFamily reports whether an LD address or range is IPv6 (v6) or IPv4 (!v6).
+// hasLDFamily reports whether an LD address or range is IPv6 (v6) or IPv4 (!v6),
+// IPv4-mapped addresses counting as IPv4.
 func (c *Config) hasLDFamily(v6 bool) bool {
-	return slices.ContainsFunc(c.LDs, func(a netip.Addr) bool { return a.Is6() == v6 }) ||
-		slices.ContainsFunc(c.LDRanges, func(p netip.Prefix) bool { return p.Addr().Is6() == v6 })
+	return slices.ContainsFunc(c.LDs, func(a netip.Addr) bool { return a.Unmap().Is6() == v6 }) ||
+		slices.ContainsFunc(c.LDRanges, func(p netip.Prefix) bool { return p.Addr().Unmap().Is6() == v6 })
 }
 
-// validate checks c and fills its defaults.
-func (c *Config) validate() error {
-	if c.Device == "" {
-		c.Device = DefaultDevice
-	}
+// Validate checks c and returns every problem, each a *config.FieldError named by its
+// path within c ("vips[0]", "one_way_idle"). It changes nothing and creates nothing.
+func (c *Config) Validate() error {
+	var ck config.Checker
 	if len(c.Device) > 15 {
-		return fmt.Errorf("tunnel: device name %q is longer than 15 bytes", c.Device)
+		ck.Addf("device", "%q is longer than 15 bytes", c.Device)
 	}
 	if len(c.VIPs) == 0 {
-		return errors.New("tunnel: no VIPs")
+		ck.Addf("vips", "required: at least one VIP")
 	}
 	for i, v := range c.VIPs {
 		if !v.IsValid() || v.IsUnspecified() || v.Zone() != "" {
-			return fmt.Errorf("tunnel: VIP %q is not a usable address", v)
+			ck.Addf(config.Index("vips", i), "%q is not a usable address", v)
 		}
-		c.VIPs[i] = v.Unmap()
 	}
 	if len(c.LDs) == 0 && len(c.LDRanges) == 0 {
-		return errors.New("tunnel: no LDs: packets would be accepted from anywhere")
+		ck.Addf("lds", "required unless ld_ranges: packets would be accepted from anywhere")
 	}
-	v6LD := false
 	for i, a := range c.LDs {
 		if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
-			return fmt.Errorf("tunnel: LD address %q is not a usable address", a)
+			ck.Addf(config.Index("lds", i), "%q is not a usable address", a)
 		}
-		c.LDs[i] = a.Unmap()
-		v6LD = v6LD || c.LDs[i].Is6()
 	}
 	for i, p := range c.LDRanges {
 		if !p.IsValid() {
-			return fmt.Errorf("tunnel: LD range %q is not valid", p)
+			ck.Addf(config.Index("ld_ranges", i), "%q is not a valid prefix", p)
+		} else if unmapPrefix(p).Bits() == 0 {
+			ck.Addf(config.Index("ld_ranges", i), "%s would take packets from anywhere", p)
 		}
-		if p.Addr().Is4In6() {
-			p = netip.PrefixFrom(p.Addr().Unmap(), max(0, p.Bits()-96))
-		}
-		if p.Bits() == 0 {
-			return fmt.Errorf("tunnel: LD range %s would take packets from anywhere", p)
-		}
-		c.LDRanges[i] = p.Masked()
-		v6LD = v6LD || c.LDRanges[i].Addr().Is6()
 	}
-	if c.Local.IsValid() {
-		c.Local = c.Local.Unmap()
-		if c.Local.IsUnspecified() {
-			c.Local = netip.Addr{}
-		} else if !c.hasLDFamily(c.Local.Is6()) {
-			return fmt.Errorf("tunnel: local address %s is of a family no LD uses", c.Local)
-		}
+	if l := c.Local.Unmap(); l.IsValid() && !l.IsUnspecified() && !c.hasLDFamily(l.Is6()) {
+		ck.Addf("local", "%s is of a family no LD uses", c.Local)
+	}
+	if c.FlowIdle < 0 {
+		ck.Addf("flow_idle", "%v is negative", c.FlowIdle)
+	}
+	if c.OneWayIdle < 0 {
+		ck.Addf("one_way_idle", "%v is negative", c.OneWayIdle)
+	}
+	if c.MaxFlows < 0 {
+		ck.Addf("max_flows", "%d is negative", c.MaxFlows)
+	}
+	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 65535 || c.MTU < 1280 && slices.ContainsFunc(c.VIPs, netip.Addr.Is6)) {
+		ck.Addf("mtu", "%d is out of range (576 to 65535, at least 1280 with IPv6 VIPs)", c.MTU)
+	}
+	if c.Table < 0 || c.Table >= 253 && c.Table <= 255 {
+		ck.Addf("table", "%d is reserved or invalid", c.Table)
+	}
+	return ck.Err()
+}
+
+// unmapPrefix returns p with an IPv4-mapped address as the IPv4 prefix it covers.
+func unmapPrefix(p netip.Prefix) netip.Prefix {
+	if p.Addr().Is4In6() {
+		return netip.PrefixFrom(p.Addr().Unmap(), max(0, p.Bits()-96))
+	}
+	return p
+}
+
+// Defaults fills in the default of every field left zero. The MTU's depends on the
+// LDs' family and the Key, OneWayIdle's on FlowIdle.
+func (c *Config) Defaults() {
+	if c.Device == "" {
+		c.Device = DefaultDevice
 	}
 	if c.FlowIdle == 0 {
 		c.FlowIdle = DefaultFlowIdle
 	}
-	if c.FlowIdle < 0 {
-		return fmt.Errorf("tunnel: negative flow idle time %s", c.FlowIdle)
-	}
 	if c.OneWayIdle == 0 {
 		c.OneWayIdle = min(DefaultOneWayIdle, c.FlowIdle)
-	}
-	if c.OneWayIdle < 0 {
-		return fmt.Errorf("tunnel: negative one-way idle time %s", c.OneWayIdle)
 	}
 	if c.MoveIdle == 0 {
 		c.MoveIdle = DefaultMoveIdle
 	}
-	if c.MoveIdle < 0 {
-		c.MoveIdle = -1 // never
-	}
 	if c.MaxFlows == 0 {
 		c.MaxFlows = DefaultMaxFlows
 	}
-	if c.MaxFlows < 0 {
-		return fmt.Errorf("tunnel: negative flow limit %d", c.MaxFlows)
-	}
 	if c.MTU == 0 {
 		c.MTU = DefaultMTU
-		if v6LD {
+		if c.hasLDFamily(true) {
 			c.MTU = DefaultMTU6
 		}
 		c.MTU -= wire.SendLen(c.Key) - greHeaderLen
 	}
-	if c.MTU < 576 || c.MTU > 65535 || c.MTU < 1280 && slices.ContainsFunc(c.VIPs, netip.Addr.Is6) {
-		return fmt.Errorf("tunnel: MTU %d out of range (576 to 65535, at least 1280 with IPv6 VIPs)", c.MTU)
-	}
 	if c.Table == 0 {
 		c.Table = DefaultTable
-	}
-	if c.Table < 0 || c.Table >= 253 && c.Table <= 255 {
-		return fmt.Errorf("tunnel: routing table %d is reserved or invalid", c.Table)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+}
+
+// validate checks c, then puts its addresses in the form the endpoint compares
+// (IPv4-mapped ones as IPv4, ranges masked, a negative MoveIdle as -1) and fills its
+// defaults. c's slices must be its own.
+func (c *Config) validate() error {
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("tunnel: %w", err)
+	}
+	for i, v := range c.VIPs {
+		c.VIPs[i] = v.Unmap()
+	}
+	for i, a := range c.LDs {
+		c.LDs[i] = a.Unmap()
+	}
+	for i, p := range c.LDRanges {
+		c.LDRanges[i] = unmapPrefix(p).Masked()
+	}
+	if c.Local = c.Local.Unmap(); c.Local.IsUnspecified() {
+		c.Local = netip.Addr{}
+	}
+	if c.MoveIdle < 0 {
+		c.MoveIdle = -1 // never
+	}
+	c.Defaults()
 	return nil
 }
 
@@ -363,7 +383,7 @@ func newCore(cfg Config) *core {
 		start: time.Now(),
 		lim: limits{
 			idle:     int64(cfg.FlowIdle),
-			halfOpen: int64(min(HalfOpenIdle, cfg.FlowIdle)),
+			halfOpen: int64(min(HalfOpenIdle, cfg.FlowIdle.D())),
 			oneWay:   int64(min(cfg.OneWayIdle, cfg.FlowIdle)),
 		},
 		idle: int64(cfg.FlowIdle),
