@@ -49,6 +49,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // Key identifies a connection on one load distributor: the client's address and port and
@@ -109,13 +111,17 @@ func (s State) String() string {
 
 // Default timeouts, as LVS and TGW use them.
 const (
-	DefaultSynRecvTimeout     = 30 * time.Second
-	DefaultEstablishedTimeout = 900 * time.Second
-	DefaultFinTimeout         = 60 * time.Second
-	DefaultCloseTimeout       = 10 * time.Second
-	DefaultUDPTimeout         = 300 * time.Second
-	DefaultUnconfirmedTimeout = 10 * time.Second
+	DefaultSynRecvTimeout     = config.Duration(30 * time.Second)
+	DefaultEstablishedTimeout = config.Duration(900 * time.Second)
+	DefaultFinTimeout         = config.Duration(60 * time.Second)
+	DefaultCloseTimeout       = config.Duration(10 * time.Second)
+	DefaultUDPTimeout         = config.Duration(300 * time.Second)
+	DefaultUnconfirmedTimeout = config.Duration(10 * time.Second)
 )
+
+// DefaultCapacity is Config.Capacity's default: the entries of a whole load
+// distributor, about 45 MB.
+const DefaultCapacity = 1_000_000
 
 // MaxTimeout bounds every timeout, keeping expiry times well inside the wrap-safe half
 // of the uint32 clock.
@@ -124,31 +130,99 @@ const MaxTimeout = 365 * 24 * time.Hour
 // MaxCapacity bounds Config.Capacity (2^26 entries, 2.5 GiB of entries per table).
 const MaxCapacity = 1 << 26
 
-// Timeouts are the idle timeouts by state. Each is rounded up to whole seconds; zero
-// means the default.
+// Timeouts are the idle timeouts by state, with the same names in YAML and JSON
+// (l4d's conntrack.timeouts), written as text ("30s", "15m"). Each is rounded up to
+// whole seconds, and is at most MaxTimeout (a year); zero means the default.
 type Timeouts struct {
-	// SynRecv is for half-open TCP connections. Default 30 s.
-	SynRecv time.Duration
-	// Established is for established TCP connections. Default 900 s.
-	Established time.Duration
-	// Fin is for TCP connections after the client's FIN. Default 60 s.
-	Fin time.Duration
-	// Close is for TCP connections after the client's RST. Default 10 s.
-	Close time.Duration
-	// UDP is for UDP flows. Default 300 s.
-	UDP time.Duration
+	// SynRecv is for half-open TCP connections (a SYN seen). Default 30s.
+	SynRecv config.Duration `yaml:"syn_recv" json:"syn_recv,omitempty"`
+	// Established is for established TCP connections. Default 15m.
+	Established config.Duration `yaml:"established" json:"established,omitempty"`
+	// Fin is for TCP connections after the client's FIN. Default 1m.
+	Fin config.Duration `yaml:"fin" json:"fin,omitempty"`
+	// Close is for TCP connections after the client's RST. Default 10s.
+	Close config.Duration `yaml:"close" json:"close,omitempty"`
+	// UDP is for UDP flows. Default 5m.
+	UDP config.Duration `yaml:"udp" json:"udp,omitempty"`
 	// Unconfirmed is for flows picked up mid-way (a TCP packet without SYN or a UDP
 	// datagram of an unknown flow) until a reply from the member confirms them.
-	// Default 10 s.
-	Unconfirmed time.Duration
+	// Default 10s.
+	Unconfirmed config.Duration `yaml:"unconfirmed" json:"unconfirmed,omitempty"`
 }
 
-// Config configures a Table.
+// Config is a connection table: the model of l4d's conntrack section (the datapath's
+// Config.Conntrack), with the same names in YAML and JSON. The zero value of every
+// field means the default its comment gives; Defaults fills them in and Validate
+// checks them, naming fields by path ("timeouts.udp").
 type Config struct {
-	// Capacity is the number of entries, all allocated by New. Required, 1..MaxCapacity.
-	Capacity int
+	// Capacity is the number of entries, all allocated when the table is made: of one
+	// Table for New, which requires it (1 to MaxCapacity); of the whole load
+	// distributor in the datapath's configuration, shared equally by its workers.
+	// Default 1,000,000 (DefaultCapacity), which Defaults fills in.
+	Capacity int `yaml:"capacity" json:"capacity,omitempty"`
 	// Timeouts are the idle timeouts by state; zero fields mean the defaults.
-	Timeouts Timeouts
+	Timeouts Timeouts `yaml:"timeouts" json:"timeouts"`
+}
+
+// Validate checks c and returns every problem, each a *config.FieldError named by its
+// path within c ("capacity", "timeouts.udp"). Zero values, the defaults, are valid.
+func (c *Config) Validate() error {
+	var ck config.Checker
+	if c.Capacity < 0 {
+		ck.Addf("capacity", "%d is negative", c.Capacity)
+	} else if c.Capacity > MaxCapacity {
+		ck.Addf("capacity", "%d is above %d", c.Capacity, MaxCapacity)
+	}
+	ck.Nest("timeouts", c.Timeouts.Validate())
+	return ck.Err()
+}
+
+// Defaults fills in the default of every field left zero, the timeouts' included.
+func (c *Config) Defaults() {
+	if c.Capacity == 0 {
+		c.Capacity = DefaultCapacity
+	}
+	c.Timeouts.Defaults()
+}
+
+// Validate checks the timeouts and returns every problem, each a *config.FieldError
+// named by the timeout's name ("udp").
+func (to *Timeouts) Validate() error {
+	var ck config.Checker
+	for _, f := range to.fields() {
+		if *f.d < 0 || f.d.D() > MaxTimeout {
+			ck.Addf(f.name, "%v is outside 0..%v", *f.d, MaxTimeout)
+		}
+	}
+	return ck.Err()
+}
+
+// Defaults fills in the default of every timeout left zero.
+func (to *Timeouts) Defaults() {
+	for _, f := range to.fields() {
+		if *f.d == 0 {
+			*f.d = f.def
+		}
+	}
+}
+
+// timeoutField is one of Timeouts, with its state, name and default.
+type timeoutField struct {
+	state State
+	name  string
+	d     *config.Duration
+	def   config.Duration
+}
+
+func (to *Timeouts) fields() []timeoutField {
+	return []timeoutField{
+		{StateSynRecv, "syn_recv", &to.SynRecv, DefaultSynRecvTimeout},
+		{StateEstablished, "established", &to.Established, DefaultEstablishedTimeout},
+		{StateFin, "fin", &to.Fin, DefaultFinTimeout},
+		{StateClose, "close", &to.Close, DefaultCloseTimeout},
+		{StateUDP, "udp", &to.UDP, DefaultUDPTimeout},
+		{StateUnconfirmed, "unconfirmed", &to.Unconfirmed, DefaultUnconfirmedTimeout},
+	}
 }
 
 // Errors returned (wrapped) by New.
@@ -187,9 +261,10 @@ func Clock(t time.Time) uint32 {
 }
 
 // seconds converts a timeout to whole seconds, rounding up; zero gives def.
-func seconds(name string, d, def time.Duration) (uint32, error) {
+func seconds(name string, timeout, def config.Duration) (uint32, error) {
+	d := timeout.D()
 	if d == 0 {
-		d = def
+		d = def.D()
 	}
 	if d < 0 || d > MaxTimeout {
 		return 0, fmt.Errorf("making connection table: %s timeout %v: %w (want 0..%v)",

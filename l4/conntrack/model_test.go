@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // model is a map-based reference connection table with the documented semantics.
@@ -119,8 +121,9 @@ func runModel(t testing.TB, next func(n int) (int, bool), hashFn func(*Key) uint
 	if v, ok := next(200); ok {
 		capacity += v
 	}
-	timeouts := Timeouts{SynRecv: 5 * time.Second, Established: 40 * time.Second,
-		Fin: 8 * time.Second, Close: 3 * time.Second, UDP: 1500 * time.Second, Unconfirmed: 4 * time.Second}
+	timeouts := Timeouts{SynRecv: config.Duration(5 * time.Second), Established: config.Duration(40 * time.Second),
+		Fin: config.Duration(8 * time.Second), Close: config.Duration(3 * time.Second),
+		UDP: config.Duration(1500 * time.Second), Unconfirmed: config.Duration(4 * time.Second)}
 	tb, err := New(Config{Capacity: capacity, Timeouts: timeouts})
 	if err != nil {
 		t.Fatal(err)

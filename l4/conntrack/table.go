@@ -2,7 +2,6 @@ package conntrack
 
 import (
 	"fmt"
-	"time"
 	"unsafe"
 )
 
@@ -181,21 +180,9 @@ func (to Timeouts) Check() error {
 // seconds converts the timeouts, defaults filled in, to whole seconds per state.
 func (to Timeouts) seconds() ([numStates]uint32, error) {
 	var out [numStates]uint32
-	for _, s := range []struct {
-		state State
-		name  string
-		d     time.Duration
-		def   time.Duration
-	}{
-		{StateSynRecv, "syn_recv", to.SynRecv, DefaultSynRecvTimeout},
-		{StateEstablished, "established", to.Established, DefaultEstablishedTimeout},
-		{StateFin, "fin", to.Fin, DefaultFinTimeout},
-		{StateClose, "close", to.Close, DefaultCloseTimeout},
-		{StateUDP, "udp", to.UDP, DefaultUDPTimeout},
-		{StateUnconfirmed, "unconfirmed", to.Unconfirmed, DefaultUnconfirmedTimeout},
-	} {
+	for _, f := range to.fields() {
 		var err error
-		if out[s.state], err = seconds(s.name, s.d, s.def); err != nil {
+		if out[f.state], err = seconds(f.name, *f.d, f.def); err != nil {
 			return out, err
 		}
 	}

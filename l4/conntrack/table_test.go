@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 const (
@@ -54,8 +56,8 @@ func TestNewErrors(t *testing.T) {
 		{"zero capacity", Config{}, ErrCapacity},
 		{"negative capacity", Config{Capacity: -1}, ErrCapacity},
 		{"huge capacity", Config{Capacity: MaxCapacity + 1}, ErrCapacity},
-		{"negative timeout", Config{Capacity: 1, Timeouts: Timeouts{Fin: -time.Second}}, ErrTimeout},
-		{"huge timeout", Config{Capacity: 1, Timeouts: Timeouts{UDP: MaxTimeout + 1}}, ErrTimeout},
+		{"negative timeout", Config{Capacity: 1, Timeouts: Timeouts{Fin: config.Duration(-time.Second)}}, ErrTimeout},
+		{"huge timeout", Config{Capacity: 1, Timeouts: Timeouts{UDP: config.Duration(MaxTimeout + 1)}}, ErrTimeout},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -73,7 +75,7 @@ func TestTimeoutDefaultsAndRounding(t *testing.T) {
 		t.Fatalf("default timeouts %v, want %v", tb.timeouts, want)
 	}
 	tb, err := New(Config{Capacity: 1, Timeouts: Timeouts{
-		SynRecv: 1500 * time.Millisecond, Established: time.Nanosecond, Fin: 2 * time.Second,
+		SynRecv: config.Duration(1500 * time.Millisecond), Established: config.Duration(time.Nanosecond), Fin: config.Duration(2 * time.Second),
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -215,8 +217,8 @@ func flagNames(f uint8) string {
 // now = refresh+timeout, gone one second later, and reclaimed by Expire.
 func TestExpiryByState(t *testing.T) {
 	tb, err := New(Config{Capacity: 16, Timeouts: Timeouts{
-		SynRecv: 5 * time.Second, Established: 50 * time.Second, Fin: 7 * time.Second,
-		Close: 3 * time.Second, UDP: 20 * time.Second, Unconfirmed: 4 * time.Second,
+		SynRecv: config.Duration(5 * time.Second), Established: config.Duration(50 * time.Second), Fin: config.Duration(7 * time.Second),
+		Close: config.Duration(3 * time.Second), UDP: config.Duration(20 * time.Second), Unconfirmed: config.Duration(4 * time.Second),
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -703,7 +705,7 @@ func TestSetTimeouts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tb.SetTimeouts(Timeouts{Established: 5 * time.Second}); err != nil {
+	if err := tb.SetTimeouts(Timeouts{Established: config.Duration(5 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
 	k := Key{ClientPort: 9}
@@ -714,7 +716,7 @@ func TestSetTimeouts(t *testing.T) {
 	if _, _, ok := tb.Lookup(&k, 1, 1007); ok {
 		t.Fatal("alive after the new 5 s timeout")
 	}
-	if err := tb.SetTimeouts(Timeouts{UDP: -time.Second}); err == nil {
+	if err := tb.SetTimeouts(Timeouts{UDP: config.Duration(-time.Second)}); err == nil {
 		t.Fatal("negative timeout accepted")
 	}
 	if tb.timeouts[StateEstablished] != 5 {
@@ -723,10 +725,10 @@ func TestSetTimeouts(t *testing.T) {
 }
 
 func TestTimeoutsCheck(t *testing.T) {
-	if err := (Timeouts{Established: time.Hour}).Check(); err != nil {
+	if err := (Timeouts{Established: config.Duration(time.Hour)}).Check(); err != nil {
 		t.Fatal(err)
 	}
-	for _, to := range []Timeouts{{UDP: -time.Second}, {Fin: MaxTimeout + time.Hour}} {
+	for _, to := range []Timeouts{{UDP: config.Duration(-time.Second)}, {Fin: config.Duration(MaxTimeout + time.Hour)}} {
 		if err := to.Check(); err == nil {
 			t.Errorf("%+v: no error", to)
 		}

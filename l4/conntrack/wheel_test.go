@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // TestReapedOnTime runs a table with timeouts longer than the wheel (entries take
@@ -11,7 +13,7 @@ import (
 // that Expire has reclaimed exactly the entries whose time has passed.
 func TestReapedOnTime(t *testing.T) {
 	tb, err := New(Config{Capacity: 3000, Timeouts: Timeouts{
-		Established: 2500 * time.Second, UDP: 700 * time.Second, SynRecv: 3 * time.Second,
+		Established: config.Duration(2500 * time.Second), UDP: config.Duration(700 * time.Second), SynRecv: config.Duration(3 * time.Second),
 	}})
 	if err != nil {
 		t.Fatal(err)

@@ -54,14 +54,13 @@ type Config struct {
 	// Pools are the named pools of L7 members that rules send to.
 	Pools map[string]PoolConfig `yaml:"pools" json:"pools"`
 
-	// Conntrack sets the connection table. Its Capacity is for the whole LD; each
-	// worker gets an equal share. Default 1,000,000 entries; default timeouts are
-	// conntrack's (half-open 30 s, established 900 s, FIN 60 s, RST 10 s, UDP 300 s,
-	// unconfirmed 10 s: a flow picked up mid-way, by a TCP packet without SYN or a UDP
-	// datagram, until its member's reply confirms it). conntrack.Config has no
-	// YAML/JSON form of its own yet: l4d writes it as conntrack.capacity and
-	// conntrack.timeouts.
-	Conntrack conntrack.Config `yaml:"-" json:"-"`
+	// Conntrack sets the connection table (conntrack.Config: capacity, timeouts). Its
+	// Capacity is for the whole LD; each worker gets an equal share. Default
+	// 1,000,000 entries; default timeouts are conntrack's (half-open 30 s, established
+	// 900 s, FIN 60 s, RST 10 s, UDP 300 s, unconfirmed 10 s: a flow picked up mid-way,
+	// by a TCP packet without SYN or a UDP datagram, until its member's reply confirms
+	// it).
+	Conntrack conntrack.Config `yaml:"conntrack" json:"conntrack"`
 
 	// MaxNeighbours bounds the neighbour table (the ARP and ND entries of both ports),
 	// as the kernel's gc_thresh3 does. The gateways and the members' next hops are
@@ -204,7 +203,6 @@ type HealthConfig struct {
 const (
 	defaultMTU           = 1500
 	defaultTTL           = 64
-	defaultCapacity      = 1_000_000
 	defaultHealthInt     = 2 * time.Second
 	defaultMaxNeighbours = 1024
 	defaultICMPRate      = 1000
@@ -224,7 +222,7 @@ func (c *Config) withDefaults() Config {
 		out.Tunnel.TTL = defaultTTL
 	}
 	if out.Conntrack.Capacity == 0 {
-		out.Conntrack.Capacity = defaultCapacity
+		out.Conntrack.Capacity = conntrack.DefaultCapacity
 	}
 	if out.MaxNeighbours == 0 {
 		out.MaxNeighbours = defaultMaxNeighbours
@@ -323,12 +321,7 @@ func (c *Config) Validate() error {
 	if d.ICMP.Burst < 0 {
 		bad("icmp.burst", "%d is negative", d.ICMP.Burst)
 	}
-	if d.Conntrack.Capacity < 0 {
-		bad("conntrack.capacity", "%d is negative", d.Conntrack.Capacity)
-	}
-	if err := d.Conntrack.Timeouts.Check(); err != nil {
-		bad("conntrack.timeouts", "%v", err)
-	}
+	ck.Nest("conntrack", d.Conntrack.Validate())
 	names := map[string]bool{}
 	keys := map[ruleKey]string{}
 	for i, r := range d.Rules {

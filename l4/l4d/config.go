@@ -100,8 +100,11 @@ type FileConfig struct {
 type Forwarding struct {
 	// Tunnel is the encapsulation towards members (datapath.TunnelConfig).
 	Tunnel datapath.TunnelConfig `yaml:"tunnel" json:"tunnel"`
-	// Conntrack sizes the connection table (fixed at start) and sets its timeouts.
-	Conntrack ConntrackFile `yaml:"conntrack" json:"conntrack"`
+	// Conntrack is the connection table (conntrack.Config): capacity, the
+	// connections the LD tracks, shared equally by the workers, fixed at start,
+	// default 1,000,000; timeouts by state (syn_recv 30s, established 15m, fin 1m,
+	// close 10s, udp 5m, unconfirmed 10s by default).
+	Conntrack conntrack.Config `yaml:"conntrack" json:"conntrack"`
 	// Rules map (VIP, protocol, port) to a pool (datapath.RuleConfig).
 	Rules []datapath.RuleConfig `yaml:"rules" json:"rules"`
 	// Pools are the L7 members that rules send to, by pool name
@@ -161,28 +164,6 @@ type PortFile struct {
 	datapath.Interface `yaml:",inline"`
 	// MTU of the device. Default: the device's own.
 	MTU int `yaml:"mtu" json:"mtu,omitempty"`
-}
-
-// ConntrackFile is the connection table: conntrack.Config with its YAML/JSON names
-// and text durations, which conntrack's model does not carry yet.
-type ConntrackFile struct {
-	// Capacity is the number of connections the LD tracks, shared equally by the
-	// workers. Fixed at start. Default 1,000,000.
-	Capacity int `yaml:"capacity" json:"capacity,omitempty"`
-	// Timeouts by connection state.
-	Timeouts TimeoutsFile `yaml:"timeouts" json:"timeouts"`
-}
-
-// TimeoutsFile are the idle timeouts of connection-table entries by state.
-type TimeoutsFile struct {
-	SynRecv     config.Duration `yaml:"syn_recv" json:"syn_recv,omitempty"`       // half-open (SYN seen); default 30s
-	Established config.Duration `yaml:"established" json:"established,omitempty"` // default 15m
-	Fin         config.Duration `yaml:"fin" json:"fin,omitempty"`                 // after a FIN; default 1m
-	Close       config.Duration `yaml:"close" json:"close,omitempty"`             // after a RST; default 10s
-	UDP         config.Duration `yaml:"udp" json:"udp,omitempty"`                 // default 5m
-	// Unconfirmed is for flows picked up mid-way (a TCP packet without SYN, a UDP
-	// datagram of an unknown flow) until the member's reply confirms them; default 10s.
-	Unconfirmed config.Duration `yaml:"unconfirmed" json:"unconfirmed,omitempty"`
 }
 
 // Defaults of the sections fixed at start.
@@ -356,7 +337,7 @@ func (c *FileConfig) Datapath() (datapath.Config, error) {
 		Tunnel:    c.Tunnel,
 		Rules:     c.Rules,
 		Pools:     c.Pools,
-		Conntrack: conntrackConfig(c.Conntrack),
+		Conntrack: c.Conntrack,
 
 		MaxNeighbours: c.MaxNeighbours,
 		ICMP:          c.ICMP,
@@ -364,22 +345,6 @@ func (c *FileConfig) Datapath() (datapath.Config, error) {
 	cfg.Internal = cfg.External
 	if c.Ports.Internal != nil {
 		cfg.Internal = c.Ports.Internal.Interface
-	}
-	var ck config.Checker
-	t := &c.Conntrack.Timeouts
-	for _, to := range []struct {
-		name string
-		d    config.Duration
-	}{{"syn_recv", t.SynRecv}, {"established", t.Established}, {"fin", t.Fin}, {"close", t.Close}, {"udp", t.UDP}, {"unconfirmed", t.Unconfirmed}} {
-		if to.d < 0 || to.d.D() > conntrack.MaxTimeout {
-			ck.Addf("conntrack.timeouts."+to.name, "%v is outside 0..%v", to.d, conntrack.MaxTimeout)
-		}
-	}
-	if c.Conntrack.Capacity > conntrack.MaxCapacity {
-		ck.Addf("conntrack.capacity", "%d is above %d", c.Conntrack.Capacity, conntrack.MaxCapacity)
-	}
-	if err := ck.Err(); err != nil {
-		return cfg, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, underPorts(err)
@@ -406,19 +371,4 @@ func underPorts(err error) error {
 		ck.Nest("", e)
 	}
 	return ck.Err()
-}
-
-// conntrackConfig maps the file's connection table to the datapath's.
-func conntrackConfig(f ConntrackFile) conntrack.Config {
-	return conntrack.Config{
-		Capacity: f.Capacity,
-		Timeouts: conntrack.Timeouts{
-			SynRecv:     f.Timeouts.SynRecv.D(),
-			Established: f.Timeouts.Established.D(),
-			Fin:         f.Timeouts.Fin.D(),
-			Close:       f.Timeouts.Close.D(),
-			UDP:         f.Timeouts.UDP.D(),
-			Unconfirmed: f.Timeouts.Unconfirmed.D(),
-		},
-	}
 }

@@ -149,7 +149,7 @@ func TestSample(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(dc.Rules) != 3 || !dc.Rules[1].QUIC || len(dc.Pools["l7"].Members) != 2 || dc.Pools["l7"].Members[1].QUICID != 2 ||
-		dc.Pools["l7"].Health.Interval.D() != 2*time.Second || dc.Conntrack.Timeouts.Established != 15*time.Minute ||
+		dc.Pools["l7"].Health.Interval.D() != 2*time.Second || dc.Conntrack.Timeouts.Established.D() != 15*time.Minute ||
 		dc.Tunnel.Mode != "gre" || dc.Internal.Addr != netip.MustParsePrefix("10.0.0.2/24") {
 		t.Errorf("sample parsed as %+v", dc)
 	}
