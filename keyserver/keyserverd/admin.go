@@ -46,7 +46,7 @@ type keyInfo struct {
 //
 // With an admin token, every request but GET /healthz and GET /metrics must carry it.
 func (d *Daemon) adminHandler() http.Handler {
-	mux := daemon.AdminMux(d.reg, d.lame.Healthy(d.srv.Healthy))
+	mux := daemon.AdminMux(d.Reg, d.Lame.Healthy(d.srv.Healthy))
 	mux.Handle("GET /status", daemon.Handler(func(w http.ResponseWriter, r *http.Request) error {
 		var st status
 		if err := d.do(func() { st = d.status() }); err != nil {
@@ -56,7 +56,7 @@ func (d *Daemon) adminHandler() http.Handler {
 		return nil
 	}))
 	mux.Handle("POST /reload", daemon.Handler(func(w http.ResponseWriter, r *http.Request) error {
-		if d.lame.Stopping() {
+		if d.Lame.Stopping() {
 			return daemon.Wrap(http.StatusServiceUnavailable, codeUnavailable, "", errStopping)
 		}
 		var st status
@@ -71,11 +71,11 @@ func (d *Daemon) adminHandler() http.Handler {
 		if err != nil {
 			return reloadError(err)
 		}
-		d.log.Info("reloaded through the admin endpoint", "from", r.RemoteAddr)
+		d.Log.Info("reloaded through the admin endpoint", "from", r.RemoteAddr)
 		daemon.WriteJSON(w, http.StatusOK, st)
 		return nil
 	}))
-	return d.auth.Wrap(mux)
+	return d.Auth.Wrap(mux)
 }
 
 // status describes what is served; on Run's goroutine.
@@ -95,7 +95,7 @@ func (d *Daemon) status() status {
 
 // reloadError maps a failed reload to the API's error shape.
 func reloadError(err error) *daemon.APIError {
-	var re *restartError
+	var re *daemon.RestartError
 	if errors.As(err, &re) {
 		return daemon.Wrap(http.StatusConflict, codeRestartRequired, "reload refused; the running configuration stays", err)
 	}

@@ -5,20 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"reflect"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver"
@@ -34,34 +30,29 @@ const retireDelay = 5 * time.Second
 //
 // Run's goroutine owns what changes (the file in force, the backends): SIGHUP is
 // handled there, and the admin endpoint's changes are closures queued to it (do),
-// so reloads run one after another.
+// so reloads run one after another. Base holds the logger, the metrics, the admin
+// endpoint and the stop, as in every daemon; Serving is closed once Run serves
+// clients and the admin endpoint.
 type Daemon struct {
 	// Path is the configuration file. Required.
 	Path string
 	// Stderr receives logs. Default os.Stderr.
 	Stderr io.Writer
 
-	// ready, when set, is closed once Run serves clients and the admin endpoint.
-	ready chan struct{}
-
-	ops  chan func()   // changes queued to Run's goroutine
-	done chan struct{} // closed when Run stops taking changes
+	daemon.Base
+	owner *daemon.Owner // changes queued to Run's goroutine
 
 	// Owned by Run's goroutine.
 	file    *FileConfig
 	srv     *keyserver.Server
 	retired sync.WaitGroup // backends replaced by reloads, closed after retireDelay
 	stopped chan struct{}  // closed at stop: retired backends close at once
+}
 
-	log     *slog.Logger
-	level   slog.LevelVar
-	reg     *prometheus.Registry
-	changes *prometheus.CounterVec
-	auth    daemon.AdminAuth
-	lame    daemon.LameDuck
-	admin   net.Listener
-	// tokenFile is where the admin token in force came from; "" for none.
-	tokenFile string
+// admin returns the admin endpoint's settings of c.
+func (c *FileConfig) admin() daemon.AdminConfig {
+	return daemon.AdminConfig{Listen: c.AdminListen, TokenFile: c.AdminTokenFile, Insecure: c.AdminInsecure,
+		Hosts: c.AdminHosts, StateDir: c.StateDir}
 }
 
 // setup reads the configuration and prepares logging and metrics.
@@ -73,30 +64,17 @@ func (d *Daemon) setup() error {
 	if err != nil {
 		return err
 	}
-	lvl, _ := daemon.LogLevel(cfg.LogLevel)
-	d.level.Set(lvl)
-	d.log = slog.New(slog.NewTextHandler(d.Stderr, &slog.HandlerOptions{Level: &d.level}))
-	cfg.warnSecrets(d.log)
-	if cfg.AdminListen != "off" {
-		token, path, err := daemon.AdminToken(cfg.AdminTokenFile, cfg.AdminInsecure, cfg.StateDir, d.log)
-		if err != nil {
-			return err
-		}
-		d.tokenFile = path
-		d.auth.SetToken(token)
+	d.Init(d.Stderr, cfg.LogLevel)
+	cfg.warnSecrets(d.Log)
+	access, err := d.ReadAdminAccess(cfg.admin())
+	if err != nil {
+		return err
 	}
-	d.auth.Logger = d.log
-	d.auth.SetHosts(cfg.AdminHosts)
-	d.lame.Logger = d.log
+	d.SetAdminAccess(access)
 	d.file = cfg
-	d.ops, d.done, d.stopped = make(chan func()), make(chan struct{}), make(chan struct{})
-	d.reg = prometheus.NewRegistry()
-	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	d.changes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tiergate_keyserver_config_changes_total",
-		Help: "Reloads of keyserverd's configuration (SIGHUP, POST /reload), by result (ok, error).",
-	}, []string{"source", "result"})
-	d.reg.MustRegister(d.changes)
+	d.owner, d.stopped = daemon.NewOwner(errStopping), make(chan struct{})
+	d.NewChanges("tiergate_keyserver_config_changes_total",
+		"Reloads of keyserverd's configuration (SIGHUP, POST /reload), by result (ok, error).")
 	return nil
 }
 
@@ -155,58 +133,45 @@ func (d *Daemon) Run(ctx context.Context) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	defer close(d.done)
+	defer d.owner.Close()
 
 	tlsCfg, err := d.file.serverTLS()
 	if err != nil {
 		return err
 	}
-	backends, err := openBackends(d.file, d.log, false)
+	backends, err := openBackends(d.file, d.Log, false)
 	if err != nil {
 		return err
 	}
 	cfg := d.file.Server
-	cfg.TLS, cfg.Backends, cfg.Registerer, cfg.Logger = tlsCfg, backends, d.reg, d.log
+	cfg.TLS, cfg.Backends, cfg.Registerer, cfg.Logger = tlsCfg, backends, d.Reg, d.Log
 	d.srv, err = keyserver.NewServer(cfg)
 	if err != nil {
 		closeAll(backends)
 		return err
 	}
-	d.reg.MustRegister(extractableCollector{d.srv})
-	var admin *http.Server
-	if d.file.AdminListen != "off" {
-		ln, err := net.Listen("tcp", d.file.AdminListen)
-		if err != nil {
-			d.srv.Shutdown(context.Background())
-			closeAll(backends)
-			return fmt.Errorf("admin listener: %w", err)
-		}
-		d.admin = ln
-		admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
-		go admin.Serve(ln)
-		d.log.Info("admin", "addr", ln.Addr().String(), "token_file", d.tokenFile,
-			"example", fmt.Sprintf("curl -H \"Authorization: Bearer $(cat %s)\" http://%s/status", d.tokenFile, ln.Addr()))
-	}
-	if err := d.srv.Start(); err != nil {
-		if admin != nil {
-			admin.Close()
-		}
+	d.Reg.MustRegister(extractableCollector{d.srv})
+	if err := d.ServeAdmin(d.file.AdminListen, d.adminHandler(), "/status"); err != nil {
 		d.srv.Shutdown(context.Background())
 		closeAll(backends)
 		return err
 	}
-	if d.ready != nil {
-		close(d.ready)
+	if err := d.srv.Start(); err != nil {
+		d.CloseAdmin()
+		d.srv.Shutdown(context.Background())
+		closeAll(backends)
+		return err
 	}
+	d.MarkServing()
 	for {
 		select {
 		case <-ctx.Done():
-			return d.stop(admin)
+			return d.stop()
 		case <-hup:
 			if err := d.reload(); err != nil {
-				d.log.Error("reload failed; the running configuration stays", "err", err)
+				d.Log.Error("reload failed; the running configuration stays", "err", err)
 			}
-		case op := <-d.ops:
+		case op := <-d.owner.Ops():
 			op()
 		}
 	}
@@ -214,45 +179,26 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 // stop is the lame-duck stop: unhealthy for lame_duck, then the keyserver drains
 // for up to shutdown_grace, then the admin endpoint and the backends close.
-func (d *Daemon) stop(admin *http.Server) error {
-	d.lame.Delay, d.lame.Grace = d.file.LameDuck.D(), d.file.ShutdownGrace.D()
-	d.log.Info("stopping", "lame_duck", d.lame.Delay, "grace", d.lame.Grace)
-	err := d.lame.Stop(context.Background(), func(ctx context.Context) error {
+func (d *Daemon) stop() error {
+	d.Lame.Delay, d.Lame.Grace = d.file.LameDuck.D(), d.file.ShutdownGrace.D()
+	d.Log.Info("stopping", "lame_duck", d.Lame.Delay, "grace", d.Lame.Grace)
+	err := d.Lame.Stop(context.Background(), func(ctx context.Context) error {
 		err := d.srv.Shutdown(ctx)
-		if admin != nil {
-			admin.Close()
-		}
+		d.CloseAdmin()
 		return err
 	})
 	close(d.stopped)
 	d.retired.Wait()
 	closeAll(d.srv.Backends())
-	d.log.Info("stopped")
+	d.Log.Info("stopped")
 	return err
 }
 
 // do runs op on Run's goroutine and waits for it; once Run has stopped, it returns
-// an error instead.
-func (d *Daemon) do(op func()) error {
-	done := make(chan struct{})
-	select {
-	case d.ops <- func() { op(); close(done) }:
-	case <-d.done:
-		return errStopping
-	}
-	<-done
-	return nil
-}
+// errStopping instead.
+func (d *Daemon) do(op func()) error { return d.owner.Do(op) }
 
 var errStopping = errors.New("keyserverd is stopping")
-
-// AdminAddr returns the admin listener's address, or nil.
-func (d *Daemon) AdminAddr() net.Addr {
-	if d.admin == nil {
-		return nil
-	}
-	return d.admin.Addr()
-}
 
 // Addr returns the address clients connect to, or nil before Run serves.
 func (d *Daemon) Addr() net.Addr {
@@ -285,15 +231,8 @@ func (c extractableCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(extractableDesc, prometheus.GaugeValue, float64(served), "served")
 }
 
-// restartError is a change of settings that are fixed at start.
-type restartError struct{ fields []string }
-
-func (e *restartError) Error() string {
-	return strings.Join(e.fields, ", ") + " cannot change at runtime: restart keyserverd to apply"
-}
-
-// fixedChanges returns a restartError naming the start-time settings that differ
-// between cur and next, or nil.
+// fixedChanges returns a daemon.RestartError naming the start-time settings that
+// differ between cur and next, or nil.
 func fixedChanges(cur, next *FileConfig) error {
 	var diff []string
 	if cur.Server.Addr != next.Server.Addr {
@@ -305,19 +244,8 @@ func fixedChanges(cur, next *FileConfig) error {
 	if cur.TLS != next.TLS {
 		diff = append(diff, "tls")
 	}
-	if cur.AdminListen != next.AdminListen {
-		diff = append(diff, "admin_listen")
-	}
-	if cur.AdminInsecure != next.AdminInsecure {
-		diff = append(diff, "admin_insecure")
-	}
-	if cur.StateDir != next.StateDir {
-		diff = append(diff, "state_dir")
-	}
-	if len(diff) == 0 {
-		return nil
-	}
-	return &restartError{fields: diff}
+	diff = append(diff, cur.admin().FixedChanges(next.admin())...)
+	return daemon.Restart("keyserverd", diff)
 }
 
 // reload re-reads the configuration file and applies what may change at runtime
@@ -326,7 +254,7 @@ func fixedChanges(cur, next *FileConfig) error {
 // pkcs11 or software section changed; the ones they replace close after
 // retireDelay. It runs on Run's goroutine.
 func (d *Daemon) reload() (err error) {
-	defer func() { d.count("reload", err) }()
+	defer func() { d.CountChange("reload", err) }()
 	cfg, err := LoadConfig(d.Path)
 	if err != nil {
 		return err
@@ -334,17 +262,14 @@ func (d *Daemon) reload() (err error) {
 	if err := fixedChanges(d.file, cfg); err != nil {
 		return err
 	}
-	var token []byte
-	var tokenFile string
-	if cfg.AdminListen != "off" {
-		if token, tokenFile, err = daemon.AdminToken(cfg.AdminTokenFile, cfg.AdminInsecure, cfg.StateDir, d.log); err != nil {
-			return err
-		}
+	access, err := d.ReadAdminAccess(cfg.admin())
+	if err != nil {
+		return err
 	}
-	cfg.warnSecrets(d.log)
+	cfg.warnSecrets(d.Log)
 	var backends []backend.Backend
 	if !reflect.DeepEqual(cfg.PKCS11, d.file.PKCS11) || !reflect.DeepEqual(cfg.Software, d.file.Software) {
-		if backends, err = openBackends(cfg, d.log, false); err != nil {
+		if backends, err = openBackends(cfg, d.Log, false); err != nil {
 			return err
 		}
 	}
@@ -355,13 +280,10 @@ func (d *Daemon) reload() (err error) {
 		return err
 	}
 	d.retire(replaced)
-	lvl, _ := daemon.LogLevel(cfg.LogLevel)
-	d.level.Set(lvl)
-	d.auth.SetToken(token)
-	d.auth.SetHosts(cfg.AdminHosts)
-	d.tokenFile = tokenFile
+	d.SetLevel(cfg.LogLevel)
+	d.SetAdminAccess(access)
 	d.file = cfg
-	d.log.Info("reloaded", "config", d.Path, "client_rules", len(cfg.Server.Clients), "keys", len(d.srv.Keys()), "backends_reopened", backends != nil)
+	d.Log.Info("reloaded", "config", d.Path, "client_rules", len(cfg.Server.Clients), "keys", len(d.srv.Keys()), "backends_reopened", backends != nil)
 	return nil
 }
 
@@ -381,8 +303,4 @@ func (d *Daemon) retire(bs []backend.Backend) {
 		}
 		closeAll(bs)
 	}()
-}
-
-func (d *Daemon) count(source string, err error) {
-	d.changes.WithLabelValues(source, daemon.Result(err)).Inc()
 }

@@ -9,7 +9,6 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/tiergate/tiergate/keyserver"
 	"github.com/tiergate/tiergate/keyserver/protocol"
+	"github.com/tiergate/tiergate/testkit/daemontest"
 	"github.com/tiergate/tiergate/testkit/softhsm"
 	"github.com/tiergate/tiergate/testkit/testenv"
 	"github.com/tiergate/tiergate/testkit/testpki"
@@ -115,49 +115,10 @@ func start(t *testing.T, config string) *running {
 	path := filepath.Join(t.TempDir(), "keyserverd.yaml")
 	writeFile(t, path, config)
 	log := &testenv.LockedBuffer{}
-	d := &Daemon{Path: path, Stderr: log, ready: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- d.Run(ctx) }()
-	select {
-	case <-d.ready:
-	case err := <-errc:
-		cancel()
-		t.Fatalf("keyserverd did not start: %v\n%s", err, log)
-	case <-time.After(20 * time.Second):
-		cancel()
-		t.Fatal("keyserverd did not start in 20s")
-	}
-	var once sync.Once
-	var stopErr error
-	stop := func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case stopErr = <-errc:
-			case <-time.After(20 * time.Second):
-				stopErr = errors.New("keyserverd did not stop in 20s")
-			}
-		})
-		return stopErr
-	}
-	t.Cleanup(func() {
-		if err := stop(); err != nil {
-			t.Errorf("stopping keyserverd: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("keyserverd log:\n%s", log)
-		}
-	})
-	r := &running{Daemon: d, t: t, path: path, url: "http://" + d.AdminAddr().String(), log: log, stop: stop}
-	if d.tokenFile != "" {
-		tok, err := os.ReadFile(d.tokenFile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.token = strings.TrimSpace(string(tok))
-	}
-	return r
+	d := &Daemon{Path: path, Stderr: log}
+	stop := daemontest.Start(t, daemontest.Options{Name: "keyserverd", Run: d.Run, Serving: d.Serving(), Log: log})
+	return &running{Daemon: d, t: t, path: path, url: "http://" + d.AdminAddr().String(), log: log, stop: stop,
+		token: daemontest.Token(t, d.TokenFile())}
 }
 
 // do sends an admin request (with token tok, if any) and returns the status and body.
@@ -279,8 +240,8 @@ func TestReload(t *testing.T) {
 	if got, err := r.listKeysAs(p, "other"); err != nil || got != "a,b" {
 		t.Errorf("keys of other after the reload: %q %v", got, err)
 	}
-	if r.level.Level().String() != "INFO" {
-		t.Errorf("log level after the reload: %v", r.level.Level())
+	if r.Level.Level().String() != "INFO" {
+		t.Errorf("log level after the reload: %v", r.Level.Level())
 	}
 
 	// What is fixed at start is refused, and nothing changes.

@@ -90,7 +90,7 @@ type configBody struct {
 // Every change builds a whole new configuration and applies it atomically; one the
 // datapath rejects is answered 400 with the reason and changes nothing.
 func (d *Daemon) adminHandler() http.Handler {
-	mux := daemon.AdminMux(d.reg, d.healthy)
+	mux := daemon.AdminMux(d.Reg, d.healthy)
 	handle := func(pattern string, h daemon.Handler) { mux.Handle(pattern, h) }
 	handle("GET /status", func(w http.ResponseWriter, r *http.Request) error {
 		daemon.WriteJSON(w, http.StatusOK, d.dist.Status())
@@ -252,7 +252,7 @@ func (d *Daemon) adminHandler() http.Handler {
 			}, nil)
 		})
 	}
-	return d.auth.Wrap(mux)
+	return d.Auth.Wrap(mux)
 }
 
 // respond runs change and answers with its result.
@@ -267,7 +267,7 @@ func (d *Daemon) reply(w http.ResponseWriter, r *http.Request, res any, err erro
 	if err != nil {
 		return err
 	}
-	d.log.Info("configuration changed through the admin API", "request", r.Method+" "+r.URL.Path, "from", r.RemoteAddr)
+	d.Log.Info("configuration changed through the admin API", "request", r.Method+" "+r.URL.Path, "from", r.RemoteAddr)
 	switch {
 	case res == nil:
 		w.WriteHeader(http.StatusNoContent)
@@ -325,7 +325,7 @@ func (d *Daemon) putConfig(w http.ResponseWriter, r *http.Request) error {
 		}
 		if len(diff) > 0 {
 			return nil, daemon.Errorf(http.StatusConflict, codeRestartRequired, "%s (edit the configuration file; PUT /config changes tunnel, conntrack.timeouts, rules and pools)",
-				(&restartError{sections: diff}).Error())
+				(&daemon.RestartError{Daemon: "l4d", Fields: diff}).Error())
 		}
 		*f = body.Forwarding
 		f.Conntrack.Capacity = cur.Conntrack.Capacity
@@ -333,14 +333,14 @@ func (d *Daemon) putConfig(w http.ResponseWriter, r *http.Request) error {
 	})
 	if err == nil && level != nil {
 		// Until the next reload, which sets the file's.
-		d.level.Set(*level)
+		d.Level.Set(*level)
 	}
 	return d.reply(w, r, res, err, nil)
 }
 
 // reloadError maps a failed reload to the API's error shape.
 func reloadError(err error) *daemon.APIError {
-	var re *restartError
+	var re *daemon.RestartError
 	if errors.As(err, &re) {
 		return daemon.Wrap(http.StatusConflict, codeRestartRequired, "reload refused; the running configuration stays", err)
 	}
@@ -363,7 +363,7 @@ func (d *Daemon) change(fn func(*Forwarding) (any, error)) (res any, err error) 
 	defer func() {
 		var e *daemon.APIError
 		if !errors.As(err, &e) || e.Status != http.StatusNotFound {
-			d.count("api", err)
+			d.CountChange("api", err)
 		}
 	}()
 	next := d.fwd.clone()
@@ -397,7 +397,7 @@ func (d *Daemon) change(fn func(*Forwarding) (any, error)) (res any, err error) 
 			if errors.Is(err, daemon.ErrNotDurable) {
 				msg = "the change is in force and saved, but the save may not survive a power loss"
 			}
-			d.log.Error(msg, "err", err)
+			d.Log.Error(msg, "err", err)
 			return nil, daemon.Wrap(http.StatusInternalServerError, codeStateFile, msg, err)
 		}
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/tiergate/tiergate/l4/datapath"
 	"github.com/tiergate/tiergate/l4/dpdk"
 	"github.com/tiergate/tiergate/l4/port"
+	"github.com/tiergate/tiergate/testkit/daemontest"
 )
 
 // testConfig runs two workers over two in-memory ports; members are not health
@@ -113,49 +114,13 @@ func writeFile(t *testing.T, path, data string) {
 func startDaemon(t *testing.T, path string) *testDaemon {
 	t.Helper()
 	tp := &testPorts{}
-	d := &Daemon{Path: path, Stderr: io.Discard, openPorts: tp.open, ready: make(chan struct{})}
+	d := &Daemon{Path: path, Stderr: io.Discard, openPorts: tp.open}
 	if testing.Verbose() {
 		d.Stderr = os.Stderr
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- d.Run(ctx) }()
-	select {
-	case <-d.ready:
-	case err := <-errc:
-		cancel()
-		t.Fatalf("l4d did not start: %v", err)
-	case <-time.After(10 * time.Second):
-		cancel()
-		t.Fatal("l4d did not start in 10s")
-	}
-	var once sync.Once
-	var stopErr error
-	stop := func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case stopErr = <-errc:
-			case <-time.After(15 * time.Second):
-				stopErr = errors.New("l4d did not stop in 15s")
-			}
-		})
-		return stopErr
-	}
-	t.Cleanup(func() {
-		if err := stop(); err != nil {
-			t.Errorf("stopping l4d: %v", err)
-		}
-	})
-	td := &testDaemon{Daemon: d, t: t, url: "http://" + d.AdminAddr().String(), ports: tp, stop: stop}
-	if d.tokenFile != "" {
-		tok, err := os.ReadFile(d.tokenFile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		td.token = strings.TrimSpace(string(tok))
-	}
-	return td
+	stop := daemontest.Start(t, daemontest.Options{Name: "l4d", Run: d.Run, Serving: d.Serving()})
+	return &testDaemon{Daemon: d, t: t, url: "http://" + d.AdminAddr().String(), ports: tp, stop: stop,
+		token: daemontest.Token(t, d.TokenFile())}
 }
 
 func startWith(t *testing.T, config string) *testDaemon {
@@ -463,8 +428,8 @@ func TestPutConfig(t *testing.T) {
 	}
 	apiErr(t, td.want("PUT", "/config", `{"log_level": "loud"}`, 400), 400, codeInvalidConfig)
 	td.want("PUT", "/config", `{"log_level": "warn"}`, 200)
-	if td.level.Level() != slog.LevelWarn {
-		t.Errorf("log level %v after PUT /config log_level warn", td.level.Level())
+	if td.Level.Level() != slog.LevelWarn {
+		t.Errorf("log level %v after PUT /config log_level warn", td.Level.Level())
 	}
 }
 
@@ -505,8 +470,8 @@ func TestReload(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if td.level.Level() != slog.LevelError {
-		t.Errorf("log level %v after reload", td.level.Level())
+	if td.Level.Level() != slog.LevelError {
+		t.Errorf("log level %v after reload", td.Level.Level())
 	}
 	td.want("GET", "/metrics", "", 200, `tiergate_l4_config_changes_total{result="ok",source="reload"} 2`,
 		`tiergate_l4_config_changes_total{result="error",source="reload"} 3`)
@@ -695,8 +660,8 @@ func TestAdminTokenByDefault(t *testing.T) {
 	}
 	state := t.TempDir()
 	td := startWith(t, "state_dir: "+state+"\nadmin_hosts: [ld1.mgmt.example]\n"+testConfig)
-	if td.tokenFile != filepath.Join(state, "admin.token") || len(td.token) != 64 {
-		t.Fatalf("token file %q, token of %d bytes", td.tokenFile, len(td.token))
+	if td.TokenFile() != filepath.Join(state, "admin.token") || len(td.token) != 64 {
+		t.Fatalf("token file %q, token of %d bytes", td.TokenFile(), len(td.token))
 	}
 	call := func(path, host, token string) int {
 		req, _ := http.NewRequest("GET", td.url+path, nil)

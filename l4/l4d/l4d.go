@@ -6,20 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"reflect"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/l4/datapath"
@@ -46,7 +40,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 
 // Daemon is a running l4d: the DPDK ports, the datapath over them, and the admin
 // endpoint that changes the forwarding configuration, built from a configuration
-// file that can be reloaded.
+// file that can be reloaded. Base holds the logger, the metrics, the admin endpoint
+// and the stop (/healthz unhealthy, lame_duck, then shut down), as in every daemon;
+// Serving is closed once Run forwards and serves the admin endpoint.
 type Daemon struct {
 	// Path is the configuration file. Required.
 	Path string
@@ -56,27 +52,22 @@ type Daemon struct {
 	// openPorts opens the devices the configuration names. Default openDPDK; tests
 	// put in-memory ports here.
 	openPorts func(cfg *FileConfig, log *slog.Logger) (*portSet, error)
-	// ready, when set, is closed once Run forwards and serves the admin endpoint.
-	ready chan struct{}
+
+	daemon.Base
 
 	mu   sync.Mutex  // serialises configuration changes (API, reload)
 	file *FileConfig // the file in force; its start-time sections never change
 	fwd  Forwarding  // the forwarding configuration in force; under mu
 
-	log     *slog.Logger
-	level   slog.LevelVar
-	reg     *prometheus.Registry
-	changes *prometheus.CounterVec
-
-	auth daemon.AdminAuth
-	lame daemon.LameDuck // the stop: /healthz unhealthy, lame_duck, then shut down
-
 	ports   *portSet
 	dist    *datapath.Distributor
 	running atomic.Bool
-	admin   net.Listener
-	// tokenFile is where the admin token in force came from; "" for none.
-	tokenFile string
+}
+
+// admin returns the admin endpoint's settings of c.
+func (c *FileConfig) admin() daemon.AdminConfig {
+	return daemon.AdminConfig{Listen: c.AdminListen, TokenFile: c.AdminTokenFile, Insecure: c.AdminInsecure,
+		Hosts: c.AdminHosts, StateDir: c.StateDir}
 }
 
 // setup reads the configuration (and the state file) and prepares logging and
@@ -89,36 +80,25 @@ func (d *Daemon) setup() error {
 	if err != nil {
 		return err
 	}
-	lvl, _ := daemon.LogLevel(cfg.LogLevel)
-	d.level.Set(lvl)
-	d.log = slog.New(slog.NewTextHandler(d.Stderr, &slog.HandlerOptions{Level: &d.level}))
+	d.Init(d.Stderr, cfg.LogLevel)
 	fwd, fromState, err := forwardingInForce(cfg)
 	if err != nil {
 		return err
 	}
 	if fromState {
-		d.log.Info("forwarding configuration from the state file; the configuration file's tunnel, timeouts, rules and pools are not used",
+		d.Log.Info("forwarding configuration from the state file; the configuration file's tunnel, timeouts, rules and pools are not used",
 			"state_file", cfg.StateFile, "rules", len(fwd.Rules), "pools", len(fwd.Pools))
 	}
-	if cfg.AdminListen != "off" {
-		token, path, err := daemon.AdminToken(cfg.AdminTokenFile, cfg.AdminInsecure, cfg.StateDir, d.log)
-		if err != nil {
-			return err
-		}
-		d.auth.SetToken(token)
-		d.tokenFile = path
+	access, err := d.ReadAdminAccess(cfg.admin())
+	if err != nil {
+		return err
 	}
-	d.auth.Logger = d.log
-	d.auth.SetHosts(cfg.AdminHosts)
-	d.lame.Logger, d.lame.Grace = d.log, shutdownTimeout
+	d.SetAdminAccess(access)
+	d.Lame.Grace = shutdownTimeout
 	d.file, d.fwd = cfg, fwd
-	d.reg = prometheus.NewRegistry()
-	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	d.changes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tiergate_l4_config_changes_total",
-		Help: "Changes of the forwarding configuration, by source (api, reload) and result (ok, error).",
-	}, []string{"source", "result"})
-	d.reg.MustRegister(d.changes, &portCollector{d: d})
+	d.NewChanges("tiergate_l4_config_changes_total",
+		"Changes of the forwarding configuration, by source (api, reload) and result (ok, error).")
+	d.Reg.MustRegister(&portCollector{d: d})
 	return nil
 }
 
@@ -192,42 +172,31 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var admin *http.Server
-	if d.file.AdminListen != "off" {
-		ln, err := net.Listen("tcp", d.file.AdminListen)
-		if err != nil {
-			d.stop(nil, runDone)
-			return fmt.Errorf("admin listener: %w", err)
-		}
-		d.admin = ln
-		admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
-		go admin.Serve(ln)
-		d.log.Info("admin", "addr", ln.Addr().String(), "token_file", d.tokenFile,
-			"example", fmt.Sprintf("curl -H \"Authorization: Bearer $(cat %s)\" http://%s/status", d.tokenFile, ln.Addr()))
+	if err := d.ServeAdmin(d.file.AdminListen, d.adminHandler(), "/status"); err != nil {
+		d.stop(runDone)
+		return err
 	}
-	if d.ready != nil {
-		close(d.ready)
-	}
+	d.MarkServing()
 	for {
 		select {
 		case <-ctx.Done():
 			d.mu.Lock()
-			d.lame.Delay = d.file.LameDuck.D()
+			d.Lame.Delay = d.file.LameDuck.D()
 			d.mu.Unlock()
-			d.log.Info("stopping", "lame_duck", d.lame.Delay)
-			return d.lame.Stop(context.Background(), func(context.Context) error { return d.stop(admin, runDone) })
+			d.Log.Info("stopping", "lame_duck", d.Lame.Delay)
+			return d.Lame.Stop(context.Background(), func(context.Context) error { return d.stop(runDone) })
 		case err := <-runDone:
 			// The datapath stopped by itself: a worker failed to start.
 			d.running.Store(false)
 			runDone = nil
-			d.stop(admin, nil)
+			d.stop(nil)
 			if err == nil {
 				err = errors.New("datapath stopped")
 			}
 			return err
 		case <-hup:
 			if err := d.Reload(); err != nil {
-				d.log.Error("reload failed; the running configuration stays", "err", err)
+				d.Log.Error("reload failed; the running configuration stays", "err", err)
 			}
 		}
 	}
@@ -239,7 +208,7 @@ func (d *Daemon) start(ctx context.Context) (runDone chan error, err error) {
 	if open == nil {
 		open = openDPDK
 	}
-	ports, err := open(d.file, d.log)
+	ports, err := open(d.file, d.Log)
 	if err != nil {
 		return nil, err
 	}
@@ -260,8 +229,8 @@ func (d *Daemon) start(ctx context.Context) (runDone chan error, err error) {
 		IdleSleep:  idle,
 		WorkerInit: ports.workerInit,
 		HashSeed:   d.file.HashSeed,
-		Registerer: d.reg,
-		Logger:     d.log,
+		Registerer: d.Reg,
+		Logger:     d.Log,
 	})
 	if err != nil {
 		ports.close()
@@ -271,22 +240,18 @@ func (d *Daemon) start(ctx context.Context) (runDone chan error, err error) {
 	runDone = make(chan error, 1)
 	d.running.Store(true)
 	go func() { runDone <- dist.Run(ctx) }()
-	d.log.Info("forwarding", "external", ports.external.Name(), "internal", ports.internal.Name(),
+	d.Log.Info("forwarding", "external", ports.external.Name(), "internal", ports.internal.Name(),
 		"workers", d.file.DPDK.Workers, "rules", len(d.fwd.Rules), "pools", len(d.fwd.Pools))
 	return runDone, nil
 }
 
 // stop closes the admin endpoint (if any), stops the datapath and waits for it
 // (unless runDone is nil: it has returned), then closes the ports and DPDK.
-func (d *Daemon) stop(admin *http.Server, runDone chan error) error {
+func (d *Daemon) stop(runDone chan error) error {
 	var errs []error
-	if admin != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-		if err := admin.Shutdown(sctx); err != nil {
-			admin.Close()
-		}
-		cancel()
-	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	d.ShutdownAdmin(sctx)
+	cancel()
 	stopped := true
 	if runDone != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
@@ -313,18 +278,10 @@ func (d *Daemon) stop(admin *http.Server, runDone chan error) error {
 	return errors.Join(errs...)
 }
 
-// AdminAddr returns the admin listener's address, or nil.
-func (d *Daemon) AdminAddr() net.Addr {
-	if d.admin == nil {
-		return nil
-	}
-	return d.admin.Addr()
-}
-
 // healthy reports whether the datapath runs and every port's link is up, and not
 // once l4d has begun to stop.
 func (d *Daemon) healthy() error {
-	if d.lame.Stopping() {
+	if d.Lame.Stopping() {
 		return daemon.ErrShuttingDown
 	}
 	if !d.running.Load() {
@@ -342,15 +299,8 @@ func (d *Daemon) healthy() error {
 	return nil
 }
 
-// restartError is a change of a section that is fixed at start.
-type restartError struct{ sections []string }
-
-func (e *restartError) Error() string {
-	return strings.Join(e.sections, ", ") + " cannot change at runtime: restart l4d to apply"
-}
-
-// fixedChanges returns a restartError naming the start-time sections that differ
-// between cur and next, or nil.
+// fixedChanges returns a daemon.RestartError naming the start-time sections that
+// differ between cur and next, or nil.
 func fixedChanges(cur, next *FileConfig) error {
 	var diff []string
 	if !reflect.DeepEqual(cur.DPDK, next.DPDK) {
@@ -362,26 +312,15 @@ func fixedChanges(cur, next *FileConfig) error {
 	if cur.HashSeed != next.HashSeed {
 		diff = append(diff, "hash_seed")
 	}
-	if cur.AdminListen != next.AdminListen {
-		diff = append(diff, "admin_listen")
-	}
-	if cur.AdminInsecure != next.AdminInsecure {
-		diff = append(diff, "admin_insecure")
-	}
-	if cur.StateDir != next.StateDir {
-		diff = append(diff, "state_dir")
-	}
+	diff = append(diff, cur.admin().FixedChanges(next.admin())...)
 	if cur.StateFile != next.StateFile {
 		diff = append(diff, "state_file")
 	}
 	if cur.Conntrack.Capacity != next.Conntrack.Capacity {
 		diff = append(diff, "conntrack.capacity")
 	}
-	if len(diff) == 0 {
-		return nil
-	}
 	sort.Strings(diff)
-	return &restartError{sections: diff}
+	return daemon.Restart("l4d", diff)
 }
 
 // Reload re-reads the configuration file (and the state file, when configured and
@@ -391,7 +330,7 @@ func fixedChanges(cur, next *FileConfig) error {
 func (d *Daemon) Reload() (err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	defer func() { d.count("reload", err) }()
+	defer func() { d.CountChange("reload", err) }()
 	cfg, err := LoadConfig(d.Path)
 	if err != nil {
 		return err
@@ -399,12 +338,9 @@ func (d *Daemon) Reload() (err error) {
 	if err := fixedChanges(d.file, cfg); err != nil {
 		return err
 	}
-	var token []byte
-	var tokenFile string
-	if cfg.AdminListen != "off" {
-		if token, tokenFile, err = daemon.AdminToken(cfg.AdminTokenFile, cfg.AdminInsecure, cfg.StateDir, d.log); err != nil {
-			return err
-		}
+	access, err := d.ReadAdminAccess(cfg.admin())
+	if err != nil {
+		return err
 	}
 	fwd, fromState, err := forwardingInForce(cfg)
 	if err != nil {
@@ -417,16 +353,9 @@ func (d *Daemon) Reload() (err error) {
 	if err := d.dist.Apply(dcfg); err != nil {
 		return err
 	}
-	lvl, _ := daemon.LogLevel(cfg.LogLevel)
-	d.level.Set(lvl)
-	d.auth.SetToken(token)
-	d.auth.SetHosts(cfg.AdminHosts)
-	d.tokenFile = tokenFile
+	d.SetLevel(cfg.LogLevel)
+	d.SetAdminAccess(access)
 	d.file, d.fwd = cfg, fwd
-	d.log.Info("reloaded", "config", d.Path, "from_state_file", fromState, "rules", len(fwd.Rules), "pools", len(fwd.Pools))
+	d.Log.Info("reloaded", "config", d.Path, "from_state_file", fromState, "rules", len(fwd.Rules), "pools", len(fwd.Pools))
 	return nil
-}
-
-func (d *Daemon) count(source string, err error) {
-	d.changes.WithLabelValues(source, daemon.Result(err)).Inc()
 }
