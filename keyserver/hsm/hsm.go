@@ -61,39 +61,42 @@ import (
 const DefaultModule = "/usr/lib/softhsm/libsofthsm2.so"
 
 // Config selects a module, a token in it, how to log in and which keys to serve. The
-// token is chosen by exactly one of TokenLabel, TokenSerial, Slot and URI; the PIN
-// comes from exactly one of PINFile, PINEnv and PIN, or else from a URI's pin-source or
-// pin-value.
+// token is chosen by exactly one of TokenLabel, TokenSerial, Slot and URI (or else by
+// a key URI's token attributes); the PIN comes from exactly one of PINFile, PINEnv and
+// PIN, or else from a URI's pin-source or pin-value. It is the model of keyserverd's
+// pkcs11 section, with the same names in YAML and JSON; Logger is a program's. Every
+// field's zero value means the default its comment gives; Validate checks what can be
+// checked without the module, naming fields by path ("keys[1].id"), and New the rest.
 type Config struct {
 	// Module is the path of the PKCS#11 library. Default: the module-path (or
 	// module-name) of URI or a key URI, else DefaultModule.
-	Module string `yaml:"module"`
+	Module string `yaml:"module" json:"module,omitempty"`
 
 	// URI is an RFC 7512 pkcs11: URI naming the token by its path attributes (token,
 	// serial, manufacturer, model, slot-id, ...), and optionally the module
 	// (module-path, module-name) and PIN (pin-source, pin-value). Default: none.
-	URI string `yaml:"uri"`
+	URI string `yaml:"uri" json:"uri,omitempty"`
 	// TokenLabel selects the token whose label is this. Default: none.
-	TokenLabel string `yaml:"token_label"`
+	TokenLabel string `yaml:"token_label" json:"token_label,omitempty"`
 	// TokenSerial selects the token whose serial number is this. Default: none.
-	TokenSerial string `yaml:"token_serial"`
+	TokenSerial string `yaml:"token_serial" json:"token_serial,omitempty"`
 	// Slot selects the token in the slot with this ID. Slot IDs may change when
 	// tokens are added or removed; prefer TokenLabel or TokenSerial. Default: none.
-	Slot *uint `yaml:"slot"`
+	Slot *uint `yaml:"slot" json:"slot,omitempty"`
 
 	// PIN is the user PIN itself. Discouraged: the configuration becomes a secret.
 	// Default: none.
-	PIN string `yaml:"pin"`
+	PIN string `yaml:"pin" json:"pin,omitempty"`
 	// PINFile is a file holding the user PIN; a trailing line ending is removed.
 	// Default: none.
-	PINFile string `yaml:"pin_file"`
+	PINFile string `yaml:"pin_file" json:"pin_file,omitempty"`
 	// PINEnv is the name of an environment variable holding the user PIN. Default:
 	// none.
-	PINEnv string `yaml:"pin_env"`
+	PINEnv string `yaml:"pin_env" json:"pin_env,omitempty"`
 
 	// Keys selects the private keys to serve. Default (empty): every private key on
 	// the token whose type the backend supports; others are logged and skipped.
-	Keys []KeySpec `yaml:"keys"`
+	Keys []KeySpec `yaml:"keys" json:"keys,omitempty"`
 
 	// AllowExtractable serves keys whose value can leave the token (CKA_EXTRACTABLE
 	// true, or CKA_SENSITIVE false: made by a tool that did not protect them), with
@@ -101,15 +104,15 @@ type Config struct {
 	// New, one found by listing every key is skipped with an error logged. Either
 	// way it is counted (ExtractableKeys). Keys imported by Import are sensitive and
 	// non-extractable.
-	AllowExtractable bool `yaml:"allow_extractable"`
+	AllowExtractable bool `yaml:"allow_extractable" json:"allow_extractable,omitempty"`
 
 	// Sessions is the number of operation sessions, which bounds the operations in
 	// flight on the token. Default: 4 × GOMAXPROCS, capped below the token's
 	// maximum session count when it announces one, and at least 1.
-	Sessions int `yaml:"sessions"`
+	Sessions int `yaml:"sessions" json:"sessions,omitempty"`
 
 	// Logger receives the backend's logs. Default slog.Default().
-	Logger *slog.Logger `yaml:"-"`
+	Logger *slog.Logger `yaml:"-" json:"-"`
 }
 
 // KeySpec selects keys on the token by exactly one of its fields. A configured key
@@ -118,13 +121,13 @@ type KeySpec struct {
 	// URI is an RFC 7512 pkcs11: URI; its object, id and type (which must be
 	// "private" if given) select private keys, all of those it matches. Token
 	// attributes in it must agree with the backend's token. Default: none.
-	URI string `yaml:"uri"`
+	URI string `yaml:"uri" json:"uri,omitempty"`
 	// ID is the key's CKA_ID in hex (for keys imported by keyserverd, the key ID:
 	// the SHA-256 of the SubjectPublicKeyInfo). It must match exactly one key.
 	// Default: none.
-	ID string `yaml:"id"`
+	ID string `yaml:"id" json:"id,omitempty"`
 	// Label is the key's CKA_LABEL. It must match exactly one key. Default: none.
-	Label string `yaml:"label"`
+	Label string `yaml:"label" json:"label,omitempty"`
 }
 
 // ErrClosed is returned by operations on a closed Backend or its keys.
@@ -201,9 +204,12 @@ type opSession struct {
 
 var _ backend.Backend = (*Backend)(nil)
 
-// New loads the module, finds the token, logs in, loads the configured keys and opens
-// the operation sessions.
+// New checks cfg (Validate), loads the module, finds the token, logs in, loads the
+// configured keys and opens the operation sessions.
 func New(cfg Config) (*Backend, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("hsm: %w", err)
+	}
 	b, err := newBackend(&cfg)
 	if err != nil {
 		return nil, fmt.Errorf("hsm: %w", err)

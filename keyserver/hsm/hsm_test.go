@@ -456,7 +456,7 @@ func TestBadConfig(t *testing.T) {
 		{"two PINs", Config{TokenLabel: testTokenLabel, PIN: "a", PINEnv: "B"}, []string{"mutually exclusive"}},
 		{"unknown key label", Config{TokenLabel: testTokenLabel, PIN: testUserPIN, Keys: []KeySpec{{Label: "no-such-key"}}}, []string{`label "no-such-key"`, testTokenLabel}},
 		{"unknown key id", Config{TokenLabel: testTokenLabel, PIN: testUserPIN, Keys: []KeySpec{{ID: "abcdef"}}}, []string{"id abcdef"}},
-		{"bad key id", Config{TokenLabel: testTokenLabel, PIN: testUserPIN, Keys: []KeySpec{{ID: "xyz"}}}, []string{`id "xyz" is not hex`}},
+		{"bad key id", Config{TokenLabel: testTokenLabel, PIN: testUserPIN, Keys: []KeySpec{{ID: "xyz"}}}, []string{`keys[0].id: "xyz" is not hex`}},
 		{"key spec with two fields", Config{TokenLabel: testTokenLabel, PIN: testUserPIN, Keys: []KeySpec{{ID: "ab", Label: "x"}}}, []string{"keys[0]", "exactly one"}},
 		{"public key URI", Config{TokenLabel: testTokenLabel, PIN: testUserPIN, Keys: []KeySpec{{URI: "pkcs11:object=p256;type=public"}}}, []string{"type=public"}},
 		{"key URI on another token", Config{TokenLabel: testTokenLabel, PIN: testUserPIN, Keys: []KeySpec{{URI: "pkcs11:token=other;object=p256"}}}, []string{"another token"}},
@@ -465,7 +465,7 @@ func TestBadConfig(t *testing.T) {
 		{"no module", Config{Module: "/nonexistent/libpkcs11.so", TokenLabel: "x", PIN: "x"}, []string{"/nonexistent/libpkcs11.so"}},
 		{"not a module", Config{Module: "/etc/passwd", TokenLabel: "x", PIN: "x"}, []string{"/etc/passwd", "not a loadable"}},
 		{"conflicting module", Config{Module: "/etc/hostname", URI: "pkcs11:token=x?module-path=" + DefaultModule, PIN: "x"}, []string{"conflicts"}},
-		{"negative sessions", Config{TokenLabel: testTokenLabel, PIN: testUserPIN, Sessions: -1}, []string{"sessions -1"}},
+		{"negative sessions", Config{TokenLabel: testTokenLabel, PIN: testUserPIN, Sessions: -1}, []string{"sessions: -1: must not be negative"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := New(tc.cfg)

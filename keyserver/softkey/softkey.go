@@ -20,17 +20,31 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/keyserver/backend"
 )
 
-// Config selects the key files.
+// Config selects the key files: the model of keyserverd's software section, with the
+// same names in YAML and JSON. The zero value loads no key.
 type Config struct {
 	// Files lists PEM private key files to load. Default: none.
-	Files []string `yaml:"files"`
+	Files []string `yaml:"files" json:"files,omitempty"`
 	// Dir is a directory whose *.key and *.pem files holding a private key are loaded;
 	// imported keys are written there as <label>.key. Default: none (imports are kept in
 	// memory only).
-	Dir string `yaml:"dir"`
+	Dir string `yaml:"dir" json:"dir,omitempty"`
+}
+
+// Validate checks c and returns every problem, each a *config.FieldError named by its
+// path within c ("files[1]"). Whether the files exist and hold keys is New's to find.
+func (c *Config) Validate() error {
+	var ck config.Checker
+	for i, f := range c.Files {
+		if strings.TrimSpace(f) == "" {
+			ck.Addf(config.Index("files", i), "empty")
+		}
+	}
+	return ck.Err()
 }
 
 // Backend serves keys parsed from PEM files.
