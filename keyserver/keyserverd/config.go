@@ -170,6 +170,12 @@ func (c *FileConfig) validate() error {
 	}
 	ck.Nest("", c.Server.Validate())
 	c.Server.Defaults()
+	if c.PKCS11 != nil {
+		ck.Nest("pkcs11", c.PKCS11.Validate())
+	}
+	if c.Software != nil {
+		ck.Nest("software", c.Software.Validate())
+	}
 	return ck.Err()
 }
 

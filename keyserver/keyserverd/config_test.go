@@ -34,6 +34,10 @@ func TestParseConfig(t *testing.T) {
 		{"bad log level", "software: {}\nlog_level: loud\n", `log_level: "loud": want debug, info, warn or error`},
 		{"unnamed client", "software: {}\nclients: [{keys: ['*']}]\n", "clients[0].name: required"},
 		{"not yaml", "software: [\n", "configuration test.yaml"},
+		{"pkcs11 bad key id", "pkcs11: {token_label: t, pin_env: PIN, keys: [{label: a}, {id: xyz}]}\nallow_all_clients: true\n", `pkcs11.keys[1].id: "xyz" is not hex`},
+		{"pkcs11 two PINs", "pkcs11: {token_label: t, pin_env: PIN, pin_file: /p}\nallow_all_clients: true\n", "pkcs11.pin_env: pin_file, pin_env and pin are mutually exclusive"},
+		{"pkcs11 negative sessions", "pkcs11: {token_label: t, sessions: -1}\nallow_all_clients: true\n", "pkcs11.sessions: -1: must not be negative"},
+		{"software empty file", "software: {files: [a.key, \"\"]}\nallow_all_clients: true\n", "software.files[1]: empty"},
 	}
 	for _, tc := range cases {
 		_, err := ParseConfig([]byte(tc.in), "test.yaml")
