@@ -9,7 +9,7 @@ GOBIN      := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(GOBIN)/staticcheck
 BIN        := bin
-DEB_PACKAGES := softhsm2 opensc libdpdk-dev pkg-config openssl iproute2 curl procps nginx haproxy tshark ethtool
+DEB_PACKAGES := softhsm2 opensc libdpdk-dev pkg-config openssl iproute2 curl procps nginx haproxy tshark ethtool etcd-server
 DEMO_DIR   ?= $(CURDIR)/.demo
 TEST_TIMEOUT ?= 40m
 
