@@ -68,6 +68,12 @@ var Rules = []Rule{
 		From: []string{"cmd/l4d"},
 		To:   []string{"github.com/quic-go/..."},
 	},
+	{
+		Name:  "the domain packages do not import the control plane, which imports them",
+		From:  tiers,
+		To:    []string{"control/..."},
+		Tests: true,
+	},
 }
 
 // Package is one package of the import graph.

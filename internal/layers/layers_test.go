@@ -49,7 +49,7 @@ func TestRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The rules must have something to bind: a typo in a pattern would pass forever.
-	for _, path := range []string{"wire", "l4/packet", "l7", "policy/route", "certs", "keyserver", "cmd/l4d"} {
+	for _, path := range []string{"wire", "l4/packet", "l7", "policy/route", "certs", "keyserver", "cmd/l4d", "control/store"} {
 		found := false
 		for _, p := range pkgs {
 			found = found || p.Path == module+"/"+path
@@ -89,6 +89,10 @@ func TestCheck(t *testing.T) {
 		{Path: m + "/certs", Imports: []string{m + "/l7/tunnel"}},
 		{Path: m + "/policy/blacklist", TestImports: []string{m + "/l7"}},
 		{Path: m + "/keyserver/keyserverd", Imports: []string{m + "/internal/demo"}},
+		{Path: m + "/certs/upload", Imports: []string{m + "/control/store"}},
+		{Path: m + "/control/store", Imports: []string{"errors"}},
+		{Path: m + "/control/model", Imports: []string{m + "/control/store", m + "/policy/route"}},
+		{Path: m + "/l4/agentuse", TestImports: []string{m + "/control/model"}},
 		{Path: m + "/cmd/l4d", Imports: []string{m + "/l4/datapath", m + "/l4/l4d"}},
 		{Path: "golang.org/x/sys/unix", Imports: []string{"syscall"}},
 		{Path: "github.com/quic-go/quic-go", Imports: []string{"crypto/tls"}},
@@ -111,6 +115,8 @@ func TestCheck(t *testing.T) {
 		"keyserver/keyserverd imports internal/demo (keyserver/keyserverd → internal/demo): " + Rules[3].Name,
 		"l4/l4d (test) imports demo (l4/l4d (test) → demo): " + Rules[3].Name,
 		"cmd/l4d imports github.com/quic-go/quic-go (cmd/l4d → l4/datapath → l4/quiccid → github.com/quic-go/quic-go): " + Rules[4].Name,
+		"certs/upload imports control/store (certs/upload → control/store): " + Rules[5].Name,
+		"l4/agentuse (test) imports control/model (l4/agentuse (test) → control/model): " + Rules[5].Name,
 	}
 	got := strings.Split(strings.TrimSuffix(Report(m, Check(m, pkgs, Rules)), "\n"), "\n")
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
