@@ -27,6 +27,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/keyserver/client"
 )
 
@@ -59,7 +60,18 @@ type Config struct {
 	// per-process random keys that crypto/tls rotates daily, so a client resumes only
 	// on the process that issued its ticket.
 	TicketKeyFiles []string `yaml:"ticket_key_files" json:"ticket_key_files,omitempty"`
+
+	// TicketKeyMaxAge is how old the newest of TicketKeyFiles (by its modification
+	// time: NewestTicketKeyAge) may be before l7d warns, at start and on reload, that
+	// rotation seems to have stopped. Rotated daily, the newest key is never more than
+	// a day old; the default, DefaultTicketKeyMaxAge (48h), warns once a rotation has
+	// been missed. Not negative.
+	TicketKeyMaxAge config.Duration `yaml:"ticket_key_max_age" json:"ticket_key_max_age,omitempty"`
 }
+
+// DefaultTicketKeyMaxAge is Config.TicketKeyMaxAge's default: two days, twice the
+// rotation period the README suggests.
+const DefaultTicketKeyMaxAge = config.Duration(48 * time.Hour)
 
 // CertConfig is one certificate.
 type CertConfig struct {

@@ -290,6 +290,8 @@ type l7Config struct {
 	// adminInsecure serves a non-loopback admin address without a token: the node's
 	// namespace keeps everyone but the LD's health checks and tgdemo out.
 	adminInsecure bool
+	// stateDir is l7d's state_dir, where it generates its admin token; "": none.
+	stateDir string
 }
 
 // writeL7Config writes an l7d configuration to path.
@@ -300,6 +302,9 @@ func (st *site) writeL7Config(path string, c l7Config) error {
 	}
 	if c.adminInsecure {
 		insecure = "admin_insecure: true   # in the node's own network namespace\n"
+	}
+	if c.stateDir != "" {
+		insecure += fmt.Sprintf("state_dir: %q   # l7d's generated admin token: admin.token\n", c.stateDir)
 	}
 	if c.tunnelLD != "" {
 		tunnel = fmt.Sprintf("tunnel: {vips: [%q], lds: [%q], key: %d}   # l7d's own end of the LD's GRE tunnel, l4d's key\n", l4VIP, c.tunnelLD, l4TunnelKey)
@@ -352,7 +357,8 @@ func runLoopback(ctx context.Context, o Options, st *site, out io.Writer) error 
 	}
 	serveBackend(s, backendLn)
 	l7Cfg := filepath.Join(st.dir, "l7d.yaml")
-	if err := st.writeL7Config(l7Cfg, l7Config{listen: o.L7At, admin: o.L7AdminAt, backend: backendLn.Addr().String(), keyserver: o.KeyserverAt}); err != nil {
+	l7State := filepath.Join(st.dir, "l7d-state")
+	if err := st.writeL7Config(l7Cfg, l7Config{listen: o.L7At, admin: o.L7AdminAt, backend: backendLn.Addr().String(), keyserver: o.KeyserverAt, stateDir: l7State}); err != nil {
 		return err
 	}
 	l7, err := s.start("l7d", filepath.Join(st.dir, "l7d.log"), nil, nil, filepath.Join(o.BinDir, "l7d"), "run", "-config", l7Cfg)
@@ -373,11 +379,12 @@ Tiergate demo (loopback, no L4 tier)
   l7d                 https://%s (TCP: TLS 1.2/1.3, h2 + http/1.1; UDP: QUIC, HTTP/3), pid %d, log l7d.log
   metrics             keyserverd %s   l7d http://%s/metrics
   keyserverd status   curl -s -H "Authorization: Bearer $(cat %s)" http://%s/status
+  l7d blacklists      curl -s -H "Authorization: Bearer $(cat %s)" http://%s/blacklists
   try                 curl --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/
   stop                Ctrl-C (or kill -INT %d)
 
 `, st.dir, st.tok.Label, st.keyID, o.KeyserverAt, ks.PID(), o.L7At, l7.PID(), metricsURL, o.L7AdminAt,
-		filepath.Join(st.dir, "keyserverd-state", "admin.token"), o.MetricsAt, st.siteCA, l7Port, host, l7Port, os.Getpid())
+		filepath.Join(st.dir, "keyserverd-state", "admin.token"), o.MetricsAt, filepath.Join(l7State, "admin.token"), o.L7AdminAt, st.siteCA, l7Port, host, l7Port, os.Getpid())
 
 	hc := nsHTTP(nil, 2*time.Second)
 	return clientLoop(ctx, s, target{

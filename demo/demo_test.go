@@ -84,7 +84,7 @@ func TestL7Configs(t *testing.T) {
 		c      l7Config
 		tunnel bool
 	}{
-		{"loopback", l7Config{listen: "127.0.0.1:8443", admin: "127.0.0.1:9241", backend: "127.0.0.1:8080", keyserver: "127.0.0.1:2407"}, false},
+		{"loopback", l7Config{listen: "127.0.0.1:8443", admin: "127.0.0.1:9241", backend: "127.0.0.1:8080", keyserver: "127.0.0.1:2407", stateDir: "/s/l7d-state"}, false},
 		{"l4", l7Config{listen: "0.0.0.0:443", admin: "198.18.1.11:9241", adminInsecure: true, backend: "198.18.1.100:8080",
 			keyserver: "198.18.1.100:2407", quicID: 1, tunnelLD: l4LDInternal}, true},
 	} {

@@ -108,17 +108,19 @@ func (s *site) pool() *x509.CertPool { return s.ca.Pool() }
 // l7dProc is one l7d process.
 type l7dProc struct {
 	daemon
-	cfgPath string
-	addr    string
-	admin   string
+	cfgPath  string
+	addr     string
+	admin    string
+	stateDir string // the state_dir given unless the configuration has one
 }
 
 // newL7d writes cfg (YAML, with %[1]s the listener address and %[2]s the admin address
-// substituted) and starts l7d.
+// substituted; a state_dir of the test's unless it gives one, where l7d generates its
+// admin token) and starts l7d.
 func newL7d(t *testing.T, cfg string) *l7dProc {
 	t.Helper()
 	dir := t.TempDir()
-	p := &l7dProc{cfgPath: filepath.Join(dir, "l7d.yaml"), addr: freePort(t), admin: freePort(t)}
+	p := &l7dProc{cfgPath: filepath.Join(dir, "l7d.yaml"), addr: freePort(t), admin: freePort(t), stateDir: filepath.Join(dir, "state")}
 	p.daemon = daemon{t: t, name: "l7d", args: []string{filepath.Join(binaries(t), "l7d"), "run", "-config", p.cfgPath},
 		health: "http://" + p.admin + "/healthz", log: filepath.Join(dir, "l7d.log")}
 	p.writeConfig(cfg)
@@ -129,9 +131,33 @@ func newL7d(t *testing.T, cfg string) *l7dProc {
 
 func (p *l7dProc) writeConfig(cfg string) {
 	p.t.Helper()
-	if err := os.WriteFile(p.cfgPath, []byte(fmt.Sprintf(cfg, p.addr, p.admin)), 0o600); err != nil {
+	cfg = fmt.Sprintf(cfg, p.addr, p.admin)
+	if !strings.Contains(cfg, "state_dir:") {
+		cfg += fmt.Sprintf("state_dir: %q\n", p.stateDir)
+	}
+	if err := os.WriteFile(p.cfgPath, []byte(cfg), 0o600); err != nil {
 		p.t.Fatal(err)
 	}
+}
+
+// token returns the admin token l7d generated in the state_dir newL7d gave it.
+func (p *l7dProc) token() string {
+	p.t.Helper()
+	b, err := os.ReadFile(filepath.Join(p.stateDir, "admin.token"))
+	if err != nil {
+		p.t.Fatalf("l7d's admin token: %v", err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// post sends an empty POST to path on the admin endpoint, with the admin token.
+func (p *l7dProc) post(path string) (*http.Response, error) {
+	req, err := http.NewRequest("POST", "http://"+p.admin+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+p.token())
+	return http.DefaultClient.Do(req)
 }
 
 func (p *l7dProc) port() string { _, port, _ := net.SplitHostPort(p.addr); return port }
@@ -372,7 +398,7 @@ certificates:
 	time.Sleep(500 * time.Millisecond)
 	// A reload whose only certificate is garbage is refused; the running set stays.
 	l7.writeConfig(strings.Replace(base, cert, badCert, 1))
-	resp, err := http.Post("http://"+l7.admin+"/reload", "text/plain", nil)
+	resp, err := l7.post("/reload")
 	if err != nil {
 		t.Fatal(err)
 	}

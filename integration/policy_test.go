@@ -465,7 +465,7 @@ admin_listen: "%[2]s"
 `+siteCert(t, s))
 	push := func(method, path, body string) (int, map[string]any) {
 		t.Helper()
-		return adminCall(t, l7.admin, method, path, body, "")
+		return adminCall(t, l7.admin, method, path, body, l7.token())
 	}
 	served := func(ip string) bool {
 		t.Helper()
@@ -609,7 +609,7 @@ routing:
 		cfg(before, badList),
 	} {
 		l7.writeConfig(bad)
-		resp, err := http.Post("http://"+l7.admin+"/reload", "text/plain", nil)
+		resp, err := l7.post("/reload")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -191,9 +191,10 @@ certificates:
 %s  default: site
   ticket_key_files: [%q]
 %sadmin_listen: %q
+state_dir: %q
 shutdown_grace: 2s
 log_level: warn
-`, addr, backend, f.siteCert, keyLine, f.ticketKey, keyservers, admin)
+`, addr, backend, f.siteCert, keyLine, f.ticketKey, keyservers, admin, filepath.Join(f.dir, "l7d-"+name+"-state"))
 	path := filepath.Join(f.dir, "l7d-"+name+".yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
 }

@@ -243,7 +243,8 @@ func (b *bench) startL7d(ctx context.Context, fx *fixture, backend string) (*end
 		return nil, err
 	}
 	cfg := filepath.Join(b.dir, "l7d.yaml")
-	if err := os.WriteFile(cfg, []byte(l7dConfig(addr, admin, backend, fx)), 0o600); err != nil {
+	state := fmt.Sprintf("state_dir: %q\n", filepath.Join(b.dir, "l7d-state")) // its generated admin token
+	if err := os.WriteFile(cfg, []byte(l7dConfig(addr, admin, backend, fx)+state), 0o600); err != nil {
 		return nil, err
 	}
 	s := &endpoint{id: srvL7d, label: "l7d", addr: addr, metricsURL: "http://" + admin + "/metrics"}

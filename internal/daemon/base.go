@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -105,6 +106,21 @@ func (c AdminConfig) FixedChanges(next AdminConfig) []string {
 		diff = append(diff, "state_dir")
 	}
 	return diff
+}
+
+// TokenSummary says where the admin endpoint's token comes from, for a daemon's
+// check command: "off", "token from FILE", "no token: admin_insecure" or "token in
+// STATE_DIR/admin.token, generated if missing".
+func (c AdminConfig) TokenSummary() string {
+	switch {
+	case c.Listen == "off":
+		return "off"
+	case c.TokenFile != "":
+		return "token from " + c.TokenFile
+	case c.Insecure:
+		return "no token: admin_insecure"
+	}
+	return "token in " + filepath.Join(c.StateDir, GeneratedTokenFile) + ", generated if missing"
 }
 
 // RestartError is a reload refused because it changes settings fixed at start.

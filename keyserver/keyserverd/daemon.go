@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"reflect"
 	"sync"
 	"syscall"
@@ -102,25 +101,12 @@ func (d *Daemon) Check(out io.Writer) error {
 		return err
 	}
 	defer closeAll(backends)
-	fmt.Fprintf(out, "listen %s; admin %s (%s); %d client rules\n", cfg.Server.Addr, cfg.AdminListen, adminTokenSummary(cfg), len(cfg.Server.Clients))
+	fmt.Fprintf(out, "listen %s; admin %s (%s); %d client rules\n", cfg.Server.Addr, cfg.AdminListen, cfg.admin().TokenSummary(), len(cfg.Server.Clients))
 	if err := listKeys(out, backends); err != nil {
 		return err
 	}
 	fmt.Fprintln(out, "configuration OK")
 	return nil
-}
-
-// adminTokenSummary says where the admin endpoint's token comes from.
-func adminTokenSummary(cfg *FileConfig) string {
-	switch {
-	case cfg.AdminListen == "off":
-		return "off"
-	case cfg.AdminTokenFile != "":
-		return "token from " + cfg.AdminTokenFile
-	case cfg.AdminInsecure:
-		return "no token: admin_insecure"
-	}
-	return "token in " + filepath.Join(cfg.StateDir, daemon.GeneratedTokenFile) + ", generated if missing"
 }
 
 // Run serves until ctx is done, reloading on SIGHUP and POST /reload; then it stops

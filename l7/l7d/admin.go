@@ -86,7 +86,7 @@ func (d *Daemon) listInfo(l *blacklist.List) listInfo {
 // "max"); one that waited longer than the limits' wait for another, 429, code busy,
 // with Retry-After.
 func (d *Daemon) adminHandler() http.Handler {
-	mux := daemon.AdminMux(d.reg, d.srv.Healthy)
+	mux := daemon.AdminMux(d.Reg, d.srv.Healthy)
 	uploads := d.uploader()
 	handle := func(pattern string, h daemon.Handler) { mux.Handle(pattern, h) }
 	handle("/reload", func(w http.ResponseWriter, r *http.Request) error {
@@ -139,7 +139,7 @@ func (d *Daemon) adminHandler() http.Handler {
 		if err != nil {
 			return d.stateError(l, err)
 		}
-		d.log.Info("blacklist replaced through the admin API", "list", l.Name(), "entries", info.Entries, "from", r.RemoteAddr)
+		d.Log.Info("blacklist replaced through the admin API", "list", l.Name(), "entries", info.Entries, "from", r.RemoteAddr)
 		daemon.WriteJSON(w, http.StatusOK, info)
 		return nil
 	})
@@ -169,7 +169,7 @@ func (d *Daemon) adminHandler() http.Handler {
 		case err != nil:
 			return uploadError(err)
 		}
-		d.log.Info("blacklist changed through the admin API", "list", l.Name(), "added", len(delta.Add),
+		d.Log.Info("blacklist changed through the admin API", "list", l.Name(), "added", len(delta.Add),
 			"removed", len(delta.Remove), "entries", info.Entries, "from", r.RemoteAddr)
 		daemon.WriteJSON(w, http.StatusOK, info)
 		return nil
@@ -191,12 +191,12 @@ func (d *Daemon) adminHandler() http.Handler {
 			return daemon.Wrap(http.StatusInternalServerError, codeListFilesFailed,
 				"the list's files cannot be loaded; the list in force and its pushed state stay", err)
 		}
-		d.log.Info("blacklist's pushed state dropped through the admin API: back to its files", "list", l.Name(),
+		d.Log.Info("blacklist's pushed state dropped through the admin API: back to its files", "list", l.Name(),
 			"entries", info.Entries, "files", info.Files, "from", r.RemoteAddr)
 		daemon.WriteJSON(w, http.StatusOK, info)
 		return nil
 	})
-	return d.auth.Wrap(mux)
+	return d.Auth.Wrap(mux)
 }
 
 // reloadError describes a failed reload: 422, code restart_required for a change
@@ -219,7 +219,7 @@ func (d *Daemon) stateError(l *blacklist.List, err error) *daemon.APIError {
 	if errors.Is(err, daemon.ErrNotDurable) {
 		e.Message = ""
 	}
-	d.log.Error("blacklist change through the admin API failed", "list", l.Name(), "err", e.Error())
+	d.Log.Error("blacklist change through the admin API failed", "list", l.Name(), "err", e.Error())
 	return e
 }
 
@@ -239,15 +239,15 @@ func (d *Daemon) list(r *http.Request) (*blacklist.List, error) {
 }
 
 // uploader returns the Uploader of the admin API's blacklist uploads, counting in
-// d.reg when there is one.
+// d.Reg when there is one.
 func (d *Daemon) uploader() *blacklist.Uploader {
 	var reg prometheus.Registerer
-	if d.reg != nil {
-		reg = d.reg
+	if d.Reg != nil {
+		reg = d.Reg
 	}
 	u, err := blacklist.NewUploader(reg)
 	if err != nil {
-		d.log.Error("blacklist upload metrics not registered", "err", err)
+		d.Log.Error("blacklist upload metrics not registered", "err", err)
 		u, _ = blacklist.NewUploader(nil)
 	}
 	return u

@@ -38,9 +38,9 @@ func writeFile(t *testing.T, path, data string) {
 
 func TestAdminBlacklists(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	d := &Daemon{reg: reg, log: quietLogger(), listenerNames: []string{"web"},
-		lists: blacklist.NewLists(blacklist.Options{Registerer: reg})}
-	d.bl = blacklist.NewStore(d.lists, "", d.log)
+	d := &Daemon{listenerNames: []string{"web"}, lists: blacklist.NewLists(blacklist.Options{Registerer: reg})}
+	d.Reg, d.Log = reg, quietLogger()
+	d.bl = blacklist.NewStore(d.lists, "", d.Log)
 	c := &control{d: d}
 	c.setConfig(&FileConfig{Blacklists: map[string]blacklist.ListConfig{"web": {Action: blacklist.ActionClose}}})
 	d.startOwner(c)

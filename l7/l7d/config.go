@@ -71,24 +71,31 @@ type FileConfig struct {
 	Tunnel *tunnel.Config `yaml:"tunnel" json:"tunnel,omitempty"`
 
 	// AdminListen serves /metrics, /healthz, POST /reload and the blacklist API.
-	// Default "127.0.0.1:9241"; "off" disables it. An address other hosts can reach
-	// (anything but a loopback address or localhost) needs AdminTokenFile, or
-	// AdminInsecure.
+	// Changing it takes a restart. Default "127.0.0.1:9241"; "off" disables it.
 	AdminListen string `yaml:"admin_listen" json:"admin_listen,omitempty"`
 
-	// AdminTokenFile holds the bearer token of the admin endpoint: with it, every
-	// request but GET /healthz and GET /metrics must carry "Authorization: Bearer
-	// <token>" or is answered 401. The token is the file's content less surrounding
-	// white space, at least 16 bytes of visible ASCII (openssl rand -hex 32). It is
-	// read at start and on reload. Default: none, no authentication.
+	// AdminTokenFile holds the bearer token of the admin endpoint: every request but
+	// GET /healthz and GET /metrics must carry "Authorization: Bearer <token>" or is
+	// answered 401. The token is the file's content less surrounding white space, at
+	// least 16 bytes of visible ASCII (openssl rand -hex 32); the file must exist. It
+	// is read at start and on reload. Default: the token in admin.token of the state
+	// directory (StateDir, or /var/lib/tiergate/l7d without one), generated there
+	// (mode 0600) at the first start; the log names the file.
 	AdminTokenFile string `yaml:"admin_token_file" json:"admin_token_file,omitempty"`
 
-	// AdminInsecure lets AdminListen be an address other hosts reach with no
-	// AdminTokenFile; without it l7d refuses that configuration. Whoever reaches the
-	// admin endpoint can replace the blacklists (unblock an attacker, or block every
-	// client) and reload the configuration; set it only when something else keeps
-	// everyone else out (a management network, a firewall). Default false.
+	// AdminInsecure serves the admin endpoint with no token when AdminTokenFile is
+	// not set. Whoever reaches the admin endpoint can replace the blacklists (unblock
+	// an attacker, or block every client) and reload the configuration; set it only
+	// where nothing else runs on the host and something else keeps everyone else out
+	// (a management network, a firewall). Changing it takes a restart. Default false:
+	// a token is required.
 	AdminInsecure bool `yaml:"admin_insecure" json:"admin_insecure,omitempty"`
+
+	// AdminHosts lists the host names (or addresses) by which the admin endpoint is
+	// reached, besides a loopback address, "localhost" and the address it listens
+	// on: a request whose Host header names anything else is refused (421), which
+	// keeps web pages out by DNS rebinding. Changes on reload. Default none.
+	AdminHosts []string `yaml:"admin_hosts" json:"admin_hosts,omitempty"`
 
 	// AdminBlacklistUploads bounds what one upload to PUT /blacklists/{name} or POST
 	// /blacklists/{name}/delta may make l7d read and hold, and uploads are read one
@@ -105,9 +112,11 @@ type FileConfig struct {
 	// entries (expired ones left out) to <state_dir>/blacklist-<list>.bin in the
 	// binary format, atomically and synced, before it is answered; a list with such
 	// a file is loaded from it at start and on reload instead of from its files,
-	// until DELETE /blacklists/<list>/state removes it. Created (0700) if missing;
-	// one l7d per directory. Changing it takes a restart. Default: none, pushes live
-	// in memory only and a restart loads the files again.
+	// until DELETE /blacklists/<list>/state removes it. The admin token l7d generates
+	// (without AdminTokenFile) is kept there too, as admin.token. Created (0700) if
+	// missing; one l7d per directory. Changing it takes a restart. Default: none,
+	// pushes live in memory only and a restart loads the files again; the generated
+	// admin token is kept in /var/lib/tiergate/l7d (DefaultTokenDir).
 	StateDir string `yaml:"state_dir" json:"state_dir,omitempty"`
 
 	// MaxBodyMemory bounds, for all listeners together, the buffers request and
@@ -234,9 +243,10 @@ func (c *FileConfig) validate() error {
 	}
 	ck.Nest("admin_blacklist_uploads", c.AdminBlacklistUploads.Validate())
 	c.AdminBlacklistUploads.Defaults()
-	if c.AdminListen != "off" && c.AdminTokenFile == "" && !c.AdminInsecure && !daemon.IsLoopbackListen(c.AdminListen) {
-		ck.Addf("admin_listen", "%q: other hosts can reach it and the admin API would serve them unauthenticated: "+
-			"set admin_token_file (or admin_insecure: true when the network keeps them out)", c.AdminListen)
+	for i, h := range c.AdminHosts {
+		if h == "" || strings.ContainsAny(h, "/ \t") {
+			ck.Addf(config.Index("admin_hosts", i), "%q: want a host name or address", h)
+		}
 	}
 	if len(c.Listeners) == 0 {
 		ck.Addf("listeners", "at least one is required")
@@ -298,6 +308,12 @@ func (c *FileConfig) validate() error {
 	}
 	if len(c.Certificates.Certificates) == 0 && c.Certificates.Dir == "" {
 		ck.Addf("certificates", "give certificates or dir")
+	}
+	if c.Certificates.TicketKeyMaxAge == 0 {
+		c.Certificates.TicketKeyMaxAge = certs.DefaultTicketKeyMaxAge
+	}
+	if c.Certificates.TicketKeyMaxAge < 0 {
+		ck.Addf("certificates.ticket_key_max_age", "%v is negative", c.Certificates.TicketKeyMaxAge)
 	}
 	if c.Tunnel != nil {
 		ck.Nest("tunnel", c.Tunnel.Validate())

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tiergate/tiergate/certs"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/l7"
 )
@@ -96,9 +97,13 @@ func TestParseConfig(t *testing.T) {
 		{"admin IPv6 loopback", minimal + "admin_listen: \"[::1]:9241\"\n", ""},
 		{"admin localhost", minimal + "admin_listen: \"localhost:9241\"\n", ""},
 		{"admin off", minimal + "admin_listen: \"off\"\n", ""},
-		{"admin every address", minimal + "admin_listen: \":9241\"\n", `admin_listen: ":9241": other hosts can reach it`},
-		{"admin any", minimal + "admin_listen: \"0.0.0.0:9241\"\n", "set admin_token_file (or admin_insecure: true"},
-		{"admin host name", minimal + "admin_listen: \"admin.example:9241\"\n", "other hosts can reach it"},
+		{"admin every address (generated token)", minimal + "admin_listen: \":9241\"\n", ""},
+		{"admin any (generated token)", minimal + "admin_listen: \"0.0.0.0:9241\"\n", ""},
+		{"admin host name (generated token)", minimal + "admin_listen: \"admin.example:9241\"\n", ""},
+		{"admin hosts", minimal + "admin_hosts: [l7a.mgmt.example, \"198.18.0.7\"]\n", ""},
+		{"admin hosts bad", minimal + "admin_hosts: [\"\", \"a b\"]\n", `admin_hosts[1]: "a b": want a host name or address`},
+		{"ticket key max age", strings.Replace(minimal, "a.key}]}", "a.key}], ticket_key_max_age: 36h}", 1), ""},
+		{"ticket key max age negative", strings.Replace(minimal, "a.key}]}", "a.key}], ticket_key_max_age: -1h}", 1), "certificates.ticket_key_max_age: -1h0m0s is negative"},
 		{"admin public with token", minimal + "admin_listen: \"0.0.0.0:9241\"\nadmin_token_file: /etc/t\n", ""},
 		{"admin public insecure", minimal + "admin_listen: \"[::]:9241\"\nadmin_insecure: true\n", ""},
 		{"state_dir", minimal + "state_dir: /var/lib/tiergate/l7d\n", ""},
@@ -143,7 +148,7 @@ func TestDefaultsAndSample(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.AdminListen != DefaultAdminListen || c.ShutdownGrace.D() != 10*time.Second || c.Listeners[0].Name != "listener0" ||
-		c.StateDir != "" || c.AdminTokenFile != "" || c.AdminInsecure {
+		c.StateDir != "" || c.AdminTokenFile != "" || c.AdminInsecure || c.Certificates.TicketKeyMaxAge != certs.DefaultTicketKeyMaxAge {
 		t.Errorf("defaults: %+v", c)
 	}
 	if l := c.Listeners[0]; l.IdleTimeout != l7.DefaultIdleTimeout || l.MaxConns != l7.DefaultMaxConns || l.DeferAccept != l7.DefaultDeferAccept ||
@@ -161,7 +166,7 @@ func TestDefaultsAndSample(t *testing.T) {
 	if s.MaxBodyMemory != l7.DefaultMaxBodyMemory {
 		t.Errorf("sample's max_body_memory: %d", s.MaxBodyMemory)
 	}
-	if s.StateDir != "/var/lib/tiergate/l7d" || s.AdminTokenFile == "" || s.AdminInsecure {
+	if s.StateDir != "/var/lib/tiergate/l7d" || s.AdminTokenFile != "" || s.AdminInsecure || s.Certificates.TicketKeyMaxAge != certs.DefaultTicketKeyMaxAge {
 		t.Errorf("sample's admin and state: %q %q %v", s.StateDir, s.AdminTokenFile, s.AdminInsecure)
 	}
 	if s.Tunnel == nil || len(s.Tunnel.VIPs) != 1 || len(s.Tunnel.LDs) != 2 || s.Tunnel.Table != 4242 {

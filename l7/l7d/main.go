@@ -7,19 +7,18 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"reflect"
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tiergate/tiergate/certs"
 	"github.com/tiergate/tiergate/internal/autoprocs"
@@ -56,7 +55,10 @@ type Daemon struct {
 	// Stderr receives logs. Default os.Stderr.
 	Stderr io.Writer
 
-	log *slog.Logger
+	// Base holds the logger, the metrics registry and the admin endpoint (its
+	// listener and its guard: token and Host check), as in every daemon; Serving is
+	// closed once Run serves the listeners and the admin endpoint.
+	daemon.Base
 
 	// One goroutine, the owner, makes every change of configuration and state: file
 	// reloads (SIGHUP, POST /reload) and admin pushes queue to it as closures (do) and
@@ -64,24 +66,38 @@ type Daemon struct {
 	// store, srv and bl. What the admin API and the data path read, the owner
 	// publishes as immutable snapshots: cur here, the certificate set, the L7
 	// server's snapshot, each blacklist's Set and where it came from.
-	ops       chan func(*control)
-	stop      chan struct{} // closed by close: the owner returns
-	ownerDone chan struct{}
-	ctl       *control
-	cur       atomic.Pointer[FileConfig] // the configuration in force
+	owner *daemon.Owner
+	ctl   *control
+	cur   atomic.Pointer[FileConfig] // the configuration in force
 
 	lists         *blacklist.Lists
 	bl            *blacklist.Store // the lists' files and pushed state
 	listenerNames []string         // fixed at start
-	auth          daemon.AdminAuth
-	reg           *prometheus.Registry
 	ks            *client.Client
 	store         *certs.Store
 	srv           *l7.Server
-	admin         net.Listener
+	ticketKeys    ticketKeyAge // the age of the newest ticket key in force
 
 	reloads *prometheus.CounterVec
 	procs   *autoprocs.Controller // nil unless GOMAXPROCS is sized to the load
+}
+
+// DefaultTokenDir is where l7d generates its admin token (admin.token) when neither
+// admin_token_file nor state_dir is set (systemd: StateDirectory=tiergate/l7d).
+const DefaultTokenDir = daemon.StateRoot + "/l7d"
+
+// defaultTokenDir is DefaultTokenDir; tests point it elsewhere.
+var defaultTokenDir = DefaultTokenDir
+
+// admin returns the admin endpoint's settings of c: the token is generated in
+// state_dir, or in defaultTokenDir without one.
+func (c *FileConfig) admin() daemon.AdminConfig {
+	dir := c.StateDir
+	if dir == "" {
+		dir = defaultTokenDir
+	}
+	return daemon.AdminConfig{Listen: c.AdminListen, TokenFile: c.AdminTokenFile, Insecure: c.AdminInsecure,
+		Hosts: c.AdminHosts, StateDir: dir}
 }
 
 // setProcs applies the gomaxprocs setting: a Controller to run for 0, nil otherwise.
@@ -97,7 +113,10 @@ func setProcs(n int, reg prometheus.Registerer, log *slog.Logger) (*autoprocs.Co
 	return autoprocs.New(autoprocs.Config{Registerer: reg, Logger: log})
 }
 
-func (d *Daemon) setup() error {
+// setup builds the daemon from its configuration file, without serving: Run's first
+// half, and Check's (check: a configured admin token file is read, but none is
+// generated).
+func (d *Daemon) setup(check bool) error {
 	if d.Stderr == nil {
 		d.Stderr = os.Stderr
 	}
@@ -105,47 +124,50 @@ func (d *Daemon) setup() error {
 	if err != nil {
 		return err
 	}
-	d.log = daemon.NewLogger(cfg.LogLevel, d.Stderr)
-	d.auth.Logger = d.log
-	token, err := adminToken(cfg, d.log)
+	d.Init(d.Stderr, cfg.LogLevel)
+	ac := cfg.admin()
+	if check {
+		ac.Insecure = true
+	}
+	access, err := d.ReadAdminAccess(ac)
 	if err != nil {
 		return err
 	}
-	d.auth.SetToken(token)
+	d.SetAdminAccess(access)
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(cfg.GCPercent)
 	}
-	d.reg = prometheus.NewRegistry()
-	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if d.procs, err = setProcs(cfg.GOMAXPROCS, d.reg, d.log); err != nil {
+	if d.procs, err = setProcs(cfg.GOMAXPROCS, d.Reg, d.Log); err != nil {
 		return err
 	}
 	d.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tiergate_l7_reloads_total", Help: "Configuration reloads, by result.",
 	}, []string{"result"})
-	d.reg.MustRegister(d.reloads)
+	d.Reg.MustRegister(d.reloads)
 	if ks := cfg.KeyServers; ks != nil {
 		cc := ks.Config
 		if cc.TLS, err = ks.keyserverTLS(); err != nil {
 			return err
 		}
-		cc.Registerer, cc.Logger = d.reg, d.log
+		cc.Registerer, cc.Logger = d.Reg, d.Log
 		if d.ks, err = client.New(cc); err != nil {
 			return err
 		}
 	}
-	d.store = certs.NewStore(certs.Options{KeyServer: d.ks, Registerer: d.reg, Logger: d.log})
+	d.store = certs.NewStore(certs.Options{KeyServer: d.ks, Registerer: d.Reg, Logger: d.Log})
 	if err := d.loadCerts(cfg); err != nil {
 		return err
 	}
-	d.lists = blacklist.NewLists(blacklist.Options{Registerer: d.reg})
+	d.ticketKeys.check(cfg.Certificates, d.Log)
+	d.Reg.MustRegister(&d.ticketKeys)
+	d.lists = blacklist.NewLists(blacklist.Options{Registerer: d.Reg})
 	if err := d.lists.Global().MetricsError(); err != nil {
 		return err
 	}
 	for _, l := range cfg.Listeners {
 		d.listenerNames = append(d.listenerNames, l.Name)
 	}
-	d.bl = blacklist.NewStore(d.lists, cfg.StateDir, d.log)
+	d.bl = blacklist.NewStore(d.lists, cfg.StateDir, d.Log)
 	lists, err := d.bl.Prepare(cfg.Blacklists, listNames(cfg))
 	if err != nil {
 		return err
@@ -180,20 +202,8 @@ type control struct {
 // startOwner starts the goroutine that owns c; close stops it.
 func (d *Daemon) startOwner(c *control) {
 	d.ctl = c
-	d.ops = make(chan func(*control))
-	d.stop = make(chan struct{})
-	d.ownerDone = make(chan struct{})
-	go func() {
-		defer close(d.ownerDone)
-		for {
-			select {
-			case op := <-d.ops:
-				op(c)
-			case <-d.stop:
-				return
-			}
-		}
-	}()
+	d.owner = daemon.NewOwner(errStopped)
+	d.owner.Start()
 }
 
 // errStopped is the error of a change asked of a Daemon that is stopping.
@@ -205,26 +215,10 @@ var errNotStarted = errors.New("l7d has not started")
 // do runs op on the owner goroutine, after the changes queued before it, and waits
 // for it.
 func (d *Daemon) do(op func(*control)) error {
-	if d.ops == nil {
+	if d.owner == nil {
 		return errNotStarted
 	}
-	done := make(chan struct{})
-	select {
-	case d.ops <- func(c *control) { op(c); close(done) }:
-	case <-d.stop:
-		return errStopped
-	}
-	<-done
-	return nil
-}
-
-// adminToken reads cfg's admin token with the kit (daemon.AdminToken, which warns
-// about a file others can read); nil without admin_token_file: l7d generates none,
-// and validate refused an admin_listen others reach without one unless
-// admin_insecure.
-func adminToken(cfg *FileConfig, log *slog.Logger) ([]byte, error) {
-	tok, _, err := daemon.AdminToken(cfg.AdminTokenFile, true, "", log)
-	return tok, err
+	return d.owner.Do(func() { op(d.ctl) })
 }
 
 func (c *control) setConfig(cfg *FileConfig) {
@@ -251,8 +245,8 @@ func (d *Daemon) l7Config(cfg *FileConfig, pol decider) l7.Config {
 		AcceptFilter:    pol.p.Accept,
 		IsNoCertificate: func(err error) bool { return errors.Is(err, certs.ErrNoCertificate) },
 		MaxBodyMemory:   cfg.MaxBodyMemory,
-		Registerer:      d.reg,
-		Logger:          d.log,
+		Registerer:      d.Reg,
+		Logger:          d.Log,
 	}
 	if cfg.Routing == nil {
 		c.Backends = cfg.Backends
@@ -263,7 +257,7 @@ func (d *Daemon) l7Config(cfg *FileConfig, pol decider) l7.Config {
 			res := pol.p.Resolver(l.Name)
 			name := l.Name
 			wrap = func(ln net.Listener) (net.Listener, error) {
-				return clientip.NewListenerWithOptions(ln, res, clientip.Options{Name: name, Registerer: d.reg, Logger: d.log})
+				return clientip.NewListenerWithOptions(ln, res, clientip.Options{Name: name, Registerer: d.Reg, Logger: d.Log})
 			}
 		}
 		c.Listeners = append(c.Listeners, l7.ListenerConfig{Listener: l.Listener, TLS: d.store.TLSConfig(), WrapListener: wrap})
@@ -274,7 +268,7 @@ func (d *Daemon) l7Config(cfg *FileConfig, pol decider) l7.Config {
 // Check validates the configuration and loads every certificate (reaching the
 // keyservers for remote keys), then reports.
 func (d *Daemon) Check(out io.Writer) error {
-	if err := d.setup(); err != nil {
+	if err := d.setup(true); err != nil {
 		return err
 	}
 	defer d.close()
@@ -285,14 +279,14 @@ func (d *Daemon) Check(out io.Writer) error {
 		}
 		fmt.Fprintf(out, "%-24s %-6s %-18s expires %s  %v\n", c.Name, c.KeyType, where, c.NotAfter.Format(time.DateOnly), c.Names)
 	}
+	fmt.Fprintf(out, "admin %s (%s)\n", d.current().AdminListen, d.current().admin().TokenSummary())
 	fmt.Fprintln(out, "configuration OK")
 	return nil
 }
 
 func (d *Daemon) close() {
-	if d.stop != nil {
-		close(d.stop)
-		<-d.ownerDone
+	if d.owner != nil {
+		d.owner.Close()
 	}
 	if d.ks != nil {
 		d.ks.Close()
@@ -301,7 +295,7 @@ func (d *Daemon) close() {
 
 // Run serves until ctx is done, reloading on SIGHUP and POST /reload.
 func (d *Daemon) Run(ctx context.Context) error {
-	if err := d.setup(); err != nil {
+	if err := d.setup(false); err != nil {
 		return err
 	}
 	defer d.close()
@@ -309,7 +303,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.bl.PrepareDir(listNames(cfg)); err != nil {
 		return err
 	}
-	pol, err := newDecider(cfg, d.lists, d.log)
+	pol, err := newDecider(cfg, d.lists, d.Log)
 	if err != nil {
 		return err
 	}
@@ -338,22 +332,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer func() { stopProcs(); <-procsDone }()
 	}
 	for name, a := range srv.Addrs() {
-		d.log.Info("listening", "listener", name, "addr", a.String())
+		d.Log.Info("listening", "listener", name, "addr", a.String())
 	}
-	var admin *http.Server
-	if cfg.AdminListen != "off" {
-		ln, err := net.Listen("tcp", cfg.AdminListen)
-		if err != nil {
-			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			srv.Shutdown(sctx)
-			cancel()
-			return fmt.Errorf("admin listener: %w", err)
-		}
-		d.admin = ln
-		admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
-		go admin.Serve(ln)
-		d.log.Info("admin", "metrics", "http://"+ln.Addr().String()+"/metrics", "token_required", d.auth.Enabled())
+	if err := d.ServeAdmin(cfg.AdminListen, d.adminHandler(), "/blacklists"); err != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		srv.Shutdown(sctx)
+		cancel()
+		return err
 	}
+	d.MarkServing()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -361,26 +348,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			grace := d.current().ShutdownGrace.D()
-			d.log.Info("stopping", "grace", grace)
+			d.Log.Info("stopping", "grace", grace)
 			sctx, cancel := context.WithTimeout(context.Background(), grace)
 			err := srv.Shutdown(sctx)
 			cancel()
-			if admin != nil {
-				admin.Close()
-			}
+			d.CloseAdmin()
 			return err
 		case err := <-tunErr:
-			d.log.Error("tunnel endpoint failed; stopping", "err", err)
+			d.Log.Error("tunnel endpoint failed; stopping", "err", err)
 			sctx, cancel := context.WithTimeout(context.Background(), d.current().ShutdownGrace.D())
 			srv.Shutdown(sctx)
 			cancel()
-			if admin != nil {
-				admin.Close()
-			}
+			d.CloseAdmin()
 			return fmt.Errorf("tunnel: %w", err)
 		case <-hup:
 			if err := d.Reload(); err != nil {
-				d.log.Error("reload failed; the running configuration stays", "err", err)
+				d.Log.Error("reload failed; the running configuration stays", "err", err)
 			}
 		}
 	}
@@ -391,7 +374,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 // rules.
 func (d *Daemon) startTunnel(t *tunnel.Config, failed chan<- error) (stop func(), err error) {
 	cfg := *t
-	cfg.Registerer, cfg.Logger = d.reg, d.log
+	cfg.Registerer, cfg.Logger = d.Reg, d.Log
 	ep, err := tunnel.New(cfg)
 	if err != nil {
 		return nil, err
@@ -408,17 +391,9 @@ func (d *Daemon) startTunnel(t *tunnel.Config, failed chan<- error) (stop func()
 		cancel()
 		<-done
 		if err := ep.Close(); err != nil {
-			d.log.Error("closing the tunnel endpoint", "err", err)
+			d.Log.Error("closing the tunnel endpoint", "err", err)
 		}
 	}, nil
-}
-
-// AdminAddr returns the admin listener's address, or nil.
-func (d *Daemon) AdminAddr() net.Addr {
-	if d.admin == nil {
-		return nil
-	}
-	return d.admin.Addr()
 }
 
 // Reload re-reads the configuration file and applies it, all of it or nothing: see
@@ -445,7 +420,7 @@ func (c *control) reload() (err error) {
 		return err
 	}
 	c.commitReload(next)
-	c.d.log.Info("reloaded", "config", c.d.Path)
+	c.d.Log.Info("reloaded", "config", c.d.Path)
 	return nil
 }
 
@@ -453,7 +428,7 @@ func (c *control) reload() (err error) {
 // nothing of it is in force yet.
 type reload struct {
 	cfg    *FileConfig
-	token  []byte
+	admin  daemon.AdminAccess
 	certs  *certs.Prepared
 	server *l7.Prepared
 	lists  *blacklist.Prepared
@@ -477,8 +452,8 @@ func (c *control) prepare() (*reload, error) {
 	if !reflect.DeepEqual(cfg.Tunnel, cur.Tunnel) {
 		return nil, &restartError{"tunnel"}
 	}
-	if cfg.StateDir != cur.StateDir {
-		return nil, &restartError{"state_dir"}
+	if fixed := cur.admin().FixedChanges(cfg.admin()); len(fixed) > 0 {
+		return nil, &restartError{strings.Join(fixed, ", ")}
 	}
 	if cfg.GOMAXPROCS != cur.GOMAXPROCS || cfg.GCPercent != cur.GCPercent {
 		return nil, &restartError{"gomaxprocs or gc_percent"}
@@ -487,10 +462,10 @@ func (c *control) prepare() (*reload, error) {
 		return nil, err
 	}
 	r := &reload{cfg: cfg}
-	if r.token, err = adminToken(cfg, d.log); err != nil {
+	if r.admin, err = d.ReadAdminAccess(cfg.admin()); err != nil {
 		return nil, err
 	}
-	pol, err := newDecider(cfg, d.lists, d.log)
+	pol, err := newDecider(cfg, d.lists, d.Log)
 	if err != nil {
 		return nil, err
 	}
@@ -508,14 +483,16 @@ func (c *control) prepare() (*reload, error) {
 
 // commitReload puts a prepared reload in force, which cannot fail: the certificates
 // and ticket keys, then the L7 server's routing, client-IP rules and blacklist actions
-// in one snapshot, then the blacklists that changed, the admin token and the
-// configuration the admin API reports.
+// in one snapshot, then the blacklists that changed, the admin token and hosts and the
+// configuration the admin API reports; then it warns when the newest ticket key is
+// older than ticket_key_max_age.
 func (c *control) commitReload(r *reload) {
 	c.d.store.Commit(r.certs)
 	c.d.srv.Commit(r.server)
 	c.d.bl.Commit(r.lists)
-	c.d.auth.SetToken(r.token)
+	c.d.SetAdminAccess(r.admin)
 	c.setConfig(r.cfg)
+	c.d.ticketKeys.check(r.cfg.Certificates, c.d.Log)
 }
 
 // restartError is a reload refused because it changes what only a restart applies.

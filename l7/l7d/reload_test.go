@@ -95,8 +95,7 @@ backends: {app: {members: ["127.0.0.1:9"]}}
 			}
 			oldSerial := writeLeaf(t, dir)
 			write(good)
-			runDaemon(t, path, admin)
-			c := adminClient{t: t, base: "http://" + admin}
+			c, _ := runDaemon(t, path, admin)
 			if got := servedSerial(t, listen); got.Cmp(oldSerial) != 0 {
 				t.Fatalf("serving serial %x, want %x", got, oldSerial)
 			}
@@ -132,8 +131,7 @@ func TestConcurrentReloadsAndPushes(t *testing.T) {
 	admin := freeAddr(t)
 	extra := "state_dir: " + stateDir + "\nblacklists: {global: {files: [" + files + "]}, web: {action: close}}\nlog_level: error\n"
 	path := testConfig(t, dir, admin, extra)
-	runDaemon(t, path, admin)
-	c := adminClient{t: t, base: "http://" + admin}
+	c, _ := runDaemon(t, path, admin)
 
 	const pushers, each, reloads = 4, 15, 20
 	var wg sync.WaitGroup

@@ -21,7 +21,7 @@ func TestAdminTokenFileExposedWarned(t *testing.T) {
 			t.Fatal(err)
 		}
 		admin := freeAddr(t)
-		log := runDaemon(t, testConfig(t, dir, admin, "admin_token_file: "+tokFile+"\n"), admin)
+		_, log := runDaemon(t, testConfig(t, dir, admin, "admin_token_file: "+tokFile+"\n"), admin)
 		warned := strings.Contains(log.String(), "readable by others than its owner") && strings.Contains(log.String(), "file="+tokFile)
 		if warned != tc.warn {
 			t.Errorf("token file mode %v: warned %v, want %v\n%s", tc.mode, warned, tc.warn, log)

@@ -2,7 +2,6 @@ package l7d
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tiergate/tiergate/policy/blacklist"
+	"github.com/tiergate/tiergate/testkit/daemontest"
 	"github.com/tiergate/tiergate/testkit/testenv"
 	"github.com/tiergate/tiergate/testkit/testpki"
 )
@@ -111,13 +111,13 @@ func (c adminClient) call(method, path, body string) (int, map[string]any, strin
 }
 
 // setupDaemon builds a Daemon from path as Run does, without serving, and its admin
-// handler on a test server; it is the first half of a start and may be repeated on
-// the same files to play a restart.
+// handler on a test server with a client that sends the admin token in force; it is
+// the first half of a start and may be repeated on the same files to play a restart.
 func setupDaemon(t *testing.T, path string) (*Daemon, adminClient, *testenv.LockedBuffer) {
 	t.Helper()
 	var log testenv.LockedBuffer
 	d := &Daemon{Path: path, Stderr: &log}
-	if err := d.setup(); err != nil {
+	if err := d.setup(false); err != nil {
 		t.Fatalf("setup: %v", err)
 	}
 	t.Cleanup(d.close)
@@ -126,49 +126,18 @@ func setupDaemon(t *testing.T, path string) (*Daemon, adminClient, *testenv.Lock
 	}
 	srv := httptest.NewServer(d.adminHandler())
 	t.Cleanup(srv.Close)
-	return d, adminClient{t: t, base: srv.URL}, &log
+	return d, adminClient{t: t, base: srv.URL, token: daemontest.Token(t, d.TokenFile())}, &log
 }
 
-// runDaemon runs a Daemon from path until the test ends, once its admin endpoint at
-// admin answers /healthz.
-func runDaemon(t *testing.T, path, admin string) *testenv.LockedBuffer {
+// runDaemon runs a Daemon from path, whose admin endpoint is at admin, until the test
+// ends, and returns a client of that endpoint that sends the admin token in force at
+// start, and the daemon's log.
+func runDaemon(t *testing.T, path, admin string) (adminClient, *testenv.LockedBuffer) {
 	t.Helper()
 	var log testenv.LockedBuffer
 	d := &Daemon{Path: path, Stderr: &log}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("l7d: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("l7d did not stop")
-		}
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get("http://" + admin + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return &log
-			}
-		}
-		select {
-		case err := <-done:
-			done <- err
-			t.Fatalf("l7d stopped: %v\n%s", err, log.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("l7d not healthy: %v\n%s", err, log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	daemontest.Start(t, daemontest.Options{Name: "l7d", Run: d.Run, Serving: d.Serving(), Log: &log})
+	return adminClient{t: t, base: "http://" + admin, token: daemontest.Token(t, d.TokenFile())}, &log
 }
 
 // readState reads a state file as a Set.
@@ -328,7 +297,7 @@ func TestBlacklistStateCorrupt(t *testing.T) {
 			}
 			writeFile(t, file, string(tc.corrupt(b)))
 			d := &Daemon{Path: path, Stderr: io.Discard}
-			err = d.setup()
+			err = d.setup(false)
 			if err == nil || !strings.Contains(err.Error(), file) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "blacklists.web") {
 				t.Errorf("start with a corrupt state file: %v; want an error naming %s and %q", err, file, tc.want)
 			}
@@ -396,8 +365,7 @@ func TestBlacklistStateReload(t *testing.T) {
 	admin := freeAddr(t)
 	extra := "state_dir: " + stateDir + "\nblacklists: {global: {files: [" + files + "]}}\nlog_level: debug\n"
 	path := testConfig(t, dir, admin, extra)
-	log := runDaemon(t, path, admin)
-	c := adminClient{t: t, base: "http://" + admin}
+	c, log := runDaemon(t, path, admin)
 	entries := func() float64 {
 		t.Helper()
 		_, out, _ := c.call("GET", "/blacklists/global", "")

@@ -49,11 +49,11 @@ func gzipped(s string) string {
 // refused reads tiergate_blacklist_uploads_refused_total{reason} from d's registry.
 func refused(t *testing.T, d *Daemon, reason string) float64 {
 	t.Helper()
-	n, err := testutil.GatherAndCount(d.reg, "tiergate_blacklist_uploads_refused_total")
+	n, err := testutil.GatherAndCount(d.Reg, "tiergate_blacklist_uploads_refused_total")
 	if err != nil || n == 0 {
 		t.Fatalf("tiergate_blacklist_uploads_refused_total not registered: %v", err)
 	}
-	mfs, _ := d.reg.Gather()
+	mfs, _ := d.Reg.Gather()
 	for _, mf := range mfs {
 		if mf.GetName() != "tiergate_blacklist_uploads_refused_total" {
 			continue
@@ -167,12 +167,13 @@ func TestAdminUploadsOneAtATime(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "PUT /blacklists/global HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n%s", addr, len(first), first[:10])
+	fmt.Fprintf(conn, "PUT /blacklists/global HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", addr, c.token, len(first), first[:10])
 
 	// Another is refused as busy once the first holds the slot.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		req, _ := http.NewRequest("PUT", c.base+"/blacklists/web", strings.NewReader("198.51.100.1\n"))
+		req.Header.Set("Authorization", "Bearer "+c.token)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
