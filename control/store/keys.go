@@ -218,6 +218,8 @@ var (
 	ErrTooLarge = errors.New("too large")
 	// ErrNoSpace: etcd's backend quota is reached and it refuses writes.
 	ErrNoSpace = errors.New("store quota reached")
+	// ErrClosed: the Store was closed.
+	ErrClosed = errors.New("store: closed")
 )
 
 // Any is the expected revision of a write that holds whatever the object's

@@ -41,8 +41,8 @@ const (
 )
 
 // Watch calls fn with every change to the objects after revision after, in order,
-// one Batch per revision, until ctx is done (it then returns ctx's error) or fn
-// returns an error (which it returns). A consumer that read a Snapshot at R
+// one Batch per revision, until ctx is done (it then returns ctx's error), fn
+// returns an error (which it returns) or the Store is closed (ErrClosed). A consumer that read a Snapshot at R
 // watches from R.
 //
 // It never misses a change: its etcd watch requires a leader
@@ -58,6 +58,9 @@ func (s *Store) Watch(ctx context.Context, after int64, fn func(Batch) error) er
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if s.cli.Ctx().Err() != nil {
+			return ErrClosed
 		}
 		start := next
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))

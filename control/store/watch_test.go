@@ -196,3 +196,25 @@ func TestWatchConsumerError(t *testing.T) {
 		t.Fatalf("Watch returned %v", err)
 	}
 }
+
+// TestWatchEndsOnClose: closing the Store ends its watches with ErrClosed.
+func TestWatchEndsOnClose(t *testing.T) {
+	s := openEmbedded(t)
+	done := make(chan error, 1)
+	started := make(chan context.CancelFunc, 1)
+	s.watchStarted = func(cancel context.CancelFunc) {
+		select {
+		case started <- cancel:
+		default:
+		}
+	}
+	rev := revision(t, s)
+	go func() { done <- s.Watch(ctx, rev, func(Batch) error { return nil }) }()
+	waitFor(t, started, "the watch's start")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(t, done, "end of the watch"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Watch returned %v, want ErrClosed", err)
+	}
+}
