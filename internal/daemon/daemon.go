@@ -2,6 +2,8 @@
 // files, log levels, the command line, the admin endpoint's /metrics and /healthz, its
 // bearer-token authentication and its one error shape (APIError, WriteError, Handler),
 // the lame-duck stop, and state files written so that a crash never leaves half of one.
+// Base puts the common parts of a daemon together (logger, registry, admin endpoint,
+// its token), and Owner runs a daemon's changes one at a time on one goroutine.
 package daemon
 
 import (
