@@ -288,62 +288,94 @@ func TestConcurrentWriters(t *testing.T) {
 		}
 
 		// Two change sets creating different objects, each checked that the kind
-		// "leader" has at most one object. Both read the same snapshot (each check
-		// waits for the other's first call), both pass it, one commits; the other
-		// must be read and checked again, and refused.
-		var (
-			mu      sync.Mutex
-			calls   int
-			arrived = make(chan struct{})
-		)
-		check := func(snap *Snapshot) error {
-			mu.Lock()
-			calls++
-			n := calls
-			mu.Unlock()
-			if n == 2 {
-				close(arrived)
-			}
-			if n <= 2 {
-				select {
-				case <-arrived:
-				case <-time.After(10 * time.Second):
-					return errors.New("the other writer never checked")
-				}
-			}
+		// "leader" has at most one object: one commits, the other is checked again
+		// against it and refused.
+		ok, refused, calls := raceChecked(t, s, func(snap *Snapshot) error {
 			if len(snap.List("leader")) > 1 {
 				return &config.FieldError{Path: "leader", Err: errors.New("more than one")}
 			}
 			return nil
-		}
-		results := make(chan error, 2)
-		for _, name := range []string{"a", "b"} {
-			go func() {
-				_, err := s.Commit(ctx, ChangeSet{
-					Changes: []Change{{Kind: "leader", Name: name, Value: []byte(`{}`), IfRevision: 0}},
-					Check:   check,
-				})
-				results <- err
-			}()
-		}
-		var ok, refused int
-		for range 2 {
-			err := waitFor(t, results, "checked writer's result")
-			var che *CheckError
-			switch {
-			case err == nil:
-				ok++
-			case errors.As(err, &che):
-				refused++
-			default:
-				t.Errorf("checked writer: %v", err)
-			}
-		}
+		},
+			[]Change{{Kind: "leader", Name: "a", Value: []byte(`{}`), IfRevision: 0}},
+			[]Change{{Kind: "leader", Name: "b", Value: []byte(`{}`), IfRevision: 0}},
+		)
 		leaders, _, _ := s.List(ctx, "leader")
 		if ok != 1 || refused != 1 || len(leaders) != 1 || calls < 3 {
 			t.Fatalf("%d committed, %d refused, %d leaders stored, %d checks (want 1, 1, 1, at least 3)", ok, refused, len(leaders), calls)
 		}
+
+		// A route to pool p and the deletion of p, each consistent with the snapshot
+		// both read: the deletion leaves no key behind for the other to compare, and
+		// still one of them is refused.
+		if _, err := s.Put(ctx, "pool", "p", []byte(`{}`), 0); err != nil {
+			t.Fatal(err)
+		}
+		ok, refused, calls = raceChecked(t, s, func(snap *Snapshot) error {
+			for _, r := range snap.List("route") {
+				if _, found := snap.Get("pool", string(r.Value[1:len(r.Value)-1])); !found {
+					return &config.FieldError{Path: "route/" + r.Name, Err: errors.New("no such pool")}
+				}
+			}
+			return nil
+		},
+			[]Change{{Kind: "route", Name: "r", Value: []byte(`"p"`), IfRevision: 0}},
+			[]Change{{Kind: "pool", Name: "p", Delete: true, IfRevision: Any}},
+		)
+		snap, _ := s.Snapshot(ctx)
+		_, pool := snap.Get("pool", "p")
+		_, route := snap.Get("route", "r")
+		if ok != 1 || refused != 1 || pool != route || calls < 3 {
+			t.Fatalf("%d committed, %d refused, pool stored %v, route stored %v, %d checks (want 1, 1, both stored or neither, at least 3)", ok, refused, pool, route, calls)
+		}
 	})
+}
+
+// raceChecked commits change sets a and b at once with check, each check waiting
+// for the other's first call so both read the same snapshot, and returns how many
+// committed, how many their check refused and how many checks ran.
+func raceChecked(t *testing.T, s *Store, check func(*Snapshot) error, a, b []Change) (ok, refused, calls int) {
+	t.Helper()
+	var mu sync.Mutex
+	arrived := make(chan struct{})
+	barrier := func(snap *Snapshot) error {
+		mu.Lock()
+		calls++
+		n := calls
+		mu.Unlock()
+		if n == 2 {
+			close(arrived)
+		}
+		if n <= 2 {
+			select {
+			case <-arrived:
+			case <-time.After(10 * time.Second):
+				return errors.New("the other writer never checked")
+			}
+		}
+		return check(snap)
+	}
+	results := make(chan error, 2)
+	for _, changes := range [][]Change{a, b} {
+		go func() {
+			_, err := s.Commit(ctx, ChangeSet{Changes: changes, Check: barrier})
+			results <- err
+		}()
+	}
+	for range 2 {
+		err := waitFor(t, results, "checked writer's result")
+		var che *CheckError
+		switch {
+		case err == nil:
+			ok++
+		case errors.As(err, &che):
+			refused++
+		default:
+			t.Errorf("checked writer: %v", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return ok, refused, calls
 }
 
 func TestHistory(t *testing.T) {
