@@ -30,8 +30,9 @@ endif
 all: build
 
 # Debian packages (apt-get only when one is missing), staticcheck and Go modules. The
-# services some packages bring (nginx, haproxy: peers for the benchmarks) are not started:
-# policy-rc.d refuses that during the install.
+# services some packages bring (nginx, haproxy: peers for the benchmarks; etcd: the
+# external store the control-plane tests start themselves) are not started: policy-rc.d
+# refuses that during the install, and they are disabled so a reboot does not start them.
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -39,7 +40,8 @@ deps:
 		if [ "$$(id -u)" != 0 ]; then echo "deps: must run as root to install: $$missing" >&2; exit 1; fi; \
 		guard=; if [ ! -e /usr/sbin/policy-rc.d ]; then guard=1; printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; fi; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; rc=$$?; \
-		[ -n "$$guard" ] && rm -f /usr/sbin/policy-rc.d; exit $$rc; \
+		[ -n "$$guard" ] && rm -f /usr/sbin/policy-rc.d; \
+		if [ $$rc = 0 ] && command -v systemctl >/dev/null; then systemctl disable -q nginx haproxy etcd 2>/dev/null || true; fi; exit $$rc; \
 	fi
 	@[ -x $(STATICCHECK) ] && $(STATICCHECK) -version 2>/dev/null | grep -q "$(STATICCHECK_VERSION:v%=%)" || { echo "deps: installing staticcheck $(STATICCHECK_VERSION)"; $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); }
 	@$(GO) mod download
