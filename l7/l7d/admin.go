@@ -86,7 +86,7 @@ func (d *Daemon) listInfo(l *blacklist.List) listInfo {
 // "max"); one that waited longer than the limits' wait for another, 429, code busy,
 // with Retry-After.
 func (d *Daemon) adminHandler() http.Handler {
-	mux := daemon.AdminMux(d.Reg, d.srv.Healthy)
+	mux := daemon.AdminMux(d.Reg, d.Lame.Healthy(d.srv.Healthy))
 	uploads := d.uploader()
 	handle := func(pattern string, h daemon.Handler) { mux.Handle(pattern, h) }
 	handle("/reload", func(w http.ResponseWriter, r *http.Request) error {

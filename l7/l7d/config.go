@@ -128,9 +128,15 @@ type FileConfig struct {
 	// 256 MiB. See l7.Config.MaxBodyMemory.
 	MaxBodyMemory int64 `yaml:"max_body_memory" json:"max_body_memory,omitempty"`
 
-	// ShutdownGrace is how long in-flight requests may take on SIGTERM/SIGINT.
-	// Default 10s.
+	// ShutdownGrace is how long in-flight requests may take on SIGTERM/SIGINT, after
+	// LameDuck, before connections are closed. Default 10s.
 	ShutdownGrace config.Duration `yaml:"shutdown_grace" json:"shutdown_grace,omitempty"`
+
+	// LameDuck is how long l7d goes on serving after SIGTERM or SIGINT with /healthz
+	// answering 503 "shutting down", so that load balancers and health checkers take
+	// it out of rotation before it stops accepting; then ShutdownGrace runs. A reload
+	// changes it. Default 0: stop accepting at once.
+	LameDuck config.Duration `yaml:"lame_duck" json:"lame_duck,omitempty"`
 
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `yaml:"log_level" json:"log_level,omitempty"`
@@ -228,6 +234,9 @@ func (c *FileConfig) validate() error {
 	var ck config.Checker
 	if c.ShutdownGrace < 0 {
 		ck.Addf("shutdown_grace", "%v is negative", c.ShutdownGrace)
+	}
+	if c.LameDuck < 0 {
+		ck.Addf("lame_duck", "%v is negative", c.LameDuck)
 	}
 	if c.MaxBodyMemory < 0 {
 		ck.Addf("max_body_memory", "%d: limits must not be negative", c.MaxBodyMemory)

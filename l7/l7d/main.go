@@ -347,13 +347,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			grace := d.current().ShutdownGrace.D()
-			d.Log.Info("stopping", "grace", grace)
-			sctx, cancel := context.WithTimeout(context.Background(), grace)
-			err := srv.Shutdown(sctx)
-			cancel()
-			d.CloseAdmin()
-			return err
+			return d.stop(srv)
 		case err := <-tunErr:
 			d.Log.Error("tunnel endpoint failed; stopping", "err", err)
 			sctx, cancel := context.WithTimeout(context.Background(), d.current().ShutdownGrace.D())
@@ -367,6 +361,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// stop is the lame-duck stop: /healthz answers 503 "shutting down" for lame_duck
+// while the listeners go on serving, then the L7 server stops accepting and lets
+// in-flight requests finish for up to shutdown_grace, then the admin endpoint closes.
+func (d *Daemon) stop(srv *l7.Server) error {
+	cfg := d.current()
+	d.Lame.Delay, d.Lame.Grace = cfg.LameDuck.D(), cfg.ShutdownGrace.D()
+	d.Log.Info("stopping", "lame_duck", d.Lame.Delay, "grace", d.Lame.Grace)
+	err := d.Lame.Stop(context.Background(), srv.Shutdown)
+	d.CloseAdmin()
+	return err
 }
 
 // startTunnel creates the tunnel endpoint and runs it in the background; a failure of
@@ -483,14 +489,16 @@ func (c *control) prepare() (*reload, error) {
 
 // commitReload puts a prepared reload in force, which cannot fail: the certificates
 // and ticket keys, then the L7 server's routing, client-IP rules and blacklist actions
-// in one snapshot, then the blacklists that changed, the admin token and hosts and the
-// configuration the admin API reports; then it warns when the newest ticket key is
+// in one snapshot, then the blacklists that changed, the admin token and hosts, the log
+// level and the configuration the admin API reports (lame_duck and shutdown_grace
+// with it); then it warns when the newest ticket key is
 // older than ticket_key_max_age.
 func (c *control) commitReload(r *reload) {
 	c.d.store.Commit(r.certs)
 	c.d.srv.Commit(r.server)
 	c.d.bl.Commit(r.lists)
 	c.d.SetAdminAccess(r.admin)
+	c.d.SetLevel(r.cfg.LogLevel)
 	c.setConfig(r.cfg)
 	c.d.ticketKeys.check(r.cfg.Certificates, c.d.Log)
 }
