@@ -257,7 +257,7 @@ func (d *Daemon) adminHandler() http.Handler {
 
 // respond runs change and answers with its result.
 func (d *Daemon) respond(w http.ResponseWriter, r *http.Request, fn func(*Forwarding) (any, error), created *bool) error {
-	res, err := d.change(fn)
+	res, err := d.change(fn, nil)
 	return d.reply(w, r, res, err, created)
 }
 
@@ -330,16 +330,20 @@ func (d *Daemon) putConfig(w http.ResponseWriter, r *http.Request) error {
 		*f = body.Forwarding
 		f.Conntrack.Capacity = cur.Conntrack.Capacity
 		return *f, nil
+	}, func() {
+		if level != nil {
+			// Until the next reload, which sets the file's.
+			d.Level.Set(*level)
+		}
 	})
-	if err == nil && level != nil {
-		// Until the next reload, which sets the file's.
-		d.Level.Set(*level)
-	}
 	return d.reply(w, r, res, err, nil)
 }
 
 // reloadError maps a failed reload to the API's error shape.
 func reloadError(err error) *daemon.APIError {
+	if errors.Is(err, errStopped) || errors.Is(err, daemon.ErrNotStarted) {
+		return daemon.Wrap(http.StatusServiceUnavailable, codeUnavailable, "", err)
+	}
 	var re *daemon.RestartError
 	if errors.As(err, &re) {
 		return daemon.Wrap(http.StatusConflict, codeRestartRequired, "reload refused; the running configuration stays", err)
@@ -347,19 +351,29 @@ func reloadError(err error) *daemon.APIError {
 	return daemon.Wrap(http.StatusBadRequest, codeInvalidConfig, "reload failed; the running configuration stays", err)
 }
 
-// forwarding returns a copy of the forwarding configuration in force.
-func (d *Daemon) forwarding() Forwarding {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.fwd.clone()
+// forwarding returns the forwarding configuration in force, a snapshot its callers
+// read and must not modify.
+func (d *Daemon) forwarding() Forwarding { return d.current().fwd }
+
+// change runs on the owner goroutine, after the changes queued before it: it applies
+// fn to a copy of the forwarding configuration in force, then validates the result,
+// writes it to the state file (when configured) and applies it to the datapath, all
+// or nothing, and then calls committed (when not nil). It returns fn's result; fn and
+// committed run on the owner goroutine.
+func (d *Daemon) change(fn func(*Forwarding) (any, error), committed func()) (res any, err error) {
+	if e := d.do(func() {
+		res, err = d.applyChange(fn)
+		if err == nil && committed != nil {
+			committed()
+		}
+	}); e != nil {
+		return nil, daemon.Wrap(http.StatusServiceUnavailable, codeUnavailable, "", e)
+	}
+	return res, err
 }
 
-// change applies fn to a copy of the forwarding configuration in force, then
-// validates the result, writes it to the state file (when configured) and applies
-// it to the datapath, all or nothing. It returns fn's result.
-func (d *Daemon) change(fn func(*Forwarding) (any, error)) (res any, err error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+// applyChange is change on the owner goroutine, without committed.
+func (d *Daemon) applyChange(fn func(*Forwarding) (any, error)) (res any, err error) {
 	defer func() {
 		var e *daemon.APIError
 		if !errors.As(err, &e) || e.Status != http.StatusNotFound {
@@ -390,7 +404,7 @@ func (d *Daemon) change(fn func(*Forwarding) (any, error)) (res any, err error) 
 		}
 		return nil, invalidConfig(err)
 	}
-	d.fwd = next
+	d.setInForce(d.file, next)
 	if sw != nil {
 		if err := sw.Commit(); err != nil {
 			msg := "the change is in force but was not saved (it will be lost at restart)"

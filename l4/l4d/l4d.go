@@ -10,7 +10,6 @@ import (
 	"os/signal"
 	"reflect"
 	"sort"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -55,14 +54,44 @@ type Daemon struct {
 
 	daemon.Base
 
-	mu   sync.Mutex  // serialises configuration changes (API, reload)
-	file *FileConfig // the file in force; its start-time sections never change
-	fwd  Forwarding  // the forwarding configuration in force; under mu
+	// One goroutine, the owner, makes every change of the configuration: admin API
+	// changes, reloads (SIGHUP, POST /reload) queue to it as closures (do) and run one
+	// after the other. It alone writes file and fwd, once Run has started it; what
+	// others read, it publishes as an immutable snapshot, cur.
+	owner *daemon.Owner
+	file  *FileConfig             // the file in force; its start-time sections never change
+	fwd   Forwarding              // the forwarding configuration in force
+	cur   atomic.Pointer[inForce] // file and fwd, for readers other than the owner
 
 	ports   *portSet
 	dist    *datapath.Distributor
 	running atomic.Bool
 }
+
+// inForce is the configuration in force as the owner publishes it; neither it nor
+// what it points to is modified once published.
+type inForce struct {
+	file *FileConfig
+	fwd  Forwarding
+}
+
+// setInForce makes file and fwd the configuration in force and publishes them. Only
+// the owner calls it, and setup before the owner starts.
+func (d *Daemon) setInForce(file *FileConfig, fwd Forwarding) {
+	d.file, d.fwd = file, fwd
+	d.cur.Store(&inForce{file: file, fwd: fwd})
+}
+
+// current returns the configuration in force, for readers other than the owner.
+func (d *Daemon) current() *inForce { return d.cur.Load() }
+
+// errStopped is the error of a change asked of an l4d that has stopped.
+var errStopped = errors.New("l4d has stopped")
+
+// do runs op on the owner goroutine, after the changes queued before it, and waits
+// for it. Before Run has started the owner it returns daemon.ErrNotStarted, once Run
+// has returned errStopped.
+func (d *Daemon) do(op func()) error { return d.owner.Do(op) }
 
 // admin returns the admin endpoint's settings of c.
 func (c *FileConfig) admin() daemon.AdminConfig {
@@ -95,7 +124,7 @@ func (d *Daemon) setup() error {
 	}
 	d.SetAdminAccess(access)
 	d.Lame.Grace = shutdownTimeout
-	d.file, d.fwd = cfg, fwd
+	d.setInForce(cfg, fwd)
 	d.NewChanges("tiergate_l4_config_changes_total",
 		"Changes of the forwarding configuration, by source (api, reload) and result (ok, error).")
 	d.Reg.MustRegister(&portCollector{d: d})
@@ -172,6 +201,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	d.owner = daemon.NewOwner(errStopped)
+	d.owner.Start()
+	defer d.owner.Close()
 	if err := d.ServeAdmin(d.file.AdminListen, d.adminHandler(), "/status"); err != nil {
 		d.stop(runDone)
 		return err
@@ -180,9 +212,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			d.mu.Lock()
-			d.Lame.Delay = d.file.LameDuck.D()
-			d.mu.Unlock()
+			d.Lame.Delay = d.current().file.LameDuck.D()
 			d.Log.Info("stopping", "lame_duck", d.Lame.Delay)
 			return d.Lame.Stop(context.Background(), func(context.Context) error { return d.stop(runDone) })
 		case err := <-runDone:
@@ -326,10 +356,17 @@ func fixedChanges(cur, next *FileConfig) error {
 // Reload re-reads the configuration file (and the state file, when configured and
 // present) and applies its forwarding section atomically, and its log level. A file
 // that changes a section fixed at start, or that the datapath rejects, changes
-// nothing.
-func (d *Daemon) Reload() (err error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+// nothing. It runs on the owner goroutine, queued with the admin API's changes.
+func (d *Daemon) Reload() error {
+	var err error
+	if e := d.do(func() { err = d.reload() }); e != nil {
+		return e
+	}
+	return err
+}
+
+// reload is Reload on the owner goroutine.
+func (d *Daemon) reload() (err error) {
 	defer func() { d.CountChange("reload", err) }()
 	cfg, err := LoadConfig(d.Path)
 	if err != nil {
@@ -355,7 +392,7 @@ func (d *Daemon) Reload() (err error) {
 	}
 	d.SetLevel(cfg.LogLevel)
 	d.SetAdminAccess(access)
-	d.file, d.fwd = cfg, fwd
+	d.setInForce(cfg, fwd)
 	d.Log.Info("reloaded", "config", d.Path, "from_state_file", fromState, "rules", len(fwd.Rules), "pools", len(fwd.Pools))
 	return nil
 }
