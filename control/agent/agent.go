@@ -1,0 +1,475 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/tiergate/tiergate/control/model"
+	"github.com/tiergate/tiergate/control/store"
+	"github.com/tiergate/tiergate/internal/daemon"
+)
+
+// StatusPrefix is the prefix of the nodes' status keys: /tiergate/nodes/v1/<node>.
+const StatusPrefix = "/tiergate/nodes/v1/"
+
+// StatusTTL is the TTL of the lease a node's status key is written under: the key
+// goes away this long after the agent last kept the lease alive (the client keeps it
+// alive every third of it).
+const StatusTTL = 10 * time.Second
+
+// Bounds of the backoff between tries of the store.
+const (
+	retryMin = 100 * time.Millisecond
+	retryMax = 10 * time.Second
+)
+
+// StatusKey returns the key of node's status.
+func StatusKey(node string) string { return StatusPrefix + node }
+
+// Status is what a node reports at StatusKey: an ACK (Error empty) or a NACK.
+type Status struct {
+	// Node and Role name the node and what it is (l7d, l4d, keyserverd).
+	Node string `json:"node"`
+	Role string `json:"role"`
+	// AppliedRevision is the store revision of the configuration in force; 0 before
+	// any was applied.
+	AppliedRevision int64 `json:"applied_revision"`
+	// RefusedRevision is the revision a NACK refused; 0 for an ACK.
+	RefusedRevision int64 `json:"refused_revision,omitempty"`
+	// Error says why the snapshot at RefusedRevision was refused; empty for an ACK.
+	Error string `json:"error,omitempty"`
+	// Updated is when the status last changed.
+	Updated time.Time `json:"updated"`
+}
+
+// Config is an agent's configuration. Node, Apply and one of Store and Open are
+// required.
+type Config struct {
+	// Store is the store the agent reads, already open; the agent does not close it.
+	// When it is closed, Run returns. Either Store or Open.
+	Store *store.Store
+
+	// Open opens the store: the agent calls it at start, and again, with a backoff
+	// from 100ms doubling to 10s, while it fails or after the store it returned was
+	// closed; the agent closes what it returned when Run returns. Either Store or
+	// Open.
+	Open func(ctx context.Context) (*store.Store, error)
+
+	// Node is the node's name, unique in the cluster: its status key is
+	// StatusKey(Node). A store name (store.CheckName). Required.
+	Node string
+
+	// Role is what the node is ("l7d", "l4d", "keyserverd"), reported in its status.
+	// Default none.
+	Role string
+
+	// CacheFile keeps the last snapshot applied, with its revision, so that a start
+	// while the store cannot be reached applies it. Default none: nothing is kept,
+	// and such a start waits for the store.
+	CacheFile string
+
+	// Apply puts a checked snapshot at revision rev in force (the daemon's
+	// prepare/commit path). On error nothing of it must be in force: the agent
+	// reports a NACK and the configuration applied before stays. Calls are one at a
+	// time. Required.
+	Apply func(ctx context.Context, snap *model.Snapshot, rev int64) error
+
+	// Logger receives the agent's logs. Default slog.Default().
+	Logger *slog.Logger
+
+	// Registerer registers the agent's metrics. Default none: not registered.
+	Registerer prometheus.Registerer
+}
+
+// Agent keeps a node's configuration in step with the store. Run runs it.
+type Agent struct {
+	cfg Config
+	log *slog.Logger
+	met *metrics
+
+	// objs is the state the watch has built, by key (kind/name); applied is the
+	// revision of the snapshot last put in force, 0 for none.
+	objs    map[string]store.Object
+	applied int64
+	// lastTried is the revision last checked (applied or refused), so a snapshot
+	// read again after an outage is not applied twice.
+	lastTried int64
+
+	mu      sync.Mutex
+	status  Status
+	changed chan struct{} // a value when status changed and is not yet written
+}
+
+// New returns an agent for cfg; Run starts it.
+func New(cfg Config) (*Agent, error) {
+	if (cfg.Store == nil) == (cfg.Open == nil) {
+		return nil, errors.New("agent: one of Store and Open is required")
+	}
+	if err := store.CheckName(cfg.Node); err != nil {
+		return nil, fmt.Errorf("agent: node: %w", err)
+	}
+	if cfg.Apply == nil {
+		return nil, errors.New("agent: Apply is required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	met, err := newMetrics(cfg.Registerer, cfg.Node)
+	if err != nil {
+		return nil, err
+	}
+	return &Agent{
+		cfg:     cfg,
+		log:     log.With("node", cfg.Node),
+		met:     met,
+		status:  Status{Node: cfg.Node, Role: cfg.Role, Updated: time.Now()},
+		changed: make(chan struct{}, 1),
+	}, nil
+}
+
+// Status returns the agent's status as it reports it.
+func (a *Agent) Status() Status {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.status
+}
+
+// setStatus records an ACK (err nil) of rev or a NACK of rev with err.
+func (a *Agent) setStatus(rev int64, err error) {
+	a.mu.Lock()
+	a.status.AppliedRevision = a.applied
+	a.status.RefusedRevision, a.status.Error = 0, ""
+	if err != nil {
+		a.status.RefusedRevision, a.status.Error = rev, err.Error()
+	}
+	a.status.Updated = time.Now()
+	a.mu.Unlock()
+	select {
+	case a.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Run runs the agent until ctx is done: it applies the configuration in the store,
+// and every change to it, and reports its status. It returns ctx's error, or an
+// error when Config.Store was closed. At return the status key is deleted (its
+// lease revoked); the configuration in force stays.
+func (a *Agent) Run(ctx context.Context) error {
+	var (
+		st      *store.Store
+		wg      sync.WaitGroup
+		stopRep context.CancelFunc
+		wait    time.Duration
+		first   = true
+	)
+	stopReporter := func() {
+		if stopRep != nil {
+			stopRep()
+			wg.Wait()
+			stopRep = nil
+		}
+	}
+	defer func() {
+		stopReporter()
+		if st != nil && a.cfg.Open != nil {
+			st.Close()
+		}
+	}()
+	for {
+		if st == nil {
+			var err error
+			st, err = a.open(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				a.log.Warn("agent: opening the store", "err", err)
+				if first {
+					first = false
+					a.applyCache(ctx)
+				}
+				if err := sleep(ctx, &wait); err != nil {
+					return err
+				}
+				continue
+			}
+			rctx, cancel := context.WithCancel(ctx)
+			stopRep = cancel
+			wg.Add(1)
+			go func(cli *clientv3.Client) {
+				defer wg.Done()
+				a.report(rctx, cli)
+			}(st.Client())
+		}
+		if !first {
+			a.met.reconnects.Inc()
+		}
+		err := a.session(ctx, st)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, store.ErrClosed) {
+			stopReporter()
+			if a.cfg.Open == nil {
+				return fmt.Errorf("agent: %w", err)
+			}
+			st.Close()
+			st = nil
+		}
+		a.log.Warn("agent: reading the store", "err", err)
+		if first {
+			first = false
+			if a.applied == 0 {
+				a.applyCache(ctx)
+			}
+		}
+		if err := sleep(ctx, &wait); err != nil {
+			return err
+		}
+	}
+}
+
+// open returns the store to use.
+func (a *Agent) open(ctx context.Context) (*store.Store, error) {
+	if a.cfg.Store != nil {
+		return a.cfg.Store, nil
+	}
+	return a.cfg.Open(ctx)
+}
+
+// sleep waits the next backoff (doubling from retryMin to retryMax, with jitter).
+func sleep(ctx context.Context, wait *time.Duration) error {
+	*wait = min(max(2**wait, retryMin), retryMax)
+	d := *wait/2 + rand.N(*wait/2+1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// session reads a snapshot, applies it, and applies every later revision from the
+// watch, until an error.
+func (a *Agent) session(ctx context.Context, st *store.Store) error {
+	snap, err := st.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	a.reset(snap)
+	a.handle(ctx, snap.Revision)
+	return st.Watch(ctx, snap.Revision, func(b store.Batch) error {
+		if b.Reset != nil {
+			a.log.Info("agent: the watch fell behind compaction; the state read again", "revision", b.Revision)
+			a.reset(b.Reset)
+		}
+		for _, ev := range b.Events {
+			k := ev.Kind + "/" + ev.Name
+			if ev.Deleted {
+				delete(a.objs, k)
+			} else {
+				a.objs[k] = ev.Object
+			}
+		}
+		a.handle(ctx, b.Revision)
+		return nil
+	})
+}
+
+// reset replaces the state with snap's objects.
+func (a *Agent) reset(snap *store.Snapshot) {
+	a.objs = make(map[string]store.Object, snap.Len())
+	for _, o := range snap.All() {
+		a.objs[o.Kind+"/"+o.Name] = o
+	}
+}
+
+// handle checks and applies the state at rev, unless it was done already.
+func (a *Agent) handle(ctx context.Context, rev int64) {
+	if rev <= a.lastTried {
+		return
+	}
+	a.lastTried = rev
+	objs := make([]store.Object, 0, len(a.objs))
+	for _, o := range a.objs {
+		objs = append(objs, o)
+	}
+	ss := store.NewSnapshot(rev, objs)
+	if err := a.apply(ctx, ss); err != nil {
+		a.met.nacks.Inc()
+		a.log.Warn("agent: configuration refused; the one in force stays", "revision", rev, "applied_revision", a.applied, "err", err)
+		a.setStatus(rev, err)
+		return
+	}
+	a.log.Info("agent: configuration applied", "revision", rev)
+	a.setStatus(rev, nil)
+}
+
+// apply checks ss as a whole and applies it, saving it in the cache file first and
+// putting the file in place once Apply took it.
+func (a *Agent) apply(ctx context.Context, ss *store.Snapshot) error {
+	snap, err := check(ss)
+	if err != nil {
+		return err
+	}
+	var pending *daemon.PendingFile
+	if a.cfg.CacheFile != "" {
+		pending, err = daemon.PrepareFile(a.cfg.CacheFile, 0o600, func(w io.Writer) error {
+			return json.NewEncoder(w).Encode(cache{Revision: ss.Revision, Objects: ss.All()})
+		})
+		if err != nil {
+			a.log.Warn("agent: saving the snapshot in the cache file", "err", err)
+		}
+	}
+	if err := a.cfg.Apply(ctx, snap, ss.Revision); err != nil {
+		if pending != nil {
+			pending.Abort()
+		}
+		return fmt.Errorf("applying revision %d: %w", ss.Revision, err)
+	}
+	a.applied = ss.Revision
+	a.met.applied.Set(float64(ss.Revision))
+	if pending != nil {
+		if err := pending.Commit(); err != nil {
+			a.log.Warn("agent: saving the snapshot in the cache file", "err", err)
+		}
+	}
+	return nil
+}
+
+// check decodes ss into the model and checks it whole.
+func check(ss *store.Snapshot) (*model.Snapshot, error) {
+	snap, err := model.FromStore(ss)
+	if err == nil {
+		err = snap.Validate()
+	}
+	if err == nil {
+		err = snap.Consistent()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("checking revision %d: %w", ss.Revision, err)
+	}
+	return snap, nil
+}
+
+// cache is the cache file's content.
+type cache struct {
+	Revision int64          `json:"revision"`
+	Objects  []store.Object `json:"objects"`
+}
+
+// applyCache applies the cached snapshot, if there is one.
+func (a *Agent) applyCache(ctx context.Context) {
+	if a.cfg.CacheFile == "" {
+		return
+	}
+	data, err := os.ReadFile(a.cfg.CacheFile)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			a.log.Warn("agent: reading the cache file", "err", err)
+		}
+		return
+	}
+	var c cache
+	if err := json.Unmarshal(data, &c); err != nil {
+		a.log.Warn("agent: reading the cache file", "file", a.cfg.CacheFile, "err", err)
+		return
+	}
+	ss := store.NewSnapshot(c.Revision, c.Objects)
+	snap, err := check(ss)
+	if err == nil {
+		err = a.cfg.Apply(ctx, snap, c.Revision)
+	}
+	if err != nil {
+		a.log.Warn("agent: applying the cached snapshot", "file", a.cfg.CacheFile, "revision", c.Revision, "err", err)
+		return
+	}
+	a.applied = c.Revision
+	a.met.applied.Set(float64(c.Revision))
+	a.log.Info("agent: the store is out of reach; the cached snapshot applied", "revision", c.Revision)
+	a.setStatus(c.Revision, nil)
+}
+
+// report writes the status under a lease, again whenever it changes, and takes a
+// new lease when the one it had is lost, until ctx is done; it then revokes the
+// lease, which deletes the key.
+func (a *Agent) report(ctx context.Context, cli *clientv3.Client) {
+	var wait time.Duration
+	for ctx.Err() == nil {
+		err := a.reportLease(ctx, cli)
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.Warn("agent: reporting the status", "err", err)
+		if sleep(ctx, &wait) != nil {
+			return
+		}
+	}
+}
+
+// reportLease reports under one lease until ctx is done or the lease is lost.
+func (a *Agent) reportLease(ctx context.Context, cli *clientv3.Client) error {
+	lease, err := cli.Grant(ctx, int64(StatusTTL/time.Second))
+	if err != nil {
+		return fmt.Errorf("granting a lease: %w", err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if _, err := cli.Revoke(rctx, lease.ID); err != nil && ctx.Err() == nil {
+			a.log.Debug("agent: revoking the status lease", "err", err)
+		}
+	}()
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ka, err := cli.KeepAlive(kctx, lease.ID)
+	if err != nil {
+		return fmt.Errorf("keeping the lease alive: %w", err)
+	}
+	key := StatusKey(a.cfg.Node)
+	put := func() error {
+		data, err := json.Marshal(a.Status())
+		if err != nil {
+			return err
+		}
+		if _, err := cli.Put(ctx, key, string(data), clientv3.WithLease(lease.ID)); err != nil {
+			return fmt.Errorf("writing %s: %w", key, err)
+		}
+		return nil
+	}
+	if err := put(); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case _, ok := <-ka:
+			if !ok {
+				return errors.New("the status lease was lost")
+			}
+		case <-a.changed:
+			if err := put(); err != nil {
+				select { // written again under the next lease
+				case a.changed <- struct{}{}:
+				default:
+				}
+				return err
+			}
+		}
+	}
+}
