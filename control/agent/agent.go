@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -106,6 +107,9 @@ type Agent struct {
 	// read again after an outage is not applied twice.
 	lastTried int64
 
+	// cur is the store in use, nil while there is none.
+	cur atomic.Pointer[store.Store]
+
 	mu      sync.Mutex
 	status  Status
 	changed chan struct{} // a value when status changed and is not yet written
@@ -183,6 +187,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer func() {
 		stopReporter()
+		a.cur.Store(nil)
 		if st != nil && a.cfg.Open != nil {
 			st.Close()
 		}
@@ -205,6 +210,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				}
 				continue
 			}
+			a.cur.Store(st)
 			rctx, cancel := context.WithCancel(ctx)
 			stopRep = cancel
 			wg.Add(1)
@@ -222,6 +228,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		if errors.Is(err, store.ErrClosed) {
 			stopReporter()
+			a.cur.Store(nil)
 			if a.cfg.Open == nil {
 				return fmt.Errorf("agent: %w", err)
 			}

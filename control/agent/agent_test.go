@@ -280,3 +280,180 @@ func TestStatusLeaseLost(t *testing.T) {
 		t.Fatalf("status still under the revoked lease %x", lease)
 	}
 }
+
+// TestStartFromCache: a node started while the store is out of reach applies the
+// snapshot it last applied, keeps trying the store, and goes on from the store once
+// it is back.
+func TestStartFromCache(t *testing.T) {
+	dir, cacheFile := t.TempDir(), filepath.Join(t.TempDir(), "snapshot.json")
+	s := openStore(t, dir)
+	r1, err := s.Put(ctx, model.KindPool, "app", pool("app", "198.18.1.1:80"), store.Any)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Config{Store: s, Node: "l7-a", Apply: (&recorder{}).apply, CacheFile: cacheFile, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := start(t, a)
+	waitStatus(t, s.Client(), "l7-a", "ACK", ack(r1))
+	stop()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The store is down: the node's opens fail until up is set.
+	var up atomic.Bool
+	var tries atomic.Int32
+	rec := &recorder{}
+	b, err := New(Config{Open: func(ctx context.Context) (*store.Store, error) {
+		tries.Add(1)
+		if !up.Load() {
+			return nil, errors.New("connection refused")
+		}
+		return store.Open(ctx, store.Config{Dir: dir, Logger: slog.New(slog.DiscardHandler)})
+	}, Node: "l7-a", Apply: rec.apply, CacheFile: cacheFile, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, b)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		revs, pools := rec.applied()
+		if len(revs) == 1 && revs[0] == r1 && pools["app"] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cached snapshot was not applied within 10s: %v %v", revs, pools)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := b.Status(); st.AppliedRevision != r1 || st.Error != "" {
+		t.Fatalf("status from the cache %+v", st)
+	}
+	for tries.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the store was tried %d times within 10s", tries.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	up.Store(true)
+	// The store is back; a write made then reaches the node.
+	var s2 *store.Store
+	for s2 == nil {
+		// The node holds the store's directory once it opened it: write through its
+		// client, as controld would through its own.
+		if time.Now().After(deadline.Add(10 * time.Second)) {
+			t.Fatal("the node did not reach the store within 20s")
+		}
+		s2 = b.cur.Load()
+		time.Sleep(10 * time.Millisecond)
+	}
+	r2, err := s2.Put(ctx, model.KindPool, "api", pool("api", "198.18.1.2:80"), store.Any)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, s2.Client(), "l7-a", "ACK from the store back", ack(r2))
+	if got := testutil.ToFloat64(b.met.reconnects); got < 1 {
+		t.Fatalf("store reconnects %v, want at least 1", got)
+	}
+}
+
+// TestWatchAcrossCompaction: revisions compacted before the node's watch reached
+// them are not lost: the node reads the whole state again and applies it.
+func TestWatchAcrossCompaction(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	r0, err := s.Put(ctx, model.KindPool, "app", pool("app", "198.18.1.1:80"), store.Any)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The node is busy applying r0 while the store moves on and compacts.
+	busy, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	rec := &recorder{block: func(rev int64) {
+		if rev == r0 {
+			once.Do(func() { close(busy); <-release })
+		}
+	}}
+	a, err := New(Config{Store: s, Node: "l7-a", Apply: rec.apply, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, a)
+	select {
+	case <-busy:
+	case <-time.After(10 * time.Second):
+		t.Fatal("r0 not applied within 10s")
+	}
+	s.Put(ctx, model.KindPool, "api", pool("api", "198.18.1.2:80"), store.Any)
+	s.Delete(ctx, model.KindPool, "app", store.Any)
+	r3, err := s.Put(ctx, model.KindPool, "web", pool("web", "198.18.1.3:80"), store.Any)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Compact(ctx, r3); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	waitStatus(t, s.Client(), "l7-a", "ACK after the compaction", func(st Status, ok bool) bool {
+		return ok && st.AppliedRevision >= r3 && st.Error == ""
+	})
+	revs, pools := rec.applied()
+	if len(pools) != 2 || pools["api"] != 1 || pools["web"] != 1 {
+		t.Fatalf("pools in force %v, want api and web", pools)
+	}
+	// Nothing between r0 and the compaction was applied on its own: the node went
+	// from r0 to the state read again.
+	if len(revs) != 2 || revs[0] != r0 || revs[1] < r3 {
+		t.Fatalf("revisions applied %v, want %d then one at %d or later", revs, r0, r3)
+	}
+}
+
+// TestManyAgents: 50 agents in one process, sharing one store client as the
+// agents of one host would not (each node has its own), all reach a written
+// revision; the time from the write to the last ACK is logged.
+func TestManyAgents(t *testing.T) {
+	const n = 50
+	s := openStore(t, t.TempDir())
+	cli := s.Client()
+	agents := make([]*Agent, n)
+	for i := range agents {
+		a, err := New(Config{Store: s, Node: fmt.Sprintf("l7-%02d", i), Role: "l7d", Apply: (&recorder{}).apply,
+			Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents[i] = a
+		start(t, a)
+	}
+	// Every agent reports (its status written) before the write.
+	waitAll := func(what string, ok func(Status, bool) bool) time.Duration {
+		t0 := time.Now()
+		for _, a := range agents {
+			waitStatus(t, cli, a.cfg.Node, what, ok)
+		}
+		return time.Since(t0)
+	}
+	waitAll("first status", func(_ Status, ok bool) bool { return ok })
+	for round := range 3 {
+		t0 := time.Now()
+		rev, err := s.Put(ctx, model.KindPool, "app", pool("app", fmt.Sprintf("198.18.1.%d:80", round+1)), store.Any)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The agents' own view first (no store round trip), then the status keys.
+		deadline := t0.Add(10 * time.Second)
+		for _, a := range agents {
+			for a.Status().AppliedRevision < rev {
+				if time.Now().After(deadline) {
+					t.Fatalf("agent %s at %+v, not at %d within 10s", a.cfg.Node, a.Status(), rev)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		applied := time.Since(t0)
+		waitAll("ACK", ack(rev))
+		t.Logf("round %d: %d agents applied revision %d within %v of the write, all reported within %v", round, n, rev, applied, time.Since(t0))
+	}
+}
