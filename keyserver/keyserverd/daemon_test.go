@@ -385,20 +385,7 @@ func TestLameDuck(t *testing.T) {
 	startStop := time.Now()
 	stopped := make(chan error, 1)
 	go func() { stopped <- r.stop() }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		code, body := r.do("GET", "/healthz", "")
-		if code == http.StatusServiceUnavailable {
-			if !strings.Contains(body, "shutting down") {
-				t.Errorf("healthz during the lame-duck delay: %q", body)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("healthz still %d %q", code, body)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	daemontest.WaitShuttingDown(t, func() (int, string) { return r.do("GET", "/healthz", "") })
 	if got, err := r.listKeysAs(p, "l7"); err != nil || got != "a,b" {
 		t.Errorf("a client during the lame-duck delay: %q %v", got, err)
 	}

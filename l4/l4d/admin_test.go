@@ -271,20 +271,7 @@ func TestLameDuck(t *testing.T) {
 	start := time.Now()
 	stopped := make(chan error, 1)
 	go func() { stopped <- td.stop() }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		code, body := td.do("GET", "/healthz", "")
-		if code == http.StatusServiceUnavailable {
-			if !strings.Contains(body, "shutting down") {
-				t.Errorf("healthz during the lame-duck delay: %q", body)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("healthz still %d %q", code, body)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	daemontest.WaitShuttingDown(t, func() (int, string) { return td.do("GET", "/healthz", "") })
 	if !td.running.Load() {
 		t.Errorf("the datapath stopped during the lame-duck delay")
 	}

@@ -95,3 +95,25 @@ func Token(t testing.TB, file string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
+
+// WaitShuttingDown polls healthz (a GET of the daemon's /healthz, returning the status
+// code and body) until it answers 503 "shutting down", as daemon.LameDuck has it
+// answer during the lame-duck delay, and fails t if that does not come within 5 s or
+// the 503 says something else.
+func WaitShuttingDown(t testing.TB, healthz func() (int, string)) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, body := healthz()
+		if code == 503 {
+			if !strings.Contains(body, "shutting down") {
+				t.Errorf("healthz during the lame-duck delay: %q", body)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("healthz still %d %q", code, body)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
