@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -37,6 +38,19 @@ type ChangeSet struct {
 	// again, up to 10 times, then refused with a *ConflictError. It must not keep
 	// or change the snapshot.
 	Check func(*Snapshot) error
+
+	// Extra are puts of keys outside Prefix and the store's own keys (records kept
+	// beside the objects, such as a certificate's versions, which neither Check nor
+	// the nodes see), made in the same transaction as Changes. They have no
+	// condition of their own: the Changes' expected revisions guard them. Default
+	// none.
+	Extra []ExtraPut
+}
+
+// ExtraPut is one put of a ChangeSet's Extra: an etcd key and its value.
+type ExtraPut struct {
+	Key   string
+	Value []byte
 }
 
 // Put writes one object: value is its JSON, ifRevision its expected revision (Any,
@@ -58,6 +72,9 @@ func (s *Store) Delete(ctx context.Context, kind, name string, ifRevision int64)
 // object, a *CheckError what the check refused.
 func (s *Store) Commit(ctx context.Context, cs ChangeSet) (int64, error) {
 	if err := validateChanges(cs.Changes); err != nil {
+		return 0, err
+	}
+	if err := validateExtra(cs); err != nil {
 		return 0, err
 	}
 	for try := 1; ; try++ {
@@ -105,6 +122,9 @@ func (s *Store) Commit(ctx context.Context, cs ChangeSet) (int64, error) {
 			} else {
 				ops = append(ops, clientv3.OpPut(key, string(c.Value)))
 			}
+		}
+		for _, e := range cs.Extra {
+			ops = append(ops, clientv3.OpPut(e.Key, string(e.Value)))
 		}
 		ops = append(ops, clientv3.OpPut(headKey, ""))
 		resp, err := s.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
@@ -216,4 +236,26 @@ func describe(changes []Change) string {
 		return verb + " " + changes[0].Kind + "/" + changes[0].Name
 	}
 	return fmt.Sprintf("a change set of %d changes", len(changes))
+}
+
+// validateExtra checks a change set's Extra puts: keys outside Prefix and the
+// store's own, within the limits of a change set with its Changes.
+func validateExtra(cs ChangeSet) error {
+	if len(cs.Changes)+len(cs.Extra) > MaxChanges {
+		return fmt.Errorf("store: change set of %d changes and %d extra puts is over %d: %w", len(cs.Changes), len(cs.Extra), MaxChanges, ErrTooLarge)
+	}
+	size := 0
+	for _, c := range cs.Changes {
+		size += len(Key(c.Kind, c.Name)) + len(c.Value)
+	}
+	for i, e := range cs.Extra {
+		if e.Key == "" || strings.HasPrefix(e.Key, Prefix) || strings.HasPrefix(e.Key, "/tiergate/meta/") {
+			return fmt.Errorf("store: extra put %d: key %q: want a key outside %s and the store's own", i, e.Key, Prefix)
+		}
+		size += len(e.Key) + len(e.Value)
+	}
+	if size > MaxChangeSetBytes {
+		return fmt.Errorf("store: change set of %d bytes is over %d: %w", size, MaxChangeSetBytes, ErrTooLarge)
+	}
+	return nil
 }
