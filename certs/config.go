@@ -9,6 +9,15 @@
 // which cannot fail), so a daemon commits certificates only once everything else of
 // its reload was good too. Store.Load does both.
 //
+// # Certificates held in memory
+//
+// Fed by the control plane, l7d has no certificate files: Store.PrepareMem takes the
+// chains in memory (MemConfig), whose private keys only the keyservers hold, and
+// bindings that say which certificates each listener serves for which server names
+// (Set.Listener; Store.TLSConfigFor gives a listener its TLS config). It refuses the
+// whole configuration when any part of it cannot be served, where Prepare leaves a
+// bad file out.
+//
 // # Ticket keys and cloned configs
 //
 // crypto/tls copies the session ticket keys set with tls.Config.SetSessionTicketKeys

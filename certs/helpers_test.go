@@ -326,7 +326,13 @@ type tlsServer struct {
 
 func startTLSServer(t testing.TB, store *Store) *tlsServer {
 	t.Helper()
-	cfg := store.TLSConfig().Clone()
+	return serveTLS(t, store.TLSConfig())
+}
+
+// serveTLS is startTLSServer over a clone of base.
+func serveTLS(t testing.TB, base *tls.Config) *tlsServer {
+	t.Helper()
+	cfg := base.Clone()
 	cfg.NextProtos = []string{"h2", "http/1.1"}
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
 	if err != nil {

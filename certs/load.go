@@ -234,6 +234,30 @@ func (s *Store) loadCert(e entry, now time.Time) (*Cert, error) {
 	if e.keyFile == "" && e.fromDir && bytes.Contains(data, []byte("PRIVATE KEY-----")) {
 		e.keyFile = e.certFile // a combined file
 	}
+	c, err := s.newCert(e.name, chain, now, "file", e.certFile)
+	if err != nil {
+		return nil, err
+	}
+	c.CertFile, c.KeyFile, c.Remote = e.certFile, e.keyFile, e.keyFile == ""
+	leaf := c.Leaf
+	var priv crypto.Signer
+	if c.Remote {
+		priv, err = s.remoteKey(c)
+	} else {
+		priv, err = localKey(e.keyFile, leaf)
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.TLS = &tls.Certificate{Certificate: c.Chain, PrivateKey: priv, Leaf: leaf}
+	return c, nil
+}
+
+// newCert checks a parsed chain (leaf first) at now and returns its Cert without a
+// key: the leaf must be valid now and allow server authentication, and its key be of
+// a type TLS serves. An expired issuer is logged, with where (a "file" or a "version"
+// and its value).
+func (s *Store) newCert(name string, chain []*x509.Certificate, now time.Time, whereKey string, where any) (*Cert, error) {
 	leaf := chain[0]
 	if now.Before(leaf.NotBefore) {
 		return nil, fmt.Errorf("not valid before %s", leaf.NotBefore.UTC().Format(time.RFC3339))
@@ -247,7 +271,7 @@ func (s *Store) loadCert(e entry, now time.Time) (*Cert, error) {
 	for i, c := range chain[1:] {
 		if now.After(c.NotAfter) {
 			s.log.Warn("an issuer in the chain has expired; clients must find another path to a root",
-				"name", e.name, "file", e.certFile, "position", i+2, "subject", c.Subject.String(), "not_after", c.NotAfter)
+				"name", name, whereKey, where, "position", i+2, "subject", c.Subject.String(), "not_after", c.NotAfter)
 		}
 	}
 	keyType, err := keyTypeOf(leaf.PublicKey)
@@ -259,12 +283,9 @@ func (s *Store) loadCert(e entry, now time.Time) (*Cert, error) {
 		return nil, err
 	}
 	c := &Cert{
-		Name:      e.name,
-		CertFile:  e.certFile,
-		KeyFile:   e.keyFile,
+		Name:      name,
 		Leaf:      leaf,
 		KeyType:   keyType,
-		Remote:    e.keyFile == "",
 		KeyID:     id,
 		Names:     namesOf(leaf),
 		NotBefore: leaf.NotBefore,
@@ -273,16 +294,6 @@ func (s *Store) loadCert(e entry, now time.Time) (*Cert, error) {
 	for _, cert := range chain {
 		c.Chain = append(c.Chain, cert.Raw)
 	}
-	var priv crypto.Signer
-	if c.Remote {
-		priv, err = s.remoteKey(c)
-	} else {
-		priv, err = localKey(e.keyFile, leaf)
-	}
-	if err != nil {
-		return nil, err
-	}
-	c.TLS = &tls.Certificate{Certificate: c.Chain, PrivateKey: priv, Leaf: leaf}
 	return c, nil
 }
 

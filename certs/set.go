@@ -23,7 +23,10 @@ const (
 
 // Cert is one loaded certificate. It is immutable once in a Set.
 type Cert struct {
-	Name     string
+	Name string
+	// Version is the version of a certificate held in memory (MemCert.Version); 0 for
+	// one read from files.
+	Version  int
 	CertFile string
 	KeyFile  string // empty for a remote key
 	Leaf     *x509.Certificate
@@ -48,6 +51,29 @@ type Set struct {
 	wild   map[string]*group     // "*.example.com" under "example.com"
 	ips    map[netip.Addr]*group // IP address SANs, for clients that send no SNI
 	def    *Cert
+	defg   *group // a bound default (Binding.Default): chosen by what the client supports
+
+	// views, for a Set built from bindings (Store.PrepareMem), is what each listener
+	// serves, by listener name; nil for a Set read from files, which every listener
+	// serves whole.
+	views map[string]*Set
+}
+
+// emptySet serves no certificate: the view of a listener no binding names.
+var emptySet = newSet(nil, "")
+
+// Listener returns what the listener named name serves: the Set itself when it was
+// read from files (Store.Prepare), which every listener serves whole; for a Set built
+// from bindings (Store.PrepareMem), the certificates bound to that listener for the
+// server names of their bindings, and an empty Set for a listener no binding names.
+func (set *Set) Listener(name string) *Set {
+	if set.views == nil {
+		return set
+	}
+	if v := set.views[name]; v != nil {
+		return v
+	}
+	return emptySet
 }
 
 // group is the certificates for one name: preferred lists them by preference of key
@@ -162,6 +188,9 @@ func (set *Set) Select(hello *tls.ClientHelloInfo) (*Cert, error) {
 				return g.choose(hello), nil
 			}
 		}
+	}
+	if set.defg != nil {
+		return set.defg.choose(hello), nil
 	}
 	if set.def != nil {
 		return set.def, nil
