@@ -27,6 +27,16 @@
 // whose key is gone is lost. The status keys are outside the object prefix
 // (store.Prefix), so snapshots and watches do not see them.
 //
+// # A node's control section
+//
+// NodeConfig is the control section every daemon's own file embeds (node,
+// etcd_endpoints, ca_file, cert_file, key_file, username, password_file,
+// cache_file, dial_timeout), with Validate naming fields by path, and
+// NodeConfig.Open the function for Config.Open: a client of the store's etcd at
+// etcd_endpoints (TLS, client certificate, etcd user and password file as
+// given). controld's embedded etcd serves nodes on its machine at a loopback URL
+// with -etcd-listen; an external cluster is reached at its own URLs.
+//
 // # Outages
 //
 // Each snapshot applied is kept in Config.CacheFile with its revision, written

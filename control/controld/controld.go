@@ -38,6 +38,9 @@ flags (both commands):
   -etcd-cert FILE        client certificate for it (with -etcd-key)
   -etcd-key FILE         its private key
   -etcd-ca FILE          CA its server certificate chains to
+  -etcd-listen URL       a loopback URL the embedded etcd also serves, for the nodes on
+                         this machine (their control.etcd_endpoints), e.g.
+                         http://127.0.0.1:2379; default none (its unix socket only)
   -log-level LEVEL       debug, info, warn or error; default info
   -lame-duck DURATION    on SIGTERM, answer /healthz 503 this long before stopping; default 0
 `
@@ -60,6 +63,11 @@ type Config struct {
 	// client TLS files for it (store.Config). Default none: the embedded etcd.
 	Endpoints                 []string
 	CertFile, KeyFile, CAFile string
+	// EtcdListen is a loopback URL (http://127.0.0.1:2379) the embedded etcd also
+	// serves its clients on, which the nodes on this machine use as their
+	// control.etcd_endpoints (store.Config.ListenClientURL). Only embedded. Default
+	// none.
+	EtcdListen string
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string
 	// LameDuck is how long /healthz answers 503 before the stop. Default 0.
@@ -78,7 +86,7 @@ func (c *Config) Defaults() {
 
 // StoreConfig returns the store's configuration.
 func (c *Config) StoreConfig() store.Config {
-	sc := store.Config{Endpoints: c.Endpoints, CertFile: c.CertFile, KeyFile: c.KeyFile, CAFile: c.CAFile}
+	sc := store.Config{Endpoints: c.Endpoints, CertFile: c.CertFile, KeyFile: c.KeyFile, CAFile: c.CAFile, ListenClientURL: c.EtcdListen}
 	if len(c.Endpoints) == 0 {
 		sc.Dir = filepath.Join(c.DataDir, "store")
 	}
@@ -131,6 +139,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.CertFile, "etcd-cert", "", "etcd client certificate `file`")
 	fs.StringVar(&c.KeyFile, "etcd-key", "", "etcd client key `file`")
 	fs.StringVar(&c.CAFile, "etcd-ca", "", "etcd CA `file`")
+	fs.StringVar(&c.EtcdListen, "etcd-listen", "", "loopback `URL` the embedded etcd also serves, for nodes")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log `level`")
 	fs.DurationVar(&c.LameDuck, "lame-duck", 0, "lame-duck `duration`")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -169,8 +178,27 @@ type Daemon struct {
 	Stderr io.Writer
 
 	daemon.Base
-	addr net.Addr
+	addr          net.Addr
+	nodeEndpoints []string
 }
+
+// nodeEndpoints returns the URLs of the store nodes use: an external cluster's
+// endpoints, or the embedded etcd's loopback URL (not its unix socket, which only
+// controld's user may open).
+func nodeEndpoints(st *store.Store, external bool) []string {
+	var out []string
+	for _, u := range st.ClientURLs() {
+		if external || strings.HasPrefix(u, "http://") {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// NodeEndpoints returns the etcd_endpoints the nodes use to reach the store, once
+// Serving is closed: an external cluster's, or the embedded etcd's -etcd-listen
+// URL with the port it got; none when the embedded etcd serves no address.
+func (d *Daemon) NodeEndpoints() []string { return d.nodeEndpoints }
 
 // Check validates the configuration and writes a summary to stdout.
 func (d *Daemon) Check(stdout io.Writer) error {
@@ -181,9 +209,15 @@ func (d *Daemon) Check(stdout io.Writer) error {
 	fmt.Fprintf(stdout, "listen %s\ndata dir %s\n", d.Config.Listen, d.Config.DataDir)
 	if len(d.Config.Endpoints) > 0 {
 		fmt.Fprintf(stdout, "store: external etcd %s\n", strings.Join(d.Config.Endpoints, ", "))
+		fmt.Fprintf(stdout, "nodes' etcd_endpoints: %s\n", strings.Join(d.Config.Endpoints, ", "))
 	} else {
 		sc := d.Config.StoreConfig()
 		fmt.Fprintf(stdout, "store: embedded etcd in %s (quota %d bytes, keeping %d revisions)\n", sc.Dir, sc.QuotaBackendBytes, sc.CompactionRetention)
+		if d.Config.EtcdListen != "" {
+			fmt.Fprintf(stdout, "nodes' etcd_endpoints: %s\n", d.Config.EtcdListen)
+		} else {
+			fmt.Fprintf(stdout, "nodes' etcd_endpoints: none (the embedded etcd serves its unix socket only; -etcd-listen for nodes)\n")
+		}
 	}
 	fmt.Fprintf(stdout, "first admin token: %s, generated when the store has no token\n", filepath.Join(d.Config.DataDir, TokenFile))
 	return nil
@@ -214,6 +248,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return fmt.Errorf("opening the store: %w", err)
 	}
 	defer st.Close()
+	d.nodeEndpoints = nodeEndpoints(st, len(d.Config.Endpoints) > 0)
+	if len(d.nodeEndpoints) > 0 {
+		d.Log.Info("nodes reach the store at these etcd_endpoints", "etcd_endpoints", strings.Join(d.nodeEndpoints, ","))
+	} else {
+		d.Log.Info("the embedded store serves no address for nodes (-etcd-listen to give one)")
+	}
 	srv := api.New(st, d.Log)
 	tok, err := srv.EnsureAdminToken(ctx)
 	if err != nil {

@@ -3,6 +3,7 @@ package controld
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
@@ -121,4 +123,48 @@ func TestCheck(t *testing.T) {
 	if code := Main([]string{"frob"}, &out, &errb); code != 2 {
 		t.Fatalf("unknown command: %d", code)
 	}
+}
+
+// TestEtcdListen: with -etcd-listen the embedded etcd serves a loopback URL, which
+// controld logs and the nodes reach the store at; a non-loopback URL is refused.
+func TestEtcdListen(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := Main([]string{"check", "-data-dir", t.TempDir(), "-etcd-listen", "http://127.0.0.1:2379"}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "nodes' etcd_endpoints: http://127.0.0.1:2379") {
+		t.Fatalf("check: %d %s %s", code, out.String(), errb.String())
+	}
+	errb.Reset()
+	if code := Main([]string{"check", "-data-dir", t.TempDir(), "-etcd-listen", "http://0.0.0.0:2379"}, &out, &errb); code != 1 ||
+		!strings.Contains(errb.String(), "listen_client_url") || !strings.Contains(errb.String(), "loopback") {
+		t.Fatalf("check of a non-loopback etcd URL: %d %s", code, errb.String())
+	}
+
+	logs := &testenv.LockedBuffer{}
+	d := &Daemon{Config: Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", EtcdListen: "http://127.0.0.1:0"}, Stderr: logs}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	select {
+	case <-d.Serving():
+	case err := <-done:
+		t.Fatalf("run: %v\n%s", err, logs)
+	case <-time.After(time.Minute):
+		t.Fatalf("not serving after a minute\n%s", logs)
+	}
+	eps := d.NodeEndpoints()
+	if len(eps) != 1 || !strings.HasPrefix(eps[0], "http://127.0.0.1:") || strings.HasSuffix(eps[0], ":0") {
+		t.Fatalf("node endpoints %v", eps)
+	}
+	if !strings.Contains(logs.String(), eps[0]) {
+		t.Errorf("the nodes' endpoint is not logged:\n%s", logs)
+	}
+	st, err := store.Open(ctx, store.Config{Endpoints: eps, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("a node's store at %v: %v", eps, err)
+	}
+	st.Close()
 }

@@ -3,8 +3,11 @@ package store
 import (
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/tiergate/tiergate/internal/config"
@@ -35,6 +38,21 @@ type Config struct {
 	// CAFile is the CA certificate (PEM) an external etcd's server certificate must
 	// chain to. Only with Endpoints. Default: the system's roots for https endpoints.
 	CAFile string `yaml:"ca_file,omitempty" json:"ca_file,omitempty"`
+
+	// Username and PasswordFile authenticate to an external etcd with authentication
+	// on (etcd's users and roles, as control/agent.GrantNode sets up for a node):
+	// the user's name, and a file holding its password (the first line; the file
+	// should be mode 0600). Both or neither; only with Endpoints. Default none.
+	Username     string `yaml:"username,omitempty" json:"username,omitempty"`
+	PasswordFile string `yaml:"password_file,omitempty" json:"password_file,omitempty"`
+
+	// ListenClientURL is a loopback URL the embedded etcd also serves its clients on,
+	// besides its unix socket, so that the nodes on the same machine (or network
+	// namespace) reach the store: "http://127.0.0.1:2379". Plain HTTP with no
+	// authentication, which is why only a loopback address is taken; port 0 picks a
+	// free port (Store.ClientURLs says which). Only embedded. Default none: the
+	// unix socket only.
+	ListenClientURL string `yaml:"listen_client_url,omitempty" json:"listen_client_url,omitempty"`
 
 	// DialTimeout bounds connecting to etcd when the Store opens. Default 5s.
 	DialTimeout config.Duration `yaml:"dial_timeout,omitempty" json:"dial_timeout,omitempty"`
@@ -139,11 +157,22 @@ func (c *Config) Validate() error {
 	if (c.CertFile == "") != (c.KeyFile == "") {
 		ck.Addf("cert_file", "cert_file and key_file go together")
 	}
+	if (c.Username == "") != (c.PasswordFile == "") {
+		ck.Addf("username", "username and password_file go together")
+	}
 	if !external {
-		for _, f := range []struct{ path, v string }{{"cert_file", c.CertFile}, {"key_file", c.KeyFile}, {"ca_file", c.CAFile}} {
+		for _, f := range []struct{ path, v string }{{"cert_file", c.CertFile}, {"key_file", c.KeyFile}, {"ca_file", c.CAFile},
+			{"username", c.Username}, {"password_file", c.PasswordFile}} {
 			if f.v != "" {
 				ck.Addf(f.path, "only for an external etcd (endpoints)")
 			}
+		}
+	}
+	if c.ListenClientURL != "" {
+		if external {
+			ck.Addf("listen_client_url", "only for the embedded etcd (not with endpoints)")
+		} else if err := CheckLoopbackURL(c.ListenClientURL); err != nil {
+			ck.Add("listen_client_url", err)
 		}
 	}
 	for _, d := range []struct {
@@ -164,6 +193,30 @@ func (c *Config) Validate() error {
 	}
 	if err := ck.Err(); err != nil {
 		return fmt.Errorf("store: %w", err)
+	}
+	return nil
+}
+
+// CheckLoopbackURL returns an error unless u is an http URL of a loopback IP
+// address with a port and nothing else ("http://127.0.0.1:2379", "http://[::1]:0").
+func CheckLoopbackURL(u string) error {
+	p, err := url.Parse(u)
+	if err != nil {
+		return err
+	}
+	if p.Scheme != "http" || p.Host == "" || p.User != nil || (p.Path != "" && p.Path != "/") || p.RawQuery != "" || p.Fragment != "" {
+		return fmt.Errorf("%q: want http://<loopback IP>:<port>", u)
+	}
+	host, port, err := net.SplitHostPort(p.Host)
+	if err != nil || port == "" {
+		return fmt.Errorf("%q: want http://<loopback IP>:<port>", u)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("%q: port %q: want 0 to 65535", u, port)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !ip.Unmap().IsLoopback() {
+		return fmt.Errorf("%q: only a loopback IP address (127.0.0.1, ::1): the store is served there without TLS or authentication", u)
 	}
 	return nil
 }

@@ -16,7 +16,11 @@
 // uses an external etcd cluster instead, over TLS with a client certificate, and
 // several processes may share it; compaction and the quota are then that cluster's
 // flags (--auto-compaction-mode=revision --auto-compaction-retention=10000
-// --quota-backend-bytes=2147483648 are the embedded settings).
+// --quota-backend-bytes=2147483648 are the embedded settings), and an etcd user
+// with its password file (Config.Username, Config.PasswordFile) when the cluster
+// has authentication on. Config.ListenClientURL has the embedded etcd serve a
+// loopback http URL as well, for the nodes on the same machine, which open the
+// store there as an external one (Store.ClientURLs says where).
 //
 // # Keys
 //

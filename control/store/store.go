@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -74,6 +77,14 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		Logger:      newZapLogger(s.log, "etcd-client", s.closing),
 		Context:     context.Background(),
 	}
+	if cfg.PasswordFile != "" {
+		pw, err := readPassword(cfg.PasswordFile)
+		if err != nil {
+			s.stopEmbedded()
+			return nil, err
+		}
+		ccfg.Username, ccfg.Password = cfg.Username, pw
+	}
 	if cfg.CertFile != "" || cfg.CAFile != "" {
 		tlsInfo := transport.TLSInfo{CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, TrustedCAFile: cfg.CAFile}
 		tc, err := tlsInfo.ClientConfig()
@@ -98,6 +109,20 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("store: reaching etcd at %v: %w", endpoints, err)
 	}
 	return s, nil
+}
+
+// readPassword returns the first line of the file at path.
+func readPassword(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("store: etcd password: %w", err)
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	line = strings.TrimRight(line, "\r")
+	if line == "" {
+		return "", fmt.Errorf("store: etcd password: %s is empty", path)
+	}
+	return line, nil
 }
 
 // startEmbedded starts the embedded etcd in cfg.Dir and returns its client URL.
@@ -133,6 +158,15 @@ func (s *Store) startEmbedded(ctx context.Context) (string, error) {
 	ec.Name = memberName
 	ec.Dir = filepath.Join(dir, etcdSubdir)
 	ec.ListenClientUrls = []url.URL{clientURL}
+	if s.cfg.ListenClientURL != "" {
+		u, err := url.Parse(s.cfg.ListenClientURL)
+		if err != nil { // Validate parsed it
+			s.unlock()
+			return "", fmt.Errorf("store: listen_client_url: %w", err)
+		}
+		u.Path = ""
+		ec.ListenClientUrls = append(ec.ListenClientUrls, *u)
+	}
 	ec.AdvertiseClientUrls = []url.URL{clientURL}
 	ec.ListenPeerUrls = nil
 	ec.AdvertisePeerUrls = []url.URL{peerURL}
@@ -165,7 +199,7 @@ func (s *Store) startEmbedded(ctx context.Context) (string, error) {
 		s.stopEmbedded()
 		return "", fmt.Errorf("store: starting the embedded etcd: %w", ctx.Err())
 	}
-	s.log.Info("embedded etcd ready", "dir", ec.Dir, "socket", sock,
+	s.log.Info("embedded etcd ready", "dir", ec.Dir, "socket", sock, "client_urls", strings.Join(s.ClientURLs(), " "),
 		"quota_backend_bytes", ec.QuotaBackendBytes, "compaction_retention_revisions", s.cfg.CompactionRetention)
 	return clientURL.String(), nil
 }
@@ -206,6 +240,26 @@ func (s *Store) Close() error {
 	}
 	s.stopEmbedded()
 	return err
+}
+
+// ClientURLs returns the client URLs of the etcd the Store uses, as other
+// processes reach it: for an embedded etcd, the unix socket and the loopback URL
+// of Config.ListenClientURL (with the port it got, for port 0); for an external
+// one, Config.Endpoints. Nodes are given these as their etcd_endpoints.
+func (s *Store) ClientURLs() []string {
+	if s.etcd == nil {
+		return slices.Clone(s.cfg.Endpoints)
+	}
+	var out []string
+	for _, l := range s.etcd.Clients {
+		switch a := l.Addr().(type) {
+		case *net.UnixAddr:
+			out = append(out, "unix://"+a.Name)
+		case *net.TCPAddr:
+			out = append(out, "http://"+a.String())
+		}
+	}
+	return out
 }
 
 // Client returns the etcd client, for what the Store does not wrap (leases).

@@ -588,6 +588,12 @@ func TestConfigValidate(t *testing.T) {
 		{Config{Dir: "/x", QuotaBackendBytes: 1 << 20}, "quota_backend_bytes: 1048576: below 64 MiB"},
 		{Config{Dir: "/x", DialTimeout: -1}, "dial_timeout"},
 		{Config{Dir: "/x", CompactionRetention: -1}, "compaction_retention"},
+		{Config{Endpoints: []string{"https://h:2379"}, Username: "n"}, "username: username and password_file go together"},
+		{Config{Dir: "/x", Username: "n", PasswordFile: "p"}, "username: only for an external etcd"},
+		{Config{Dir: "/x", ListenClientURL: "http://0.0.0.0:2379"}, "listen_client_url: \"http://0.0.0.0:2379\": only a loopback"},
+		{Config{Dir: "/x", ListenClientURL: "https://127.0.0.1:2379"}, "listen_client_url: \"https://127.0.0.1:2379\": want http"},
+		{Config{Dir: "/x", ListenClientURL: "http://127.0.0.1"}, "listen_client_url"},
+		{Config{Endpoints: []string{"https://h:2379"}, ListenClientURL: "http://127.0.0.1:2379"}, "listen_client_url: only for the embedded"},
 	} {
 		err := tc.cfg.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -596,6 +602,47 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := (&Config{Dir: "/x"}).Validate(); err != nil {
 		t.Errorf("a directory alone: %v", err)
+	}
+	if err := (&Config{Dir: "/x", ListenClientURL: "http://[::1]:2379"}).Validate(); err != nil {
+		t.Errorf("a loopback listen URL: %v", err)
+	}
+}
+
+// TestListenClientURL: the embedded etcd serves its loopback URL too (with the
+// port it got for port 0), and a store opened there as an external one sees the
+// same objects.
+func TestListenClientURL(t *testing.T) {
+	log, _ := testLogger(t, slog.LevelWarn)
+	s, err := Open(ctx, Config{Dir: t.TempDir(), ListenClientURL: "http://127.0.0.1:0", Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	urls := s.ClientURLs()
+	var tcp string
+	for _, u := range urls {
+		if strings.HasPrefix(u, "http://127.0.0.1:") && !strings.HasSuffix(u, ":0") {
+			tcp = u
+		}
+	}
+	if len(urls) != 2 || !strings.HasPrefix(urls[0], "unix://") || tcp == "" {
+		t.Fatalf("client URLs %v, want the socket and a loopback URL with its port", urls)
+	}
+	rev, err := s.Put(ctx, "pool", "app", []byte(`{"a":1}`), Any)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := Open(ctx, Config{Endpoints: []string{tcp}, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	o, err := other.Get(ctx, "pool", "app")
+	if err != nil || o.ModRevision != rev {
+		t.Fatalf("through %s: %+v %v", tcp, o, err)
+	}
+	if got := other.ClientURLs(); len(got) != 1 || got[0] != tcp {
+		t.Fatalf("an external store's client URLs %v", got)
 	}
 }
 
