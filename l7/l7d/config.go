@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tiergate/tiergate/certs"
+	"github.com/tiergate/tiergate/control/agent"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver/client"
@@ -32,7 +33,29 @@ import (
 // names a bad field by its path from the top ("listeners[0].client_ip.proxy_timeout",
 // "tunnel.one_way_idle"). deploy/l7d.yaml is a full example.
 type FileConfig struct {
-	// Listeners terminate TLS (TCP) and QUIC (UDP) on the same address. Required.
+	// Control, when set, has l7d take its listeners, routing, pools, certificates and
+	// certificate bindings from the control plane's store (package control/agent):
+	// this node's name there, the store's etcd endpoints and credentials, and the
+	// cache file of the last configuration applied (default
+	// <state_dir>/control-snapshot.json, or control-snapshot.json in
+	// /var/lib/tiergate/l7d without a state_dir). The file then keeps only what is
+	// the node's own (keyservers, which are required, tunnel, admin endpoint,
+	// state_dir, blacklists, ticket key files, process settings, node_listeners)
+	// and must not give listeners, routing, backends or certificates (their files,
+	// dir or default). See controlmode.go. Changing it takes a restart. Default none:
+	// everything comes from this file.
+	Control *agent.NodeConfig `yaml:"control" json:"control,omitempty"`
+
+	// NodeListeners are this node's own settings of the listeners the control plane
+	// gives, by listener name (only with control): the address it binds, its QUIC
+	// server ID and where its clients' addresses come from. A name the control
+	// plane does not have is ignored. Default: the listener as the control plane
+	// gives it, with random QUIC connection IDs and the packet's source as client
+	// address.
+	NodeListeners map[string]NodeListener `yaml:"node_listeners" json:"node_listeners,omitempty"`
+
+	// Listeners terminate TLS (TCP) and QUIC (UDP) on the same address. Required
+	// without control, refused with it.
 	Listeners []ListenerFile `yaml:"listeners" json:"listeners"`
 
 	// Routing is the routing policy (package policy/route): per listener, virtual
@@ -53,7 +76,8 @@ type FileConfig struct {
 	Blacklists map[string]blacklist.ListConfig `yaml:"blacklists" json:"blacklists,omitempty"`
 
 	// Certificates: files or a directory, the default name, and the ticket keys shared
-	// by the cluster. Required (at least one certificate).
+	// by the cluster. Required (at least one certificate) without control; with it,
+	// only ticket_key_files and ticket_key_max_age may be given.
 	Certificates certs.Config `yaml:"certificates" json:"certificates"`
 
 	// KeyServers is where remote private keys live. Default: none (every certificate
@@ -155,6 +179,11 @@ type FileConfig struct {
 	// than l7d's own code. N > 0 fixes N; -1 leaves the runtime's own setting. A
 	// GOMAXPROCS environment variable wins over this.
 	GOMAXPROCS int `yaml:"gomaxprocs" json:"gomaxprocs,omitempty"`
+
+	// mem, with control, is the certificates of the snapshot in force and their
+	// bindings (withSnapshot); nil for the file form. revision is the snapshot's.
+	mem      *certs.MemConfig
+	revision int64
 }
 
 // ListenerFile is one listener: its settings (l7.Listener: name, address, pool,
@@ -257,6 +286,13 @@ func (c *FileConfig) validate() error {
 			ck.Addf(config.Index("admin_hosts", i), "%q: want a host name or address", h)
 		}
 	}
+	if c.Control != nil {
+		c.validateControl(&ck)
+		return ck.Err()
+	}
+	if len(c.NodeListeners) > 0 {
+		ck.Addf("node_listeners", "only with control: a listener's own settings are under listeners")
+	}
 	if len(c.Listeners) == 0 {
 		ck.Addf("listeners", "at least one is required")
 	}
@@ -318,6 +354,13 @@ func (c *FileConfig) validate() error {
 	if len(c.Certificates.Certificates) == 0 && c.Certificates.Dir == "" {
 		ck.Addf("certificates", "give certificates or dir")
 	}
+	c.validateNode(&ck)
+	return ck.Err()
+}
+
+// validateNode checks what is the node's own in both forms: ticket keys, tunnel,
+// keyservers.
+func (c *FileConfig) validateNode(ck *config.Checker) {
 	if c.Certificates.TicketKeyMaxAge == 0 {
 		c.Certificates.TicketKeyMaxAge = certs.DefaultTicketKeyMaxAge
 	}
@@ -330,7 +373,6 @@ func (c *FileConfig) validate() error {
 	if c.KeyServers != nil {
 		ck.Nest("keyservers", c.KeyServers.Validate())
 	}
-	return ck.Err()
 }
 
 // keyserverTLS loads the client certificate and the keyservers' CA (the client

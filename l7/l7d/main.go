@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tiergate/tiergate/certs"
+	"github.com/tiergate/tiergate/control/model"
 	"github.com/tiergate/tiergate/internal/autoprocs"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver/client"
@@ -80,6 +81,10 @@ type Daemon struct {
 
 	reloads *prometheus.CounterVec
 	procs   *autoprocs.Controller // nil unless GOMAXPROCS is sized to the load
+
+	// started is closed once the L7 server serves: at once in the file form, at the
+	// first snapshot applied with control.
+	started chan struct{}
 }
 
 // DefaultTokenDir is where l7d generates its admin token (admin.token) when neither
@@ -155,8 +160,10 @@ func (d *Daemon) setup(check bool) error {
 		}
 	}
 	d.store = certs.NewStore(certs.Options{KeyServer: d.ks, Registerer: d.Reg, Logger: d.Log})
-	if err := d.loadCerts(cfg); err != nil {
-		return err
+	if cfg.Control == nil {
+		if err := d.loadCerts(cfg); err != nil {
+			return err
+		}
 	}
 	d.ticketKeys.check(cfg.Certificates, d.Log)
 	d.Reg.MustRegister(&d.ticketKeys)
@@ -164,16 +171,19 @@ func (d *Daemon) setup(check bool) error {
 	if err := d.lists.Global().MetricsError(); err != nil {
 		return err
 	}
-	for _, l := range cfg.Listeners {
-		d.listenerNames = append(d.listenerNames, l.Name)
-	}
 	d.bl = blacklist.NewStore(d.lists, cfg.StateDir, d.Log)
-	lists, err := d.bl.Prepare(cfg.Blacklists, listNames(cfg))
-	if err != nil {
-		return err
+	d.started = make(chan struct{})
+	c := &control{d: d, file: cfg}
+	if cfg.Control == nil {
+		for _, l := range cfg.Listeners {
+			d.listenerNames = append(d.listenerNames, l.Name)
+		}
+		lists, err := d.bl.Prepare(cfg.Blacklists, listNames(cfg))
+		if err != nil {
+			return err
+		}
+		d.bl.Commit(lists)
 	}
-	d.bl.Commit(lists)
-	c := &control{d: d}
 	c.setConfig(cfg)
 	d.startOwner(c)
 	return nil
@@ -197,6 +207,10 @@ func listNames(cfg *FileConfig) []string {
 type control struct {
 	d   *Daemon
 	cfg *FileConfig // the configuration in force
+	// file is the configuration file as read; with control, snap is the snapshot in
+	// force (nil before the first) and cfg is file with snap (withSnapshot).
+	file *FileConfig
+	snap *model.Snapshot
 }
 
 // startOwner starts the goroutine that owns c; close stops it.
@@ -260,7 +274,7 @@ func (d *Daemon) l7Config(cfg *FileConfig, pol decider) l7.Config {
 				return clientip.NewListenerWithOptions(ln, res, clientip.Options{Name: name, Registerer: d.Reg, Logger: d.Log})
 			}
 		}
-		c.Listeners = append(c.Listeners, l7.ListenerConfig{Listener: l.Listener, TLS: d.store.TLSConfig(), WrapListener: wrap})
+		c.Listeners = append(c.Listeners, l7.ListenerConfig{Listener: l.Listener, TLS: d.store.TLSConfigFor(l.Name), WrapListener: wrap})
 	}
 	return c
 }
@@ -272,6 +286,10 @@ func (d *Daemon) Check(out io.Writer) error {
 		return err
 	}
 	defer d.close()
+	if nc := d.current().Control; nc != nil {
+		fmt.Fprintf(out, "listeners, routing and certificates from the control plane: node %s, etcd %v, cache %s\n",
+			nc.Node, nc.EtcdEndpoints, nc.CacheFile)
+	}
 	for _, c := range d.store.Set().Certs() {
 		where := "local key"
 		if c.Remote {
@@ -300,13 +318,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	defer d.close()
 	cfg := d.current()
-	if err := d.bl.PrepareDir(listNames(cfg)); err != nil {
-		return err
-	}
-	pol, err := newDecider(cfg, d.lists, d.Log)
-	if err != nil {
-		return err
-	}
 	// The tunnel comes first: it puts the VIPs on its device, which listeners may
 	// bind to. It goes last, after the requests in flight have been answered through it.
 	tunErr := make(chan error, 1)
@@ -317,14 +328,29 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		defer stop()
 	}
-	srv, err := l7.NewServer(d.l7Config(cfg, pol))
-	if err != nil {
-		return err
+	if cfg.Control == nil {
+		if err := d.startFile(cfg); err != nil {
+			return err
+		}
+	} else {
+		// The agent's first snapshot applied starts the server (control.start).
+		stopAgent, err := d.runAgent(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		defer stopAgent()
+		d.Log.Info("waiting for the configuration from the control plane", "node", cfg.Control.Node,
+			"etcd", cfg.Control.EtcdEndpoints, "cache", cfg.Control.CacheFile)
+		select {
+		case <-d.started:
+		case <-ctx.Done():
+			return nil
+		case err := <-tunErr:
+			return fmt.Errorf("tunnel: %w", err)
+		}
+		cfg = d.current()
 	}
-	if err := srv.Start(); err != nil {
-		return err
-	}
-	d.srv = srv
+	srv := d.srv
 	if d.procs != nil {
 		pctx, stopProcs := context.WithCancel(context.Background())
 		procsDone := make(chan struct{})
@@ -361,6 +387,27 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// startFile starts the L7 server of the file form.
+func (d *Daemon) startFile(cfg *FileConfig) error {
+	if err := d.bl.PrepareDir(listNames(cfg)); err != nil {
+		return err
+	}
+	pol, err := newDecider(cfg, d.lists, d.Log)
+	if err != nil {
+		return err
+	}
+	srv, err := l7.NewServer(d.l7Config(cfg, pol))
+	if err != nil {
+		return err
+	}
+	if err := srv.Start(); err != nil {
+		return err
+	}
+	d.srv = srv
+	close(d.started)
+	return nil
 }
 
 // stop is the lame-duck stop: /healthz answers 503 "shutting down" for lame_duck
@@ -414,13 +461,7 @@ func (d *Daemon) Reload() error {
 }
 
 func (c *control) reload() (err error) {
-	defer func() {
-		result := "ok"
-		if err != nil {
-			result = "error"
-		}
-		c.d.reloads.WithLabelValues(result).Inc()
-	}()
+	defer func() { c.d.countReload(err) }()
 	next, err := c.prepare()
 	if err != nil {
 		return err
@@ -430,9 +471,19 @@ func (c *control) reload() (err error) {
 	return nil
 }
 
+// countReload counts a reload, or a snapshot applied, by its result.
+func (d *Daemon) countReload(err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	d.reloads.WithLabelValues(result).Inc()
+}
+
 // reload is a configuration read, checked and built by prepare, ready for commit:
 // nothing of it is in force yet.
 type reload struct {
+	file   *FileConfig // the file as read; cfg is it with the snapshot in force
 	cfg    *FileConfig
 	admin  daemon.AdminAccess
 	certs  *certs.Prepared
@@ -445,13 +496,34 @@ type reload struct {
 // take a restart, reads the admin token, reads the blacklist state files and the files
 // that changed, builds the certificate set and ticket keys (reaching the keyservers
 // for remote keys) and has the L7 server check its new configuration (listeners,
-// routing).
+// routing). With control, the file is read with the snapshot in force; before the
+// first one, only the file's own settings are checked, then put in force.
 func (c *control) prepare() (*reload, error) {
-	d, cur := c.d, c.cfg
-	cfg, err := LoadConfig(d.Path)
+	file, err := LoadConfig(c.d.Path)
 	if err != nil {
 		return nil, err
 	}
+	if !reflect.DeepEqual(file.Control, c.file.Control) {
+		return nil, &restartError{"control"}
+	}
+	cfg := file
+	if c.snap != nil {
+		if cfg, err = file.withSnapshot(c.snap); err != nil {
+			return nil, err
+		}
+	}
+	r, err := c.prepareConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	r.file = file
+	return r, nil
+}
+
+// prepareConfig is prepare of a configuration cfg, from the file or the file with a
+// snapshot.
+func (c *control) prepareConfig(cfg *FileConfig) (*reload, error) {
+	d, cur := c.d, c.cfg
 	if !sameKeyServers(cfg.KeyServers, cur.KeyServers) {
 		return nil, &restartError{"keyservers"}
 	}
@@ -467,9 +539,13 @@ func (c *control) prepare() (*reload, error) {
 	if err := checkProxyProtocol(cur, cfg); err != nil {
 		return nil, err
 	}
-	r := &reload{cfg: cfg}
+	r := &reload{file: c.file, cfg: cfg}
+	var err error
 	if r.admin, err = d.ReadAdminAccess(cfg.admin()); err != nil {
 		return nil, err
+	}
+	if d.srv == nil {
+		return r, nil // with control, before the first snapshot: the file's own settings only
 	}
 	pol, err := newDecider(cfg, d.lists, d.Log)
 	if err != nil {
@@ -478,7 +554,12 @@ func (c *control) prepare() (*reload, error) {
 	if r.lists, err = d.bl.Prepare(cfg.Blacklists, listNames(cfg)); err != nil {
 		return nil, err
 	}
-	if r.certs, _, err = d.store.Prepare(cfg.Certificates); err != nil {
+	if cfg.mem != nil {
+		r.certs, err = d.store.PrepareMem(*cfg.mem)
+	} else {
+		r.certs, _, err = d.store.Prepare(cfg.Certificates)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("certificates: %w", err)
 	}
 	if r.server, err = d.srv.Prepare(d.l7Config(cfg, pol)); err != nil {
@@ -494,9 +575,12 @@ func (c *control) prepare() (*reload, error) {
 // with it); then it warns when the newest ticket key is
 // older than ticket_key_max_age.
 func (c *control) commitReload(r *reload) {
-	c.d.store.Commit(r.certs)
-	c.d.srv.Commit(r.server)
-	c.d.bl.Commit(r.lists)
+	if r.server != nil {
+		c.d.store.Commit(r.certs)
+		c.d.srv.Commit(r.server)
+		c.d.bl.Commit(r.lists)
+	}
+	c.file = r.file
 	c.d.SetAdminAccess(r.admin)
 	c.d.SetLevel(r.cfg.LogLevel)
 	c.setConfig(r.cfg)
