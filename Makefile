@@ -25,7 +25,7 @@ ifneq ($(STDPATCH_OVERLAY),)
 export GOFLAGS := $(strip $(GOFLAGS) -overlay=$(STDPATCH_OVERLAY) -tags=tiergate_stdpatch)
 endif
 
-.PHONY: all build deps test stdpatch-check vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 demo clean vuln
+.PHONY: all build deps test stdpatch-check vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 bench-control demo clean vuln
 
 all: build
 
@@ -85,7 +85,7 @@ fuzz:
 vuln:
 	GO=$(GO) tools/vuln.sh
 
-bench: bench-keyserver bench-handshake bench-policy bench-l4
+bench: bench-keyserver bench-handshake bench-policy bench-l4 bench-control
 
 bench-keyserver: deps build
 	$(GO) run ./bench/keyserver
@@ -98,6 +98,9 @@ bench-policy: deps build
 
 bench-l4: deps build
 	$(GO) run ./bench/l4
+
+bench-control: deps build
+	$(GO) run ./bench/control
 
 demo: deps build
 	$(BIN)/tgdemo -dir $(DEMO_DIR) -bin $(BIN)
