@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"errors"
 
-	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/control/store"
+	"github.com/tiergate/tiergate/internal/config"
 )
 
 // Checker does what Check does and returns the snapshot, reusing the decoding and
