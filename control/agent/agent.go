@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +39,25 @@ const (
 // StatusKey returns the key of node's status.
 func StatusKey(node string) string { return StatusPrefix + node }
 
+// SeenPrefix is the prefix of the nodes' seen records: /tiergate/seen/v1/<node>.
+// A seen record is the node's status as last written, under no lease: it stays
+// when the status key goes away, so a node that stopped reporting is known and
+// shown as lost.
+const SeenPrefix = "/tiergate/seen/v1/"
+
+// SeenKey returns the key of node's seen record.
+func SeenKey(node string) string { return SeenPrefix + node }
+
+// CertInUse is a certificate a node serves.
+type CertInUse struct {
+	// Name is the certificate's name in the store.
+	Name string `json:"name"`
+	// Version is the certificate version the node serves.
+	Version int `json:"version"`
+	// SHA256 is the SHA-256 of the leaf certificate's DER, in hex.
+	SHA256 string `json:"sha256"`
+}
+
 // Status is what a node reports at StatusKey: an ACK (Error empty) or a NACK.
 type Status struct {
 	// Node and Role name the node and what it is (l7d, l4d, keyserverd).
@@ -50,6 +70,12 @@ type Status struct {
 	RefusedRevision int64 `json:"refused_revision,omitempty"`
 	// Error says why the snapshot at RefusedRevision was refused; empty for an ACK.
 	Error string `json:"error,omitempty"`
+	// Address is where the node serves (Config.Address); empty when not given.
+	Address string `json:"address,omitempty"`
+	// Started is when the agent was made (New): the node's start, for its uptime.
+	Started time.Time `json:"started"`
+	// Certificates are the certificates the node serves (Config.Certificates).
+	Certificates []CertInUse `json:"certificates,omitempty"`
 	// Updated is when the status last changed.
 	Updated time.Time `json:"updated"`
 }
@@ -74,6 +100,16 @@ type Config struct {
 	// Role is what the node is ("l7d", "l4d", "keyserverd"), reported in its status.
 	// Default none.
 	Role string
+
+	// Address is where the node serves, reported in its status: its service or
+	// admin address, host:port. Default none.
+	Address string
+
+	// Certificates returns the certificates the node serves, reported in its
+	// status. It is called at each write of the status; after the node's
+	// certificates changed other than by an Apply, Agent.Report writes them. It
+	// must be safe to call from the agent's goroutines. Default none.
+	Certificates func() []CertInUse
 
 	// CacheFile keeps the last snapshot applied, with its revision, so that a start
 	// while the store cannot be reached applies it. Default none: nothing is kept,
@@ -134,11 +170,12 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	now := time.Now()
 	return &Agent{
 		cfg:     cfg,
 		log:     log.With("node", cfg.Node),
 		met:     met,
-		status:  Status{Node: cfg.Node, Role: cfg.Role, Updated: time.Now()},
+		status:  Status{Node: cfg.Node, Role: cfg.Role, Address: cfg.Address, Started: now, Updated: now},
 		changed: make(chan struct{}, 1),
 	}, nil
 }
@@ -148,6 +185,40 @@ func (a *Agent) Status() Status {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.status
+}
+
+// Report writes the status again if the certificates Config.Certificates returns
+// changed since it was last written: for a node whose certificates change other
+// than by an Apply (a file reload). It returns at once; the write follows.
+func (a *Agent) Report() {
+	if a.refreshCertificates() {
+		a.signal()
+	}
+}
+
+// refreshCertificates takes the certificates from Config.Certificates into the
+// status and reports whether they changed.
+func (a *Agent) refreshCertificates() bool {
+	if a.cfg.Certificates == nil {
+		return false
+	}
+	certs := a.cfg.Certificates()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if slices.Equal(certs, a.status.Certificates) {
+		return false
+	}
+	a.status.Certificates = slices.Clone(certs)
+	a.status.Updated = time.Now()
+	return true
+}
+
+// signal says the status is to be written.
+func (a *Agent) signal() {
+	select {
+	case a.changed <- struct{}{}:
+	default:
+	}
 }
 
 // setStatus records an ACK (err nil) of rev or a NACK of rev with err.
@@ -160,10 +231,8 @@ func (a *Agent) setStatus(rev int64, err error) {
 	}
 	a.status.Updated = time.Now()
 	a.mu.Unlock()
-	select {
-	case a.changed <- struct{}{}:
-	default:
-	}
+	a.refreshCertificates()
+	a.signal()
 }
 
 // Run runs the agent until ctx is done: it applies the configuration in the store,
@@ -447,14 +516,19 @@ func (a *Agent) reportLease(ctx context.Context, cli *clientv3.Client) error {
 	if err != nil {
 		return fmt.Errorf("keeping the lease alive: %w", err)
 	}
-	key := StatusKey(a.cfg.Node)
+	key, seen := StatusKey(a.cfg.Node), SeenKey(a.cfg.Node)
 	put := func() error {
+		a.refreshCertificates()
 		data, err := json.Marshal(a.Status())
 		if err != nil {
 			return err
 		}
-		if _, err := cli.Put(ctx, key, string(data), clientv3.WithLease(lease.ID)); err != nil {
-			return fmt.Errorf("writing %s: %w", key, err)
+		// The status under the lease and the seen record under none, together.
+		if _, err := cli.Txn(ctx).Then(
+			clientv3.OpPut(key, string(data), clientv3.WithLease(lease.ID)),
+			clientv3.OpPut(seen, string(data)),
+		).Commit(); err != nil {
+			return fmt.Errorf("writing %s and %s: %w", key, seen, err)
 		}
 		return nil
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -256,6 +257,60 @@ func TestStatusLease(t *testing.T) {
 	}
 	if ttl, err := cli.TimeToLive(ctx, lease); err != nil || ttl.TTL != -1 {
 		t.Fatalf("lease after the stop: %+v %v, want revoked", ttl, err)
+	}
+}
+
+// TestStatusReportsNode: the status carries the node's address, its start and the
+// certificates it serves, Report writes certificates changed outside an Apply, and
+// the seen record, under no lease, outlives the status.
+func TestStatusReportsNode(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	var mu sync.Mutex
+	certs := []CertInUse{{Name: "www", Version: 1, SHA256: strings.Repeat("ab", 32)}}
+	before := time.Now()
+	a, err := New(Config{Store: s, Node: "l7-c", Role: "l7d", Address: "198.18.0.10:443", Apply: (&recorder{}).apply, Logger: testLogger(t),
+		Certificates: func() []CertInUse {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(certs)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := start(t, a)
+	rev, _ := s.Put(ctx, model.KindPool, "app", pool("app", "198.18.1.1:80"), store.Any)
+	cli := s.Client()
+	st := waitStatus(t, cli, "l7-c", "ACK", ack(rev))
+	if st.Address != "198.18.0.10:443" || st.Started.Before(before.Add(-time.Second)) || st.Started.After(time.Now()) ||
+		len(st.Certificates) != 1 || st.Certificates[0] != certs[0] {
+		t.Fatalf("status %+v", st)
+	}
+	started := st.Started
+
+	// Certificates changed without a configuration change: Report writes them.
+	mu.Lock()
+	certs = append(certs, CertInUse{Name: "api", Version: 3, SHA256: strings.Repeat("cd", 32)})
+	mu.Unlock()
+	a.Report()
+	st = waitStatus(t, cli, "l7-c", "the new certificates", func(st Status, ok bool) bool { return ok && len(st.Certificates) == 2 })
+	if st.Certificates[1].Name != "api" || st.Certificates[1].Version != 3 || !st.Started.Equal(started) {
+		t.Fatalf("status %+v", st)
+	}
+
+	stop()
+	if _, _, ok := status(t, cli, "l7-c"); ok {
+		t.Fatal("the status key is still there after the agent stopped")
+	}
+	resp, err := cli.Get(ctx, SeenKey("l7-c"))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("seen record after the stop: %v %v", resp, err)
+	}
+	var seen Status
+	if err := json.Unmarshal(resp.Kvs[0].Value, &seen); err != nil {
+		t.Fatal(err)
+	}
+	if resp.Kvs[0].Lease != 0 || seen.Node != "l7-c" || seen.Address != "198.18.0.10:443" || len(seen.Certificates) != 2 || seen.AppliedRevision < rev {
+		t.Fatalf("seen record %+v (lease %x)", seen, resp.Kvs[0].Lease)
 	}
 }
 

@@ -22,9 +22,17 @@
 //	{"node":"l7-a","role":"l7d","applied_revision":42,"refused_revision":43,
 //	 "error":"routing/web.vhosts[0].routes[0].action.pool: ...","updated":"..."} a NACK
 //
+// The status also carries the node's address (Config.Address), when the agent
+// started, and the certificates it serves (Config.Certificates: name, version and
+// the SHA-256 of the leaf), taken at each write; Agent.Report writes them again
+// when they changed outside an Apply.
+//
 // The key goes away when the agent stops (the lease is revoked) or when it
 // stops keeping the lease alive for StatusTTL (a crash, a partition): a node
-// whose key is gone is lost. The status keys are outside the object prefix
+// whose key is gone is lost. Each write of the status also writes it, under no
+// lease, as the node's seen record /tiergate/seen/v1/<node> (SeenKey), which
+// stays: controld shows a node with a seen record and no status as lost. The
+// status keys and seen records are outside the object prefix
 // (store.Prefix), so snapshots and watches do not see them.
 //
 // # A node's control section
@@ -76,7 +84,8 @@
 // With etcd authentication on, each node gets a user and a role of its own
 // (GrantNode sets the role up): read on the object prefix /tiergate/v1/ and on
 // the store's head key /tiergate/meta/v1/head (which a snapshot reads), and
-// read-write on its own status key /tiergate/nodes/v1/<node> only. etcd checks
+// read-write on its own status key /tiergate/nodes/v1/<node> and seen record
+// /tiergate/seen/v1/<node> only. etcd checks
 // the role on every request, so a node's credentials can neither change the
 // cluster configuration nor write another node's status; only controld's user
 // writes the configuration.

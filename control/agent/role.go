@@ -17,7 +17,7 @@ func RoleName(node string) string { return "tiergate-node-" + node }
 
 // GrantNode creates node's etcd role (RoleName) with what its agent needs and
 // nothing more: read on the object prefix (store.Prefix) and on the store's head
-// key, read and write on its own status key (StatusKey). Run with an etcd user
+// key, read and write on its own status key (StatusKey) and seen record (SeenKey). Run with an etcd user
 // allowed to change roles (root); the node's user is then granted the role
 // (UserGrantRole). A role that exists is given the permissions again.
 func GrantNode(ctx context.Context, cli *clientv3.Client, node string) error {
@@ -37,6 +37,7 @@ func GrantNode(ctx context.Context, cli *clientv3.Client, node string) error {
 		{store.Prefix, clientv3.GetPrefixRangeEnd(store.Prefix), clientv3.PermissionType(clientv3.PermRead)},
 		{headKey, "", clientv3.PermissionType(clientv3.PermRead)},
 		{StatusKey(node), "", clientv3.PermissionType(clientv3.PermReadWrite)},
+		{SeenKey(node), "", clientv3.PermissionType(clientv3.PermReadWrite)},
 	}
 	for _, g := range grants {
 		if _, err := cli.RoleGrantPermission(ctx, role, g.key, g.end, g.perm); err != nil {

@@ -29,6 +29,7 @@ func TestGrantNode(t *testing.T) {
 		store.Prefix + ".." + clientv3.GetPrefixRangeEnd(store.Prefix): authpb.READ,
 		headKey + "..":           authpb.READ,
 		StatusKey("l7-a") + "..": authpb.READWRITE,
+		SeenKey("l7-a") + "..":   authpb.READWRITE,
 	}
 	if len(got) != len(want) {
 		t.Fatalf("permissions %v, want %v", got, want)
