@@ -86,9 +86,12 @@ type configBody struct {
 //	POST   /pools/{pool}/members/{member}/drain   no new flows to the member
 //	POST   /pools/{pool}/members/{member}/undrain
 //	POST   /reload                              re-read the configuration file (as SIGHUP)
+//	GET    /control                             the control plane's agent: node, revision in force or refused
 //
 // Every change builds a whole new configuration and applies it atomically; one the
-// datapath rejects is answered 400 with the reason and changes nothing.
+// datapath rejects is answered 400 with the reason and changes nothing. With a
+// control section the rules and pools come from the control plane, and the changes
+// above (PUT /config included) are refused 409 control_plane.
 func (d *Daemon) adminHandler() http.Handler {
 	mux := daemon.AdminMux(d.Reg, d.healthy)
 	handle := func(pattern string, h daemon.Handler) { mux.Handle(pattern, h) }
@@ -101,6 +104,10 @@ func (d *Daemon) adminHandler() http.Handler {
 		return nil
 	})
 	handle("PUT /config", d.putConfig)
+	handle("GET /control", func(w http.ResponseWriter, r *http.Request) error {
+		daemon.WriteJSON(w, http.StatusOK, d.controlInfo())
+		return nil
+	})
 	handle("POST /reload", func(w http.ResponseWriter, r *http.Request) error {
 		if err := d.Reload(); err != nil {
 			return reloadError(err)
@@ -361,6 +368,9 @@ func (d *Daemon) forwarding() Forwarding { return d.current().fwd }
 // or nothing, and then calls committed (when not nil). It returns fn's result; fn and
 // committed run on the owner goroutine.
 func (d *Daemon) change(fn func(*Forwarding) (any, error), committed func()) (res any, err error) {
+	if err := d.controlled(); err != nil {
+		return nil, err
+	}
 	if e := d.do(func() {
 		res, err = d.applyChange(fn)
 		if err == nil && committed != nil {

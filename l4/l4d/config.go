@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tiergate/tiergate/control/agent"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/l4/conntrack"
@@ -62,6 +63,20 @@ type FileConfig struct {
 	// tunnel, conntrack timeouts, rules and pools. Delete it and reload to go back to
 	// this file's. Default none: API changes last until the next reload or restart.
 	StateFile string `yaml:"state_file" json:"state_file,omitempty"`
+
+	// Control, when set, takes the rules and pools from the control plane: the
+	// node agent (control/agent) reads the cluster configuration's L4 rules and L4
+	// pools from the store, and each snapshot is applied as a reload applies the
+	// file's, all or nothing; one l4d refuses (a VIP of a family it has no address
+	// of) is reported as refused and the rules in force stay. The file then keeps
+	// the ports, addresses, tunnel, conntrack, DPDK and admin settings, and must not
+	// give rules, pools or state_file; the admin API reads rules and pools but does
+	// not change them (409 control_plane). The section is agent.NodeConfig: node
+	// (required), etcd_endpoints (required), ca_file, cert_file, key_file,
+	// username, password_file, dial_timeout (default 5s) and cache_file (default
+	// <state_dir>/control-snapshot.json), from which l4d starts when the store is
+	// out of reach. Fixed at start. Default none: rules and pools from this file.
+	Control *agent.NodeConfig `yaml:"control" json:"control,omitempty"`
 
 	// DPDK sets the EAL, the workers and the packet buffers.
 	DPDK DPDKFile `yaml:"dpdk" json:"dpdk"`
@@ -213,6 +228,9 @@ func (c *FileConfig) validate() error {
 	}
 	if c.StateDir == "" {
 		c.StateDir = defaultStateDir
+	}
+	if c.Control != nil {
+		c.controlled(&ck)
 	}
 	for i, h := range c.AdminHosts {
 		if h == "" || strings.ContainsAny(h, "/ \t") {
@@ -371,4 +389,20 @@ func underPorts(err error) error {
 		ck.Nest("", e)
 	}
 	return ck.Err()
+}
+
+// controlled checks the control section and what it excludes, and fills in its
+// cache file's default.
+func (c *FileConfig) controlled(ck *config.Checker) {
+	c.Control.Defaults(c.StateDir)
+	ck.Nest("control", c.Control.Validate())
+	if len(c.Rules) > 0 {
+		ck.Addf("rules", "not with control: the rules come from the control plane (its l4-rules); remove them from the file")
+	}
+	if len(c.Pools) > 0 {
+		ck.Addf("pools", "not with control: the pools come from the control plane (its l4-pools); remove them from the file")
+	}
+	if c.StateFile != "" {
+		ck.Addf("state_file", "not with control: the rules and pools come from the control plane, whose last snapshot is kept in control.cache_file")
+	}
 }

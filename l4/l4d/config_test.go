@@ -31,6 +31,13 @@ pools:
     members: [{name: a, address: 10.0.0.11}]
 `
 
+// controlled is minimal with its rules and pools from the control plane.
+const controlled = `
+ports:
+  external: {device: net_null0, addr: 198.18.0.2/24}
+control: {node: l4-a, etcd_endpoints: ["unix:///run/etcd.sock"]}
+`
+
 func TestParseConfig(t *testing.T) {
 	repl := func(in, old, new string) string {
 		if !strings.Contains(in, old) {
@@ -92,6 +99,14 @@ func TestParseConfig(t *testing.T) {
 		{"tunnel key", minimal + "tunnel: {mode: gre, key: 7}\n", ""},
 		{"timeouts", minimal + "conntrack: {timeouts: {established: 1h, udp: -1s}}\n", "conntrack.timeouts.udp: -1s is outside 0..8760h0m0s"},
 		{"capacity", minimal + "conntrack: {capacity: -1}\n", "conntrack.capacity: -1 is negative"},
+		{"control", controlled, ""},
+		{"control with rules", controlled + "rules: [{name: web, vip: 198.18.0.10, protocol: tcp, port: 443, pool: l7}]\n",
+			"rules: not with control: the rules come from the control plane"},
+		{"control with pools", controlled + "pools: {l7: {members: [{name: a, address: 198.18.0.11}]}}\n", "pools: not with control"},
+		{"control with state file", controlled + "state_file: /tmp/x.json\n", "state_file: not with control"},
+		{"control without node", repl(controlled, "node: l4-a, ", ""), "control.node"},
+		{"control without endpoints", repl(controlled, "etcd_endpoints: [\"unix:///run/etcd.sock\"]", ""), "control.etcd_endpoints"},
+		{"control unknown field", repl(controlled, "node: l4-a", "nodes: l4-a"), "field nodes not found"},
 		{"several errors", repl(repl(minimal, "protocol: tcp", "protocol: x"), "port: 443", "port: 0"), "rules[0].protocol: \"x\" is not tcp or udp\nrules[0].port: required"},
 	}
 	for _, tc := range cases {
@@ -133,6 +148,25 @@ func TestDefaults(t *testing.T) {
 	}
 	if dc.Internal != dc.External || dc.External.Addr != netip.MustParsePrefix("198.18.0.2/24") {
 		t.Errorf("interfaces %+v %+v", dc.External, dc.Internal)
+	}
+}
+
+// TestControlDefaults: the control plane's cache file is in state_dir by default,
+// and a reload may not change the control section.
+func TestControlDefaults(t *testing.T) {
+	c, err := ParseConfig([]byte(controlled+"state_dir: /var/lib/x\n"), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Control.CacheFile != "/var/lib/x/control-snapshot.json" {
+		t.Errorf("cache file %q", c.Control.CacheFile)
+	}
+	next, err := ParseConfig([]byte(strings.Replace(controlled, "l4-a", "l4-b", 1)+"state_dir: /var/lib/x\n"), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fixedChanges(c, next); err == nil || !strings.Contains(err.Error(), "control cannot change") {
+		t.Errorf("a reload changing the control section: %v", err)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"reflect"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -66,6 +67,10 @@ type Daemon struct {
 	ports   *portSet
 	dist    *datapath.Distributor
 	running atomic.Bool
+
+	// control is the control plane's agent and what it applied, with a control
+	// section.
+	control controlState
 }
 
 // inForce is the configuration in force as the owner publishes it; neither it nor
@@ -179,6 +184,12 @@ func (d *Daemon) Check(out io.Writer) error {
 		ports += ", " + cfg.Ports.Internal.Device
 	}
 	fmt.Fprintf(out, "ports %s; %d workers; %d mbufs per port\n", ports, cfg.DPDK.Workers, cfg.DPDK.MbufsPerPort())
+	if nc := cfg.Control; nc != nil {
+		fmt.Fprintf(out, "rules and pools from the control plane: node %s at %s; last snapshot kept in %s\n",
+			nc.Node, strings.Join(nc.EtcdEndpoints, ","), nc.CacheFile)
+		fmt.Fprintln(out, "configuration OK")
+		return nil
+	}
 	fmt.Fprintf(out, "%d rules and %d pools from %s\n", len(fwd.Rules), len(fwd.Pools), src)
 	for _, r := range fwd.Rules {
 		fmt.Fprintf(out, "  %-20s %s %s:%d -> %s\n", r.Name, r.Protocol, r.VIP, r.Port, r.Pool)
@@ -208,17 +219,29 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.stop(runDone)
 		return err
 	}
+	// The agent applies through the owner, which runs from here on; it stops before
+	// the datapath does.
+	stopControl, err := d.startControl(ctx)
+	if err != nil {
+		d.stop(runDone)
+		return err
+	}
+	defer stopControl()
 	d.MarkServing()
 	for {
 		select {
 		case <-ctx.Done():
 			d.Lame.Delay = d.current().file.LameDuck.D()
 			d.Log.Info("stopping", "lame_duck", d.Lame.Delay)
-			return d.Lame.Stop(context.Background(), func(context.Context) error { return d.stop(runDone) })
+			return d.Lame.Stop(context.Background(), func(context.Context) error {
+				stopControl()
+				return d.stop(runDone)
+			})
 		case err := <-runDone:
 			// The datapath stopped by itself: a worker failed to start.
 			d.running.Store(false)
 			runDone = nil
+			stopControl()
 			d.stop(nil)
 			if err == nil {
 				err = errors.New("datapath stopped")
@@ -317,6 +340,9 @@ func (d *Daemon) healthy() error {
 	if !d.running.Load() {
 		return errors.New("datapath not running")
 	}
+	if err := d.controlHealth(); err != nil {
+		return err
+	}
 	for _, dev := range d.ports.devices {
 		up, _, err := dev.Link()
 		if err != nil {
@@ -345,6 +371,9 @@ func fixedChanges(cur, next *FileConfig) error {
 	diff = append(diff, cur.admin().FixedChanges(next.admin())...)
 	if cur.StateFile != next.StateFile {
 		diff = append(diff, "state_file")
+	}
+	if !reflect.DeepEqual(cur.Control, next.Control) {
+		diff = append(diff, "control")
 	}
 	if cur.Conntrack.Capacity != next.Conntrack.Capacity {
 		diff = append(diff, "conntrack.capacity")
@@ -382,6 +411,10 @@ func (d *Daemon) reload() (err error) {
 	fwd, fromState, err := forwardingInForce(cfg)
 	if err != nil {
 		return err
+	}
+	if cfg.Control != nil {
+		// The rules and pools in force are the control plane's.
+		fwd.Rules, fwd.Pools = d.fwd.Rules, d.fwd.Pools
 	}
 	dcfg, err := cfg.with(fwd).Datapath()
 	if err != nil {
