@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/tiergate/tiergate/control/agent"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver"
 )
@@ -28,6 +29,9 @@ type status struct {
 	Deny keyserver.DenyList `json:"deny"`
 	// Backends names the key backends, in order.
 	Backends []string `json:"backends"`
+	// Control is what keyserverd reports to the control plane, with a control
+	// section.
+	Control *agent.Status `json:"control,omitempty"`
 }
 
 // keyInfo is a key offered, in the admin endpoint's answers.
@@ -89,6 +93,10 @@ func (d *Daemon) status() status {
 	}
 	for _, b := range d.srv.Backends() {
 		st.Backends = append(st.Backends, b.Name())
+	}
+	if a := d.control.Load(); a != nil {
+		cs := a.Status()
+		st.Control = &cs
 	}
 	return st
 }

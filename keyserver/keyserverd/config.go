@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tiergate/tiergate/control/agent"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver"
@@ -31,8 +32,8 @@ import (
 // On reload (SIGHUP, POST /reload) clients, allow_all_clients, deny, log_level,
 // admin_token_file, admin_hosts, lame_duck,
 // shutdown_grace and the key backends (pkcs11, software: the keys offered) change;
-// listen, limits, tls, admin_listen, admin_insecure and state_dir are fixed at
-// start, and a reload that changes them is refused.
+// listen, limits, tls, admin_listen, admin_insecure, state_dir and control are
+// fixed at start, and a reload that changes them is refused.
 type FileConfig struct {
 	// Server is the keyserver's configuration: listen (default "127.0.0.1:2407":
 	// set the address the L7 nodes reach), limits, clients (required, or
@@ -98,6 +99,16 @@ type FileConfig struct {
 	// Software configures the software (PEM file) backend, for development. Default:
 	// none.
 	Software *softkey.Config `yaml:"software"`
+
+	// Control, when set, makes keyserverd a node of the control plane: the node
+	// agent (control/agent) reports it in the store with role keyserverd and its
+	// listen address, so that controld and `tgctl nodes` list it. It takes nothing
+	// from the cluster configuration yet: each snapshot is accepted and its
+	// revision reported. The section is agent.NodeConfig: node (required),
+	// etcd_endpoints (required), ca_file, cert_file, key_file, username,
+	// password_file, dial_timeout (default 5s) and cache_file (default
+	// <state_dir>/control-snapshot.json). Fixed at start. Default none.
+	Control *agent.NodeConfig `yaml:"control"`
 }
 
 // TLSFiles are the PEM files of keyserverd's mutual TLS.
@@ -150,6 +161,10 @@ func (c *FileConfig) validate() error {
 	}
 	if c.StateDir == "" {
 		c.StateDir = daemon.DefaultStateDir("keyserverd")
+	}
+	if c.Control != nil {
+		c.Control.Defaults(c.StateDir)
+		ck.Nest("control", c.Control.Validate())
 	}
 	for i, h := range c.AdminHosts {
 		if h == "" || strings.ContainsAny(h, "/ \t") {

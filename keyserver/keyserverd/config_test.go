@@ -1,6 +1,7 @@
 package keyserverd
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,9 @@ func TestParseConfig(t *testing.T) {
 		{"pkcs11 bad key id", "pkcs11: {token_label: t, pin_env: PIN, keys: [{label: a}, {id: xyz}]}\nallow_all_clients: true\n", `pkcs11.keys[1].id: "xyz" is not hex`},
 		{"pkcs11 two PINs", "pkcs11: {token_label: t, pin_env: PIN, pin_file: /p}\nallow_all_clients: true\n", "pkcs11.pin_env: pin_file, pin_env and pin are mutually exclusive"},
 		{"pkcs11 negative sessions", "pkcs11: {token_label: t, sessions: -1}\nallow_all_clients: true\n", "pkcs11.sessions: -1: must not be negative"},
+		{"control", "software: {}\nallow_all_clients: true\ncontrol: {node: ks-a, etcd_endpoints: [\"http://127.0.0.1:2379\"]}\n", ""},
+		{"control without node", "software: {}\nallow_all_clients: true\ncontrol: {etcd_endpoints: [\"http://127.0.0.1:2379\"]}\n", "control.node: required"},
+		{"control bad endpoint", "software: {}\nallow_all_clients: true\ncontrol: {node: ks-a, etcd_endpoints: [\"ftp://x\"]}\n", "control.etcd_endpoints[0]"},
 		{"software empty file", "software: {files: [a.key, \"\"]}\nallow_all_clients: true\n", "software.files[1]: empty"},
 	}
 	for _, tc := range cases {
@@ -78,5 +82,34 @@ func TestSampleConfig(t *testing.T) {
 		c.Server.Limits.IdleTimeout.D() != 5*time.Minute || len(c.Server.Clients) != 2 || !c.Server.Clients[1].Admin ||
 		c.AdminListen != DefaultAdminListen || c.Server.Addr != "127.0.0.1:2407" || c.Server.Limits.MaxHandshakes != 64 {
 		t.Errorf("sample parsed as %+v", c)
+	}
+}
+
+// TestSampleControl: the control section the sample shows commented out is valid.
+func TestSampleControl(t *testing.T) {
+	data, err := os.ReadFile("../../deploy/keyserverd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	in := false
+	for l := range strings.SplitSeq(string(data), "\n") {
+		switch {
+		case l == "# control:":
+			in = true
+			l = "control:"
+		case in && strings.HasPrefix(l, "#   "):
+			l = strings.TrimPrefix(l, "# ")
+		default:
+			in = false
+		}
+		out = append(out, l)
+	}
+	c, err := ParseConfig([]byte(strings.Join(out, "\n")), "keyserverd.yaml with its control section")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Control == nil || c.Control.Node != "ks-a" || c.Control.Username != "ks-a" || c.Control.DialTimeout.D() != 5*time.Second {
+		t.Errorf("control section: %+v", c.Control)
 	}
 }

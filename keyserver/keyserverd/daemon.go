@@ -10,11 +10,14 @@ import (
 	"os/signal"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tiergate/tiergate/control/agent"
+	"github.com/tiergate/tiergate/control/model"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/keyserver"
 	"github.com/tiergate/tiergate/keyserver/backend"
@@ -44,8 +47,9 @@ type Daemon struct {
 	// Owned by Run's goroutine.
 	file    *FileConfig
 	srv     *keyserver.Server
-	retired sync.WaitGroup // backends replaced by reloads, closed after retireDelay
-	stopped chan struct{}  // closed at stop: retired backends close at once
+	control atomic.Pointer[agent.Agent] // the control plane's agent, with a control section
+	retired sync.WaitGroup              // backends replaced by reloads, closed after retireDelay
+	stopped chan struct{}               // closed at stop: retired backends close at once
 }
 
 // admin returns the admin endpoint's settings of c.
@@ -148,11 +152,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 		closeAll(backends)
 		return err
 	}
+	stopControl, err := d.startControl()
+	if err != nil {
+		d.CloseAdmin()
+		d.srv.Shutdown(context.Background())
+		closeAll(backends)
+		return err
+	}
+	defer stopControl()
 	d.MarkServing()
 	for {
 		select {
 		case <-ctx.Done():
-			return d.stop()
+			return d.stop(stopControl)
 		case <-hup:
 			if err := d.reload(); err != nil {
 				d.Log.Error("reload failed; the running configuration stays", "err", err)
@@ -163,12 +175,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 }
 
-// stop is the lame-duck stop: unhealthy for lame_duck, then the keyserver drains
-// for up to shutdown_grace, then the admin endpoint and the backends close.
-func (d *Daemon) stop() error {
+// stop is the lame-duck stop: unhealthy for lame_duck, then the node leaves the
+// control plane (stopControl), the keyserver drains for up to shutdown_grace, then
+// the admin endpoint and the backends close.
+func (d *Daemon) stop(stopControl func()) error {
 	d.Lame.Delay, d.Lame.Grace = d.file.LameDuck.D(), d.file.ShutdownGrace.D()
 	d.Log.Info("stopping", "lame_duck", d.Lame.Delay, "grace", d.Lame.Grace)
 	err := d.Lame.Stop(context.Background(), func(ctx context.Context) error {
+		stopControl()
 		err := d.srv.Shutdown(ctx)
 		d.CloseAdmin()
 		return err
@@ -231,6 +245,9 @@ func fixedChanges(cur, next *FileConfig) error {
 		diff = append(diff, "tls")
 	}
 	diff = append(diff, cur.admin().FixedChanges(next.admin())...)
+	if !reflect.DeepEqual(cur.Control, next.Control) {
+		diff = append(diff, "control")
+	}
 	return daemon.Restart("keyserverd", diff)
 }
 
@@ -289,4 +306,44 @@ func (d *Daemon) retire(bs []backend.Backend) {
 		}
 		closeAll(bs)
 	}()
+}
+
+// startControl starts the node agent when the file has a control section: it
+// reports keyserverd in the store with its role and listen address, and accepts
+// every snapshot, of which keyserverd uses nothing yet. The returned stop ends it
+// (its status key goes) and waits; it is a no-op without a control section.
+func (d *Daemon) startControl() (stop func(), err error) {
+	nc := d.file.Control
+	if nc == nil {
+		return func() {}, nil
+	}
+	a, err := agent.New(agent.Config{
+		Open:      nc.OpenWith(d.Log),
+		Node:      nc.Node,
+		Role:      "keyserverd",
+		Address:   d.srv.Addr().String(),
+		CacheFile: nc.CacheFile,
+		// Nothing of the cluster configuration is keyserverd's yet.
+		Apply: func(_ context.Context, _ *model.Snapshot, rev int64) error {
+			d.Log.Debug("control plane revision accepted", "revision", rev)
+			return nil
+		},
+		Logger:     d.Log,
+		Registerer: d.Reg,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("control: %w", err)
+	}
+	d.control.Store(a)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.Run(ctx)
+	}()
+	d.Log.Info("a node of the control plane", "node", nc.Node, "etcd_endpoints", nc.EtcdEndpoints)
+	return func() {
+		cancel()
+		<-done
+	}, nil
 }
