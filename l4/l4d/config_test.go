@@ -170,6 +170,19 @@ func TestControlDefaults(t *testing.T) {
 	}
 }
 
+// TestControlSample: deploy/l4d-control.yaml, the example of l4d fed by the
+// control plane, is valid and has no rules or pools of its own.
+func TestControlSample(t *testing.T) {
+	c, err := LoadConfig("../../deploy/l4d-control.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Control == nil || c.Control.Node != "l4-a" || c.Control.CacheFile != "/var/lib/tiergate/l4d/control-snapshot.json" ||
+		len(c.Rules) != 0 || len(c.Pools) != 0 {
+		t.Errorf("control sample: %+v %+v", c.Control, c.Forwarding)
+	}
+}
+
 func TestSample(t *testing.T) {
 	s, err := LoadConfig("../../deploy/l4d.yaml")
 	if err != nil {
