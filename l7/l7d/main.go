@@ -290,7 +290,11 @@ func (d *Daemon) Check(out io.Writer) error {
 		fmt.Fprintf(out, "listeners, routing and certificates from the control plane: node %s, etcd %v, cache %s\n",
 			nc.Node, nc.EtcdEndpoints, nc.CacheFile)
 	}
-	for _, c := range d.store.Set().Certs() {
+	var served []*certs.Cert
+	if set := d.store.Set(); set != nil {
+		served = set.Certs()
+	}
+	for _, c := range served {
 		where := "local key"
 		if c.Remote {
 			where = "remote key " + c.KeyID.Short()
