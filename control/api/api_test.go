@@ -280,8 +280,8 @@ func TestRoles(t *testing.T) {
 	if a := f.do(t, policy, "PUT", "/v1/certificates/www", `{}`, "If-None-Match", "*"); a.status != http.StatusForbidden {
 		t.Fatalf("policy-operator wrote a certificate: %d %s", a.status, a.body)
 	}
-	if a := f.do(t, certOp, "PUT", "/v1/certificates/www", `{"name":"www"}`, "If-None-Match", "*"); a.status != http.StatusUnprocessableEntity {
-		t.Fatalf("cert-operator writes certificates (this one invalid): %d %s", a.status, a.body)
+	if a := f.do(t, certOp, "PUT", "/v1/certificates/www", `{"name":"www"}`, "If-None-Match", "*"); a.status != http.StatusMethodNotAllowed || a.err.Code != CodeUseUpload {
+		t.Fatalf("cert-operator writes certificates by upload only: %d %s", a.status, a.body)
 	}
 	for _, tok := range []string{viewer, policy, certOp, risk} {
 		if a := f.do(t, tok, "GET", "/v1/tokens", ""); a.status != http.StatusForbidden {

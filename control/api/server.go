@@ -35,6 +35,7 @@ type Server struct {
 	log    *slog.Logger
 	routes []Route
 	mux    *http.ServeMux
+	certs  certState // the certificate routes' (certs.go)
 }
 
 // access is who may use a route.
@@ -80,6 +81,7 @@ func New(st *store.Store, log *slog.Logger) *Server {
 		Route{Method: "POST", Path: "/v1/tokens", Summary: "Create an API token; its plaintext is answered once", Role: "admin", access: accessAdmin, h: s.createToken},
 		Route{Method: "DELETE", Path: "/v1/tokens/{name}", Summary: "Delete an API token", Role: "admin", access: accessAdmin, h: s.deleteToken},
 	)
+	s.routes = s.certRoutes(s.routes)
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.guard(rt))
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -143,6 +144,44 @@ func (c *Certificate) Validate() error {
 		ck.Addf("not_after", "%s is not the leaf's %s", c.NotAfter.UTC().Format(time.RFC3339), notAfter.Format(time.RFC3339))
 	}
 	return ck.Err()
+}
+
+// DaysLeft returns the whole days from now to the end of the leaf's validity:
+// 0 in its last day, negative once it has expired.
+func (c *Certificate) DaysLeft(now time.Time) int {
+	left := c.NotAfter.Sub(now)
+	days := int(left / (24 * time.Hour))
+	if left < 0 && left%(24*time.Hour) != 0 {
+		days--
+	}
+	return days
+}
+
+// CertVersionPrefix is the etcd prefix of the certificates' versions: every upload
+// is kept, immutable, as a CertificateVersion at CertVersionKey(name, version),
+// written in the same transaction as the certificate in force
+// (certificates/<name>). It is outside store.Prefix: the nodes never read it.
+const CertVersionPrefix = "/tiergate/certversions/v1/"
+
+// CertVersionKey returns the etcd key of version version of the certificate name.
+func CertVersionKey(name string, version int) string {
+	return CertVersionPrefix + name + "/" + strconv.Itoa(version)
+}
+
+// CertificateVersion is one upload of a certificate as kept under
+// CertVersionPrefix: the certificate and how it came to be stored.
+type CertificateVersion struct {
+	Certificate
+
+	// Uploaded is when it was stored.
+	Uploaded time.Time `yaml:"uploaded" json:"uploaded"`
+
+	// UploadedBy is the name of the API token that uploaded it.
+	UploadedBy string `yaml:"uploaded_by" json:"uploaded_by"`
+
+	// Keyservers are the addresses of the keyservers its key was imported into
+	// and verified on.
+	Keyservers []string `yaml:"keyservers" json:"keyservers"`
 }
 
 // Serves reports whether the certificate is for the server name name: one of its
