@@ -365,3 +365,34 @@ func TestControlPlane(t *testing.T) {
 	}
 	_ = log
 }
+
+// TestControlConfig: with a control section the file keeps the node's own settings
+// and may not give what the control plane gives; node_listeners are only for it.
+func TestControlConfig(t *testing.T) {
+	const node = `control: {node: l7-a, etcd_endpoints: ["http://127.0.0.1:2379"]}
+keyservers: {servers: ["127.0.0.1:7000"], cert_file: c, key_file: k, ca_file: ca}
+state_dir: /var/lib/l7d-test
+`
+	for _, tc := range []struct{ name, in, err string }{
+		{"node file", node + "node_listeners: {web: {addr: \"198.18.0.1:443\", quic_server_id: 7, client_ip: {proxy_protocol: true, proxy_trusted: [198.18.0.0/15]}}}\ncertificates: {ticket_key_files: [t.key]}\nblacklists: {global: {files: [g.txt]}, web: {}}\n", ""},
+		{"listeners", node + "listeners: [{addr: x:1, pool: web}]\n", "listeners: given by the control plane when control is set"},
+		{"routing and backends", node + "routing: {}\nbackends: {web: {members: [x:1]}}\n", "routing: given by the control plane"},
+		{"backends", node + "backends: {web: {members: [x:1]}}\n", "backends: given by the control plane"},
+		{"certificate files", node + "certificates: {certificates: [{cert_file: a.pem}]}\n", "certificates.certificates: given by the control plane"},
+		{"certificate dir", node + "certificates: {dir: d, default: www}\n", "certificates.dir: given by the control plane"},
+		{"default certificate", node + "certificates: {default: www}\n", "certificates.default: given by the control plane when control is set; remove it from the file (a cert-binding with default: true)"},
+		{"no keyservers", strings.Replace(node, "keyservers:", "#", 1), "keyservers: required with control"},
+		{"no node", strings.Replace(node, "node: l7-a, ", "", 1), "control.node: required"},
+		{"bad node listener", node + "node_listeners: {web: {addr: nope, client_ip: {header: X-Real-IP}}}\n", "node_listeners.web.addr"},
+		{"node listener client_ip", node + "node_listeners: {web: {client_ip: {header: X-Real-IP}}}\n", "node_listeners.web.client_ip.header"},
+		{"node_listeners without control", minimal + "node_listeners: {web: {addr: \"x:1\"}}\n", "node_listeners: only with control"},
+	} {
+		cfg, err := ParseConfig([]byte(tc.in), "t.yaml")
+		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%s: got %v, want %q", tc.name, err, tc.err)
+		}
+		if tc.err == "" && err == nil && cfg.Control.CacheFile != "/var/lib/l7d-test/control-snapshot.json" {
+			t.Errorf("%s: cache file %q, want <state_dir>/control-snapshot.json", tc.name, cfg.Control.CacheFile)
+		}
+	}
+}
