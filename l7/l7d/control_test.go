@@ -7,7 +7,9 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -320,6 +322,13 @@ func TestControlPlane(t *testing.T) {
 	t.Logf("version 2 served %v after its write", took)
 	if code, _ := get(t, old); code != 200 {
 		t.Fatalf("the connection made before version 2 answered %d", code)
+	}
+	leaf, _ := pem.Decode([]byte(v2.Chain))
+	sum := sha256.Sum256(leaf.Bytes)
+	want := agent.CertInUse{Name: "www", Version: 2, SHA256: hex.EncodeToString(sum[:])}
+	st = e.waitStatus("reporting version 2", func(s agent.Status) bool { return len(s.Certificates) == 1 && s.Certificates[0] == want })
+	if st.Address != e.admin {
+		t.Errorf("address %q reported, want the admin address %q", st.Address, e.admin)
 	}
 
 	// A certificate whose key the keyservers do not hold: refused, reported, and the

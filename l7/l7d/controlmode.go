@@ -238,15 +238,15 @@ func (c *control) start(cfg *FileConfig) error {
 }
 
 // certificatesInUse lists the certificates served, for the node's status.
-func (d *Daemon) certificatesInUse() []certInUse {
+func (d *Daemon) certificatesInUse() []agent.CertInUse {
 	set := d.store.Set()
 	if set == nil {
 		return nil
 	}
-	out := make([]certInUse, 0, len(set.Certs()))
+	out := make([]agent.CertInUse, 0, len(set.Certs()))
 	for _, c := range set.Certs() {
 		sum := sha256.Sum256(c.Chain[0])
-		out = append(out, certInUse{Name: c.Name, Version: c.Version, SHA256: hex.EncodeToString(sum[:])})
+		out = append(out, agent.CertInUse{Name: c.Name, Version: c.Version, SHA256: hex.EncodeToString(sum[:])})
 	}
 	return out
 }
@@ -259,8 +259,8 @@ func (d *Daemon) runAgent(ctx context.Context, cfg *FileConfig) (stop func(), er
 		Open: nc.OpenWith(d.Log.With("component", "store")),
 		Node: nc.Node,
 		Role: Role,
-		// Address:      cfg.AdminListen,
-		// Certificates: d.certificatesInUse,
+		Address:      cfg.AdminListen,
+		Certificates: d.certificatesInUse,
 		CacheFile:  nc.CacheFile,
 		Apply:      d.applySnapshot,
 		Logger:     d.Log,
@@ -269,6 +269,7 @@ func (d *Daemon) runAgent(ctx context.Context, cfg *FileConfig) (stop func(), er
 	if err != nil {
 		return nil, err
 	}
+	d.agent = a
 	actx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

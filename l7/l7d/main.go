@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tiergate/tiergate/certs"
+	"github.com/tiergate/tiergate/control/agent"
 	"github.com/tiergate/tiergate/control/model"
 	"github.com/tiergate/tiergate/internal/autoprocs"
 	"github.com/tiergate/tiergate/internal/daemon"
@@ -85,6 +86,9 @@ type Daemon struct {
 	// started is closed once the L7 server serves: at once in the file form, at the
 	// first snapshot applied with control.
 	started chan struct{}
+	// agent is the node agent with control, nil without; set before the first
+	// snapshot is applied.
+	agent *agent.Agent
 }
 
 // DefaultTokenDir is where l7d generates its admin token (admin.token) when neither
@@ -472,6 +476,9 @@ func (c *control) reload() (err error) {
 	}
 	c.commitReload(next)
 	c.d.Log.Info("reloaded", "config", c.d.Path)
+	if c.d.agent != nil {
+		c.d.agent.Report()
+	}
 	return nil
 }
 
