@@ -256,15 +256,15 @@ func (d *Daemon) certificatesInUse() []agent.CertInUse {
 func (d *Daemon) runAgent(ctx context.Context, cfg *FileConfig) (stop func(), err error) {
 	nc := cfg.Control
 	a, err := agent.New(agent.Config{
-		Open: nc.OpenWith(d.Log.With("component", "store")),
-		Node: nc.Node,
-		Role: Role,
+		Open:         nc.OpenWith(d.Log.With("component", "store")),
+		Node:         nc.Node,
+		Role:         Role,
 		Address:      cfg.AdminListen,
 		Certificates: d.certificatesInUse,
-		CacheFile:  nc.CacheFile,
-		Apply:      d.applySnapshot,
-		Logger:     d.Log,
-		Registerer: d.Reg,
+		CacheFile:    nc.CacheFile,
+		Apply:        d.applySnapshot,
+		Logger:       d.Log,
+		Registerer:   d.Reg,
 	})
 	if err != nil {
 		return nil, err
