@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -217,4 +218,56 @@ func TestControlNotYet(t *testing.T) {
 	if got := td.ruleNames(); len(got) != 0 {
 		t.Errorf("rules %v before any snapshot", got)
 	}
+}
+
+// TestDPDKControl runs the l4d binary over DPDK fed by the control plane: the rules
+// in the store reach its datapath, one it cannot apply is refused with the rules in
+// force kept, and restarted with the store gone it forwards by its cached snapshot.
+func TestDPDKControl(t *testing.T) {
+	dir := t.TempDir()
+	bin := requireDPDKBinary(t, dir)
+	s, ep := openControlStore(t)
+	rev := putObjects(t, s, l4Pool("l7", "10.0.0.11"), l4Rule("web", "198.18.0.10", 443, "l7"))
+
+	cfg, _, _ := strings.Cut(dpdkConfig, "rules:")
+	path := filepath.Join(dir, "l4d.yaml")
+	writeFile(t, path, fmt.Sprintf("state_dir: %s\n%scontrol: {node: l4-dpdk, etcd_endpoints: [%q], dial_timeout: 1s}\n", dir, cfg, ep))
+	var out strings.Builder
+	check := exec.Command(bin, "check", "-config", path)
+	check.Stdout = &out
+	if err := check.Run(); err != nil || !strings.Contains(out.String(), "rules and pools from the control plane: node l4-dpdk") {
+		t.Fatalf("l4d check: %v\n%s", err, out.String())
+	}
+
+	p := runL4d(t, bin, dir, path)
+	st := waitStatus(t, s, "l4-dpdk", func(st agent.Status) bool { return st.AppliedRevision >= rev })
+	if st.Role != "l4d" || st.Address != strings.TrimPrefix(p.base, "http://") {
+		t.Errorf("status %+v: want role l4d at %s", st, p.base)
+	}
+	p.waitHealthy()
+	if _, body := p.get("/status"); !strings.Contains(body, `"name": "web"`) {
+		t.Errorf("/status lacks the rule from the store:\n%s", body)
+	}
+
+	bad := putObjects(t, s, l4Rule("v6", "2001:db8::10", 443, "l7"))
+	st = waitStatus(t, s, "l4-dpdk", func(st agent.Status) bool { return st.RefusedRevision == bad })
+	if st.AppliedRevision != rev || !strings.Contains(st.Error, "l4-rules/v6.vip") {
+		t.Errorf("status after a snapshot l4d cannot apply: %+v", st)
+	}
+	if _, body := p.get("/status"); !strings.Contains(body, `"name": "web"`) || strings.Contains(body, `"name": "v6"`) {
+		t.Errorf("/status after a refused snapshot:\n%s", body)
+	}
+	p.terminate()
+
+	// The store is gone: the restarted l4d forwards by the last snapshot it applied.
+	s.Close()
+	p = runL4d(t, bin, dir, path)
+	p.waitHealthy()
+	if _, body := p.get("/status"); !strings.Contains(body, `"name": "web"`) {
+		t.Errorf("/status with the store gone lacks the cached rule:\n%s", body)
+	}
+	if _, body := p.get("/control"); !strings.Contains(body, fmt.Sprintf(`"applied_revision": %d`, rev)) {
+		t.Errorf("/control with the store gone:\n%s", body)
+	}
+	p.terminate()
 }

@@ -35,9 +35,10 @@ pools:
   l7: {members: [{name: a, address: 10.0.0.11}], health: {type: none}}
 `
 
-// TestDPDK runs the l4d binary over DPDK, as a user does: EAL can be initialised only
-// once per process, so it runs as a subprocess.
-func TestDPDK(t *testing.T) {
+// requireDPDKBinary builds the l4d binary into dir, or skips the test where it
+// cannot run over DPDK.
+func requireDPDKBinary(t *testing.T, dir string) string {
+	t.Helper()
 	testenv.RequireRoot(t)
 	goCmd := testenv.RequireCommand(t, "go", "golang")
 	if err := exec.Command("pkg-config", "--exists", "libdpdk").Run(); err != nil {
@@ -46,30 +47,38 @@ func TestDPDK(t *testing.T) {
 		}
 		t.Skipf("test needs libdpdk (Debian package libdpdk-dev): %v", err)
 	}
-	dir := t.TempDir()
 	bin := filepath.Join(dir, "l4d")
 	build := exec.Command(goCmd, "build", "-o", bin, "github.com/tiergate/tiergate/cmd/l4d")
 	build.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building l4d: %v\n%s", err, out)
 	}
-	path := filepath.Join(dir, "l4d.yaml")
-	writeFile(t, path, "state_dir: "+dir+"\n"+dpdkConfig)
+	return bin
+}
 
-	var out strings.Builder
-	if err := exec.Command(bin, "check", "-config", path).Run(); err != nil {
-		t.Fatalf("l4d check: %v", err)
-	}
-	cmd := exec.Command(bin, "run", "-config", path)
-	stderr, err := cmd.StderrPipe()
+// l4dProcess is the l4d binary running with a configuration whose state_dir is dir.
+type l4dProcess struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	base    string // the admin endpoint's URL
+	authz   string // its Authorization header
+	out     *strings.Builder
+	exited  chan struct{} // closed after Wait; waitErr is its result
+	waitErr error
+}
+
+// runL4d runs bin with the configuration at path until the test ends, and waits for
+// its admin endpoint (its token generated in dir).
+func runL4d(t *testing.T, bin, dir, path string) *l4dProcess {
+	t.Helper()
+	p := &l4dProcess{t: t, cmd: exec.Command(bin, "run", "-config", path), out: &strings.Builder{}, exited: make(chan struct{})}
+	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{}) // closed after Wait; waitErr is its result
-	var waitErr error
 	adminAddr := make(chan string, 1)
 	logDone := make(chan struct{})
 	go func() {
@@ -78,7 +87,7 @@ func TestDPDK(t *testing.T) {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			line := sc.Text()
-			out.WriteString(line + "\n")
+			p.out.WriteString(line + "\n")
 			if m := re.FindStringSubmatch(line); m != nil {
 				adminAddr <- m[1]
 			}
@@ -86,27 +95,26 @@ func TestDPDK(t *testing.T) {
 	}()
 	go func() {
 		<-logDone
-		waitErr = cmd.Wait()
-		close(exited)
+		p.waitErr = p.cmd.Wait()
+		close(p.exited)
 	}()
 	t.Cleanup(func() {
 		select {
-		case <-exited:
+		case <-p.exited:
 		default:
-			cmd.Process.Kill()
-			<-exited
+			p.cmd.Process.Kill()
+			<-p.exited
 		}
 		if t.Failed() {
-			t.Logf("l4d's log:\n%s", out.String())
+			t.Logf("l4d's log:\n%s", p.out.String())
 		}
 	})
 
-	var base string
 	select {
 	case a := <-adminAddr:
-		base = "http://" + a
-	case <-exited:
-		t.Fatalf("l4d exited before serving: %v", waitErr)
+		p.base = "http://" + a
+	case <-p.exited:
+		t.Fatalf("l4d exited before serving: %v", p.waitErr)
 	case <-time.After(60 * time.Second):
 		t.Fatal("l4d did not serve its admin endpoint in 60s")
 	}
@@ -114,37 +122,81 @@ func TestDPDK(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	authz := "Bearer " + strings.TrimSpace(string(token))
-	get := func(path string) (int, string) {
-		t.Helper()
-		req, _ := http.NewRequest("GET", base+path, nil)
-		req.Header.Set("Authorization", authz)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	p.authz = "Bearer " + strings.TrimSpace(string(token))
+	return p
+}
 
+// get sends an admin GET and returns the status and body.
+func (p *l4dProcess) get(path string) (int, string) {
+	p.t.Helper()
+	req, _ := http.NewRequest("GET", p.base+path, nil)
+	req.Header.Set("Authorization", p.authz)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		p.t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// waitHealthy waits until /healthz answers 200.
+func (p *l4dProcess) waitHealthy() {
+	p.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		code, body := get("/healthz")
+		code, body := p.get("/healthz")
 		if code == 200 {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("/healthz: %d %s", code, body)
+			p.t.Fatalf("/healthz: %d %s", code, body)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// terminate stops l4d with SIGTERM and checks it stopped cleanly.
+func (p *l4dProcess) terminate() {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		p.t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+		if p.waitErr != nil {
+			p.t.Errorf("l4d after SIGTERM: %v", p.waitErr)
+		}
+	case <-time.After(30 * time.Second):
+		p.t.Fatal("l4d did not stop in 30s after SIGTERM")
+	}
+	if !strings.Contains(p.out.String(), "msg=stopping") {
+		p.t.Errorf("no stopping in the log")
+	}
+	if _, err := os.Stat(runtimeDir(fmt.Sprintf("l4d-%d", p.cmd.Process.Pid))); !errors.Is(err, os.ErrNotExist) {
+		p.t.Errorf("EAL runtime directory left behind: %v", err)
+	}
+}
+
+// TestDPDK runs the l4d binary over DPDK, as a user does: EAL can be initialised only
+// once per process, so it runs as a subprocess.
+func TestDPDK(t *testing.T) {
+	dir := t.TempDir()
+	bin := requireDPDKBinary(t, dir)
+	path := filepath.Join(dir, "l4d.yaml")
+	writeFile(t, path, "state_dir: "+dir+"\n"+dpdkConfig)
+
+	if err := exec.Command(bin, "check", "-config", path).Run(); err != nil {
+		t.Fatalf("l4d check: %v", err)
+	}
+	p := runL4d(t, bin, dir, path)
+	p.waitHealthy()
 
 	// The workers poll the ports: net_null's frames are received, counted by the port
 	// and dropped by the datapath as unsupported.
 	var metrics string
-	for deadline = time.Now().Add(10 * time.Second); ; {
-		_, metrics = get("/metrics")
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, metrics = p.get("/metrics")
 		if metricValue(metrics, `tiergate_l4_packets_total{dir="in",result="unsupported"}`) > 0 &&
 			metricValue(metrics, `tiergate_l4_port_packets_total{dir="rx",port="external"}`) > 0 {
 			break
@@ -170,9 +222,9 @@ func TestDPDK(t *testing.T) {
 	}
 
 	// A change through the admin API reaches the running datapath.
-	req, _ := http.NewRequestWithContext(context.Background(), "PUT", base+"/rules/dns",
+	req, _ := http.NewRequestWithContext(context.Background(), "PUT", p.base+"/rules/dns",
 		strings.NewReader(`{"vip": "198.18.0.10", "protocol": "udp", "port": 53, "pool": "l7"}`))
-	req.Header.Set("Authorization", authz)
+	req.Header.Set("Authorization", p.authz)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -181,28 +233,12 @@ func TestDPDK(t *testing.T) {
 	if resp.StatusCode != 201 {
 		t.Errorf("PUT /rules/dns: %d", resp.StatusCode)
 	}
-	if _, st := get("/status"); !strings.Contains(st, `"name": "dns"`) {
+	if _, st := p.get("/status"); !strings.Contains(st, `"name": "dns"`) {
 		t.Errorf("/status after PUT /rules/dns:\n%s", st)
 	}
 
 	// SIGTERM: a clean stop, and EAL's runtime files gone with it.
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-exited:
-		if waitErr != nil {
-			t.Errorf("l4d after SIGTERM: %v", waitErr)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("l4d did not stop in 30s after SIGTERM")
-	}
-	if !strings.Contains(out.String(), "msg=stopping") {
-		t.Errorf("no stopping in the log")
-	}
-	if _, err := os.Stat(runtimeDir(fmt.Sprintf("l4d-%d", cmd.Process.Pid))); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("EAL runtime directory left behind: %v", err)
-	}
+	p.terminate()
 }
 
 // metricValue returns the value of the sample named exactly name (with its labels)
