@@ -405,3 +405,16 @@ state_dir: /var/lib/l7d-test
 		}
 	}
 }
+
+// TestControlSample: deploy/l7d-control.yaml parses, with its control section and
+// node listener.
+func TestControlSample(t *testing.T) {
+	s, err := LoadConfig("../../deploy/l7d-control.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Control == nil || s.Control.Node != "l7-a" || s.Control.CacheFile != "/var/lib/tiergate/l7d/control-snapshot.json" ||
+		s.NodeListeners["public"].QUICServerID != 11 || s.KeyServers == nil || len(s.Listeners) != 0 {
+		t.Errorf("sample parsed as %+v", s)
+	}
+}
