@@ -32,7 +32,11 @@
 // change set is committed only if it has not changed since the snapshot the check
 // saw, which is how a deletion by a concurrent writer (which leaves no key behind
 // to compare) is caught. It is outside the object prefix: snapshots and watches do
-// not see it.
+// not see it. Its value records the write: who made it (ChangeSet.Who, the API
+// token's name), when, and each object's op, kind and name ({"who","time",
+// "changes":[{"op","kind","name"}]}), so the head key's own history is the
+// history of the configuration's writes: Revisions lists them, newest first, and
+// RevisionAt reads one.
 //
 // # Revisions and history
 //
@@ -41,8 +45,14 @@
 // every object at one revision R; Watch from R+1 delivers every later change in
 // order, one Batch per revision. etcd keeps the earlier revisions of an object
 // until compaction drops them: History and GetAt read them until then, and return
-// ErrCompacted past it. A watch that asks for compacted revisions gets the whole
-// state instead (Batch.Reset) and goes on from there.
+// ErrCompacted past it; SnapshotAt reads every object at an earlier revision, and
+// Diff compares two snapshots. RollbackChanges are the changes that make the
+// objects now equal to those of an earlier snapshot, committed with
+// ChangeSet.Since so that nothing written after the state they were computed
+// from is undone unseen. DryRun checks a change set as Commit would and returns
+// the snapshots before and after it, writing nothing. A watch that asks for
+// compacted revisions gets the whole state instead (Batch.Reset) and goes on from
+// there.
 //
 // # Sizes
 //

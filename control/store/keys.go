@@ -235,9 +235,15 @@ type ConflictError struct {
 	// object's (0: absent). For a change set retried too often because others kept
 	// writing, Kind and Name are empty.
 	Expected, Actual int64
+	// Since is set for a change set refused because the store was written after
+	// ChangeSet.Since; Kind and Name are empty.
+	Since int64
 }
 
 func (e *ConflictError) Error() string {
+	if e.Since > 0 {
+		return fmt.Sprintf("store: the configuration was changed after revision %d", e.Since)
+	}
 	if e.Kind == "" {
 		return "store: the store kept changing under the change set's check; try again"
 	}

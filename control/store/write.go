@@ -45,6 +45,16 @@ type ChangeSet struct {
 	// condition of their own: the Changes' expected revisions guard them. Default
 	// none.
 	Extra []ExtraPut
+
+	// Who is who makes the change (a token's name), recorded with the change set in
+	// the head key (Revisions). Default none.
+	Who string
+
+	// Since, above 0, commits only if nothing was written after that revision (no
+	// object and no head key write since): otherwise a *ConflictError with Since
+	// set, and nothing is written nor tried again. For a change set computed from
+	// the state at Since as a whole (a rollback). Default 0: not required.
+	Since int64
 }
 
 // ExtraPut is one put of a ChangeSet's Extra: an etcd key and its value.
@@ -66,7 +76,8 @@ func (s *Store) Delete(ctx context.Context, kind, name string, ifRevision int64)
 }
 
 // Commit writes every change of cs in one transaction, after cs.Check, and returns
-// the revision it committed at (every object it wrote has it as ModRevision).
+// the revision it committed at (every object it wrote has it as ModRevision). The
+// head key is written in the same transaction with who and what (a Revision).
 // Nothing is written when it fails: a *ConflictError (ErrConflict) names the
 // first object not at its expected revision, ErrNotFound a delete of a missing
 // object, a *CheckError what the check refused.
@@ -80,31 +91,23 @@ func (s *Store) Commit(ctx context.Context, cs ChangeSet) (int64, error) {
 	for try := 1; ; try++ {
 		var cmps []clientv3.Cmp
 		if cs.Check != nil {
-			snap, headRev, err := s.snapshot(ctx)
+			p, err := s.plan(ctx, cs)
 			if err != nil {
 				return 0, err
 			}
-			next := snap.clone()
-			for _, c := range cs.Changes {
-				cur, ok := snap.Get(c.Kind, c.Name)
-				if err := precondition(c, cur, ok); err != nil {
-					return 0, err
-				}
-				if c.Delete {
-					next.remove(c.Kind, c.Name)
-					continue
-				}
-				o := Object{Kind: c.Kind, Name: c.Name, Value: c.Value, CreateRevision: cur.CreateRevision, Version: cur.Version + 1}
-				next.put(o)
-			}
-			if err := cs.Check(next); err != nil {
-				return 0, &CheckError{Revision: snap.Revision, Err: err}
-			}
 			cmps = append(cmps,
-				clientv3.Compare(clientv3.ModRevision(headKey), "=", headRev),
+				clientv3.Compare(clientv3.ModRevision(headKey), "=", p.headRev),
 				// Also a put by a writer that goes round the Store (etcdctl).
-				clientv3.Compare(clientv3.ModRevision(Prefix), "<", snap.Revision+1).WithPrefix(),
+				clientv3.Compare(clientv3.ModRevision(Prefix), "<", p.Before.Revision+1).WithPrefix(),
 			)
+		}
+		var sinceCmps []clientv3.Cmp
+		if cs.Since > 0 {
+			sinceCmps = []clientv3.Cmp{
+				clientv3.Compare(clientv3.ModRevision(headKey), "<", cs.Since+1),
+				clientv3.Compare(clientv3.ModRevision(Prefix), "<", cs.Since+1).WithPrefix(),
+			}
+			cmps = append(cmps, sinceCmps...)
 		}
 		ops := make([]clientv3.Op, 0, len(cs.Changes)+1)
 		for _, c := range cs.Changes {
@@ -126,7 +129,11 @@ func (s *Store) Commit(ctx context.Context, cs ChangeSet) (int64, error) {
 		for _, e := range cs.Extra {
 			ops = append(ops, clientv3.OpPut(e.Key, string(e.Value)))
 		}
-		ops = append(ops, clientv3.OpPut(headKey, ""))
+		head, err := json.Marshal(record(cs))
+		if err != nil {
+			return 0, fmt.Errorf("store: %s: the head record: %w", describe(cs.Changes), err)
+		}
+		ops = append(ops, clientv3.OpPut(headKey, string(head)))
 		resp, err := s.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			return 0, fmt.Errorf("store: %s: %w", describe(cs.Changes), wrapErr(err))
@@ -134,15 +141,83 @@ func (s *Store) Commit(ctx context.Context, cs ChangeSet) (int64, error) {
 		if resp.Succeeded {
 			return resp.Header.Revision, nil
 		}
-		// Which condition failed: an object's own (final), or only the snapshot's
-		// (another writer came first: check again).
+		// Which condition failed: an object's own (final), the store having moved
+		// past Since (final), or only the snapshot's (another writer came first:
+		// check again).
 		if err := s.explain(ctx, cs.Changes); err != nil {
 			return 0, err
+		}
+		if cs.Since > 0 {
+			r, err := s.cli.Txn(ctx).If(sinceCmps...).Commit()
+			if err != nil {
+				return 0, fmt.Errorf("store: %s: %w", describe(cs.Changes), wrapErr(err))
+			}
+			if !r.Succeeded {
+				return 0, &ConflictError{Since: cs.Since}
+			}
 		}
 		if try >= s.maxTries {
 			return 0, &ConflictError{}
 		}
 	}
+}
+
+// Plan is what a change set would do, without it being written: the snapshot it
+// is read against and the one it would result in (cs.Check passed).
+type Plan struct {
+	// Before is every object at the revision read; After is Before with the
+	// changes applied (what they write has ModRevision 0).
+	Before, After *Snapshot
+
+	headRev int64 // the head key's mod revision at Before
+}
+
+// DryRun checks cs as Commit would (its expected revisions, then cs.Check on the
+// snapshot it makes) and returns what it would do, writing nothing. The errors
+// are Commit's, but for a conflict with a later writer, which a dry run cannot
+// have.
+func (s *Store) DryRun(ctx context.Context, cs ChangeSet) (*Plan, error) {
+	if err := validateChanges(cs.Changes); err != nil {
+		return nil, err
+	}
+	if err := validateExtra(cs); err != nil {
+		return nil, err
+	}
+	p, err := s.plan(ctx, cs)
+	if err != nil {
+		return nil, err
+	}
+	if cs.Since > 0 && p.headRev > cs.Since {
+		return nil, &ConflictError{Since: cs.Since}
+	}
+	return p, nil
+}
+
+// plan reads the state, applies cs's changes to it after their preconditions and
+// runs cs.Check (when set) on the result.
+func (s *Store) plan(ctx context.Context, cs ChangeSet) (*Plan, error) {
+	snap, headRev, err := s.snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	next := snap.clone()
+	for _, c := range cs.Changes {
+		cur, ok := snap.Get(c.Kind, c.Name)
+		if err := precondition(c, cur, ok); err != nil {
+			return nil, err
+		}
+		if c.Delete {
+			next.remove(c.Kind, c.Name)
+			continue
+		}
+		next.put(Object{Kind: c.Kind, Name: c.Name, Value: c.Value, CreateRevision: cur.CreateRevision, Version: cur.Version + 1})
+	}
+	if cs.Check != nil {
+		if err := cs.Check(next); err != nil {
+			return nil, &CheckError{Revision: snap.Revision, Err: err}
+		}
+	}
+	return &Plan{Before: snap, After: next, headRev: headRev}, nil
 }
 
 // explain reads the objects of changes at one revision and returns the error of the
