@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -13,10 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+
 	"github.com/tiergate/tiergate/control/agent"
 	"github.com/tiergate/tiergate/control/model"
 	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/l4/datapath"
+	"github.com/tiergate/tiergate/l4/packet"
 )
 
 // controlConfig is testConfig with its rules and pools from the control plane at
@@ -60,10 +65,12 @@ func l4Rule(name, vip string, port uint16, pool string) *model.L4Rule {
 	return &model.L4Rule{RuleConfig: datapath.RuleConfig{Name: name, VIP: netip.MustParseAddr(vip), Protocol: "tcp", Port: port, Pool: pool}}
 }
 
+// l4Pool is a pool of members m0, m1, ... at addresses, with static MACs (no ARP).
 func l4Pool(name string, members ...string) *model.L4Pool {
 	p := &model.L4Pool{Name: name}
 	for i, m := range members {
-		p.Members = append(p.Members, datapath.MemberConfig{Name: fmt.Sprintf("m%d", i), Address: netip.MustParseAddr(m)})
+		p.Members = append(p.Members, datapath.MemberConfig{Name: fmt.Sprintf("m%d", i), Address: netip.MustParseAddr(m),
+			MAC: packet.MAC{2, 0, 0, 0, 1, byte(i)}})
 	}
 	p.Health.Type = "none"
 	return p
@@ -101,6 +108,35 @@ func waitStatus(t *testing.T, s *store.Store, node string, ok func(agent.Status)
 	}
 }
 
+// forwards injects a client's SYN to vip:port on the external port and reports
+// whether the datapath tunnels it (GRE) to one of the members at addresses within
+// 5s.
+func (td *testDaemon) forwards(vip string, port uint16, members ...string) bool {
+	td.t.Helper()
+	ip := &layers.IPv4{Version: 4, TTL: 60, Protocol: layers.IPProtocolTCP,
+		SrcIP: net.IP{198, 18, 0, 50}, DstIP: netip.MustParseAddr(vip).AsSlice()}
+	tcp := &layers.TCP{SrcPort: layers.TCPPort(40000 + port%1000), DstPort: layers.TCPPort(port), SYN: true, Seq: 1000, Window: 64240}
+	_ = tcp.SetNetworkLayerForChecksum(ip)
+	buf := gopacket.NewSerializeBuffer()
+	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 9}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, EthernetType: layers.EthernetTypeIPv4}
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, eth, ip, tcp); err != nil {
+		td.t.Fatal(err)
+	}
+	internal := td.ports.dev("internal")
+	internal.Drain()
+	td.ports.dev("external").Inject(buf.Bytes())
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, f := range internal.Sent() {
+			pk := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default)
+			outer, _ := pk.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+			if outer != nil && outer.Protocol == layers.IPProtocolGRE && slices.Contains(members, outer.DstIP.String()) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // ruleNames returns the names of the rules the datapath forwards by, sorted.
 func (td *testDaemon) ruleNames() []string {
 	var names []string
@@ -131,6 +167,9 @@ func TestControlRules(t *testing.T) {
 	if f := td.config(); len(f.Pools["l7"].Members) != 2 {
 		t.Errorf("pools in force: %+v", f.Pools)
 	}
+	if !td.forwards("203.0.113.10", 443, "10.0.0.11", "10.0.0.12") {
+		t.Error("a SYN to web's VIP was not tunnelled to a member")
+	}
 	td.want("GET", "/healthz", "", 200, "ok")
 	td.want("GET", "/control", "", 200, `"node": "l4-a"`, `"role": "l4d"`, fmt.Sprintf(`"applied_revision": %d`, st.AppliedRevision))
 
@@ -142,6 +181,9 @@ func TestControlRules(t *testing.T) {
 	}
 	if n := len(td.member("l7", "m2").Name); n == 0 {
 		t.Error("member m2 not in the datapath")
+	}
+	if !td.forwards("203.0.113.11", 8443, "10.0.0.11", "10.0.0.12", "10.0.0.13") {
+		t.Error("a SYN to alt's VIP was not tunnelled to a member")
 	}
 
 	// l4d has no IPv6 address: the rule passes the cluster's check, not l4d's.
