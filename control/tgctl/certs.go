@@ -21,6 +21,17 @@ type certificate struct {
 	KeyType  string    `json:"key_type"`
 	SANs     []string  `json:"sans"`
 	NotAfter time.Time `json:"not_after"`
+	// DaysLeft is the API's count of whole days until NotAfter (negative once
+	// past), in lists.
+	DaysLeft *int `json:"days_left,omitempty"`
+}
+
+// days is the days left the API said, or counted from now.
+func (c certificate) days(now time.Time) int {
+	if c.DaysLeft != nil {
+		return *c.DaysLeft
+	}
+	return daysLeft(c.NotAfter, now)
 }
 
 // daysLeft is the whole days until t, negative once past.
@@ -39,7 +50,7 @@ func certRows(t *tabwriter.Writer, certs []certificate, now time.Time) {
 		if len(kid) > 16 {
 			kid = kid[:16]
 		}
-		row(t, c.Name, c.Version, orDash(c.KeyType), orDash(kid), c.NotAfter.UTC().Format(time.DateOnly), daysLeft(c.NotAfter, now), orDash(strings.Join(c.SANs, ",")))
+		row(t, c.Name, c.Version, orDash(c.KeyType), orDash(kid), c.NotAfter.UTC().Format(time.DateOnly), c.days(now), orDash(strings.Join(c.SANs, ",")))
 	}
 }
 
@@ -51,8 +62,10 @@ type uploadAnswer struct {
 	Reordered   bool        `json:"reordered"`
 	Notes       []string    `json:"notes"`
 	Keyservers  []struct {
-		Address  string `json:"address"`
-		Verified bool   `json:"verified"`
+		Address   string `json:"address"`
+		Verified  bool   `json:"verified"`
+		Reachable bool   `json:"reachable"`
+		Error     string `json:"error,omitempty"`
 	} `json:"keyservers"`
 }
 
@@ -110,11 +123,14 @@ nothing and is named. --dry-run checks everything and stores nothing.`,
 					fmt.Fprintf(t, "note: %s\n", n)
 				}
 				for _, k := range ans.Keyservers {
-					v := "verified"
-					if !k.Verified {
-						v = "not verified"
+					switch {
+					case k.Verified:
+						fmt.Fprintf(t, "keyserver %s: key imported, a fresh signature verified\n", k.Address)
+					case k.Reachable:
+						fmt.Fprintf(t, "keyserver %s: reachable\n", k.Address)
+					default:
+						fmt.Fprintf(t, "keyserver %s: %s\n", k.Address, orDash(k.Error))
 					}
-					fmt.Fprintf(t, "keyserver %s: key imported, %s\n", k.Address, v)
 				}
 			})
 		},
@@ -137,6 +153,7 @@ nothing and is named. --dry-run checks everything and stores nothing.`,
 					Name     string      `json:"name"`
 					Revision int64       `json:"revision"`
 					Object   certificate `json:"object"`
+					DaysLeft *int        `json:"days_left"`
 				} `json:"items"`
 			}
 			if _, err := o.call(cmd.Context(), request{method: "GET", path: "/v1/certificates", what: "listing the certificates"}, &ans); err != nil {
@@ -146,6 +163,9 @@ nothing and is named. --dry-run checks everything and stores nothing.`,
 			for _, it := range ans.Items {
 				c := it.Object
 				c.Chain = ""
+				if c.DaysLeft == nil {
+					c.DaysLeft = it.DaysLeft
+				}
 				certs = append(certs, c)
 			}
 			return o.printer(cmd).data(certs, func(t *tabwriter.Writer) { certRows(t, certs, time.Now()) })
@@ -159,9 +179,16 @@ nothing and is named. --dry-run checks everything and stores nothing.`,
 		ValidArgsFunction: o.certNameCompletion,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var ans struct {
-				Name     string        `json:"name,omitempty"`
-				Current  int           `json:"current,omitempty"`
-				Versions []certificate `json:"versions"`
+				Name     string `json:"name"`
+				Current  int    `json:"current"`
+				Revision int64  `json:"revision"`
+				Versions []struct {
+					certificate
+					Uploaded   time.Time `json:"uploaded"`
+					UploadedBy string    `json:"uploaded_by"`
+					Keyservers []string  `json:"keyservers"`
+					Current    bool      `json:"current"`
+				} `json:"versions"`
 			}
 			if _, err := o.call(cmd.Context(), request{method: "GET", path: "/v1/certificates/" + pathEscape(args[0]) + "/versions", what: "listing the versions of certificate " + args[0]}, &ans); err != nil {
 				return err
@@ -169,7 +196,22 @@ nothing and is named. --dry-run checks everything and stores nothing.`,
 			for i := range ans.Versions {
 				ans.Versions[i].Chain = ""
 			}
-			return o.printer(cmd).data(ans, func(t *tabwriter.Writer) { certRows(t, ans.Versions, time.Now()) })
+			now := time.Now()
+			return o.printer(cmd).data(ans, func(t *tabwriter.Writer) {
+				row(t, "VERSION", "CURRENT", "KEY TYPE", "KEY ID", "NOT AFTER", "DAYS LEFT", "UPLOADED", "BY", "SANS")
+				for _, v := range ans.Versions {
+					cur := ""
+					if v.Current {
+						cur = "*"
+					}
+					kid := v.KeyID
+					if len(kid) > 16 {
+						kid = kid[:16]
+					}
+					row(t, v.Version, cur, orDash(v.KeyType), orDash(kid), v.NotAfter.UTC().Format(time.DateOnly), v.days(now),
+						v.Uploaded.Local().Format(time.DateTime), orDash(v.UploadedBy), orDash(strings.Join(v.SANs, ",")))
+				}
+			})
 		},
 	}
 
@@ -193,18 +235,14 @@ certificate changed meanwhile is not rolled back (exit 3).`,
 			if rev == 0 {
 				return &APIError{What: "reading certificates/" + args[0], Status: http.StatusNotFound, Code: "not_found", Message: "no such certificate"}
 			}
-			var ans map[string]any
+			var ans uploadAnswer
 			if _, err := o.call(cmd.Context(), request{method: "POST", path: "/v1/certificates/" + pathEscape(args[0]) + "/rollback",
 				body: map[string]int{"version": v}, header: map[string]string{"If-Match": etag(rev)},
 				what: "rolling certificate " + args[0] + " back to version " + args[1]}, &ans); err != nil {
 				return err
 			}
 			return o.printer(cmd).data(ans, func(t *tabwriter.Writer) {
-				fmt.Fprintf(t, "certificate %s serves version %d's chain", args[0], v)
-				if r, ok := ans["revision"].(float64); ok {
-					fmt.Fprintf(t, " from revision %d", int64(r))
-				}
-				fmt.Fprintln(t)
+				fmt.Fprintf(t, "certificate %s is version %d at revision %d\n", args[0], v, ans.Revision)
 			})
 		},
 	}
