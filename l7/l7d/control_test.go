@@ -53,6 +53,22 @@ type controlEnv struct {
 
 func newControlEnv(t *testing.T) *controlEnv {
 	t.Helper()
+	e := newControlEnvStopped(t)
+	e.startKeyserver()
+	return e
+}
+
+// startKeyserver starts e's keyserver.
+func (e *controlEnv) startKeyserver() {
+	e.t.Helper()
+	if err := e.ks.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// newControlEnvStopped is newControlEnv with the keyserver not started.
+func newControlEnvStopped(t *testing.T) *controlEnv {
+	t.Helper()
 	e := &controlEnv{t: t, dir: t.TempDir(), listen: freeAddr(t), admin: freeAddr(t)}
 	e.openStore()
 	var err error
@@ -67,6 +83,7 @@ func newControlEnv(t *testing.T) *controlEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ksAddr := freeAddr(t)
 	soft, err := softkey.New(softkey.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -75,16 +92,13 @@ func newControlEnv(t *testing.T) *controlEnv {
 		t.Fatal(err)
 	}
 	e.ks, err = keyserver.NewServer(keyserver.Config{
-		Addr:     "127.0.0.1:0",
+		Addr:     ksAddr,
 		TLS:      &tls.Config{Certificates: []tls.Certificate{mt.ServerLeaf}, ClientCAs: mt.ClientCA.Pool()},
 		Backends: []backend.Backend{soft},
 		Clients:  []keyserver.ClientRule{{Name: "l7d", Keys: []string{"*"}}},
 		Logger:   slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.ks.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -113,7 +127,7 @@ node_listeners:
 state_dir: %s
 admin_listen: "%s"
 log_level: debug
-`, endpoint, e.ks.Addr(), mt.ClientCert, mt.ClientKey, mt.ServerCAFile, e.listen, filepath.Join(e.dir, "state"), e.admin))
+`, endpoint, ksAddr, mt.ClientCert, mt.ClientKey, mt.ServerCAFile, e.listen, filepath.Join(e.dir, "state"), e.admin))
 	return e
 }
 
@@ -417,4 +431,22 @@ func TestControlSample(t *testing.T) {
 		s.NodeListeners["public"].QUICServerID != 11 || s.KeyServers == nil || len(s.Listeners) != 0 {
 		t.Errorf("sample parsed as %+v", s)
 	}
+}
+
+// TestControlKeyserverLate: l7d started before its keyservers serves the store's
+// configuration once they come up, rather than refusing it for good.
+func TestControlKeyserverLate(t *testing.T) {
+	e := newControlEnvStopped(t)
+	v1, serial1 := e.cert(1, e.key)
+	rev := e.put(append(siteObjects(), v1)...)
+	time.AfterFunc(time.Second, func() {
+		if err := e.ks.Start(); err != nil {
+			t.Errorf("starting the keyserver: %v", err)
+		}
+	})
+	e.start()
+	if got := e.served(); got.Cmp(serial1) != 0 {
+		t.Fatalf("serial %x served, want %x", got, serial1)
+	}
+	e.waitStatus("applied", func(s agent.Status) bool { return s.AppliedRevision >= rev && s.Error == "" })
 }

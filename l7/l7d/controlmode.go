@@ -43,11 +43,13 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/tiergate/tiergate/certs"
 	"github.com/tiergate/tiergate/control/agent"
 	"github.com/tiergate/tiergate/control/model"
 	"github.com/tiergate/tiergate/internal/config"
+	"github.com/tiergate/tiergate/keyserver/client"
 	"github.com/tiergate/tiergate/l7"
 	"github.com/tiergate/tiergate/policy/blacklist"
 	"github.com/tiergate/tiergate/policy/clientip"
@@ -165,14 +167,35 @@ func (c *FileConfig) withSnapshot(snap *model.Snapshot) (*FileConfig, error) {
 	return &out, errors.Join(errs...)
 }
 
+// keyserverWait is how long a snapshot refused because no keyserver could be
+// reached is tried again before it is reported refused.
+var keyserverWait = 30 * time.Second
+
 // applySnapshot is the agent's Apply: it puts snap in force through the reload
-// path, on the owner goroutine; the first one starts the L7 server.
-func (d *Daemon) applySnapshot(_ context.Context, snap *model.Snapshot, rev int64) error {
-	var err error
-	if e := d.do(func(c *control) { err = c.apply(snap, rev) }); e != nil {
-		return e
+// path, on the owner goroutine; the first one starts the L7 server. A snapshot
+// refused because no keyserver connection was up (keyservers starting with l7d, or a
+// short outage) is tried again, with a backoff from 200ms to 5s, for keyserverWait:
+// the agent tries a revision once, and a node that starts with its keyservers
+// would otherwise serve nothing until the next write.
+func (d *Daemon) applySnapshot(ctx context.Context, snap *model.Snapshot, rev int64) error {
+	start, wait := time.Now(), 200*time.Millisecond
+	for {
+		var err error
+		if e := d.do(func(c *control) { err = c.apply(snap, rev) }); e != nil {
+			return e
+		}
+		if err == nil || !errors.Is(err, client.ErrUnavailable) || time.Since(start)+wait > keyserverWait {
+			return err
+		}
+		d.Log.Warn("configuration from the control plane not applied: no keyserver connection; trying again",
+			"revision", rev, "in", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
 	}
-	return err
 }
 
 func (c *control) apply(snap *model.Snapshot, rev int64) (err error) {
