@@ -15,8 +15,11 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(minimal))
 	f.Add([]byte(twoPorts))
 	f.Add([]byte(testConfig))
-	if sample, err := os.ReadFile("../../deploy/l4d.yaml"); err == nil {
-		f.Add(sample)
+	f.Add([]byte(controlled))
+	for _, path := range []string{"../../deploy/l4d.yaml", "../../deploy/l4d-control.yaml"} {
+		if sample, err := os.ReadFile(path); err == nil {
+			f.Add(sample)
+		}
 	}
 	f.Add([]byte("pools: {\"\": {members: [{name: a, address: \"::ffff:1.2.3.4\"}]}}"))
 	f.Fuzz(func(t *testing.T, data []byte) {
