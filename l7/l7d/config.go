@@ -1,6 +1,8 @@
 // Package l7d is the l7d command as a library: its YAML configuration, its run loop
 // with reload on SIGHUP and on the admin endpoint, and graceful shutdown, so tests drive
-// it in-process and cmd/l7d stays a one-line main.
+// it in-process and cmd/l7d stays a one-line main. With a control section in its file,
+// l7d takes its listeners, routing and certificates from the control plane's store
+// through the node agent (controlmode.go; deploy/l7d-control.yaml).
 package l7d
 
 import (
