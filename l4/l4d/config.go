@@ -1,7 +1,8 @@
 // Package l4d is the l4d command as a library: its YAML configuration, DPDK start-up,
 // the datapath's run loop with reload on SIGHUP, the admin API that changes rules and
-// pools at runtime, and graceful shutdown. Tests drive it in-process over in-memory
-// ports, and cmd/l4d stays a one-line main.
+// pools at runtime, and graceful shutdown. With a control section its rules and pools
+// come from the control plane instead, through the node agent (control.go). Tests
+// drive it in-process over in-memory ports, and cmd/l4d stays a one-line main.
 package l4d
 
 import (
