@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -106,6 +107,9 @@ func (d *Daemon) Check(out io.Writer) error {
 	}
 	defer closeAll(backends)
 	fmt.Fprintf(out, "listen %s; admin %s (%s); %d client rules\n", cfg.Server.Addr, cfg.AdminListen, cfg.admin().TokenSummary(), len(cfg.Server.Clients))
+	if nc := cfg.Control; nc != nil {
+		fmt.Fprintf(out, "a node of the control plane: node %s at %s\n", nc.Node, strings.Join(nc.EtcdEndpoints, ","))
+	}
 	if err := listKeys(out, backends); err != nil {
 		return err
 	}

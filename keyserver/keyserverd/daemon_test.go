@@ -473,6 +473,8 @@ func TestCheckAndMain(t *testing.T) {
 	writeFile(t, bad, p.config("software: {}\ntls: {}\n"))
 	noRules := filepath.Join(t.TempDir(), "norules.yaml")
 	writeFile(t, noRules, p.config(fmt.Sprintf("software: {dir: %q}\n", keys)))
+	controlled := filepath.Join(t.TempDir(), "control.yaml")
+	writeFile(t, controlled, p.config(fmt.Sprintf("software: {dir: %q}\nallow_all_clients: true\ncontrol: {node: ks-a, etcd_endpoints: [\"https://198.18.0.1:2379\"]}\n", keys)))
 	for _, tc := range []struct {
 		args         []string
 		code         int
@@ -487,6 +489,7 @@ func TestCheckAndMain(t *testing.T) {
 		{[]string{"check", "-config", path, "x"}, 2, "", "unexpected arguments"},
 		{[]string{"check", "-config", noRules}, 1, "", "clients: no rules"},
 		{[]string{"keys", "-config", noRules}, 0, "software  a", ""}, // import and keys serve no client
+		{[]string{"check", "-config", controlled}, 0, "a node of the control plane: node ks-a at https://198.18.0.1:2379", ""},
 	} {
 		var out, errOut bytes.Buffer
 		code := Main(tc.args, &out, &errOut)
