@@ -185,20 +185,6 @@ func (e *controlEnv) put(objs ...model.Object) int64 {
 	return rev
 }
 
-// remove deletes objects (kind, name pairs) in one change set.
-func (e *controlEnv) remove(objs ...model.Object) int64 {
-	e.t.Helper()
-	var cs store.ChangeSet
-	for _, o := range objs {
-		cs.Changes = append(cs.Changes, store.Change{Kind: o.Kind(), Name: o.ObjectName(), Delete: true, IfRevision: store.Any})
-	}
-	rev, err := e.st.Commit(context.Background(), cs)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return rev
-}
-
 // status returns the node's status in the store, or a zero one.
 func (e *controlEnv) status() agent.Status {
 	e.t.Helper()
