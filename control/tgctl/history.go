@@ -119,8 +119,17 @@ func (o *options) currentRevision(ctx context.Context) (int64, error) {
 	return ans.Revisions[0].Revision, nil
 }
 
+// rollbackAnswer is POST /v1/rollback.
+type rollbackAnswer struct {
+	Revision int64        `json:"revision"`
+	To       int64        `json:"to"`
+	DryRun   bool         `json:"dry_run,omitempty"`
+	Changes  []diffChange `json:"changes"`
+}
+
 func (o *options) rollbackCommand() *cobra.Command {
 	var expect int64
+	var dryRun bool
 	cmd := &cobra.Command{
 		Use:   "rollback <revision>",
 		Short: "Make the configuration what it was at a revision, as a new change set",
@@ -128,7 +137,8 @@ func (o *options) rollbackCommand() *cobra.Command {
 objects of then and deletes those made since, committed as a new revision. It
 carries the current revision (read just before, or --expect-revision's): if the
 configuration moved on meanwhile, nothing is changed (exit 3). A revision older
-than the store's history (compacted) cannot be rolled back to.`,
+than the store's history (compacted) cannot be rolled back to. --dry-run checks
+the rollback and shows what it would change, storing nothing.`,
 		Args: exactArgs(1, "a revision"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rev, err := parseRevision(args[0])
@@ -141,21 +151,32 @@ than the store's history (compacted) cannot be rolled back to.`,
 					return err
 				}
 			}
-			var ans map[string]any
+			var ans rollbackAnswer
 			if _, err := o.call(cmd.Context(), request{method: "POST", path: "/v1/rollback",
-				body: map[string]int64{"revision": rev, "expect_revision": cur}, what: "rolling back to revision " + args[0]}, &ans); err != nil {
+				body: map[string]any{"revision": rev, "expect_revision": cur, "dry_run": dryRun}, what: "rolling back to revision " + args[0]}, &ans); err != nil {
 				return err
 			}
+			if dryRun && o.output == FormatTable {
+				for _, c := range ans.Changes {
+					if err := writeObjectDiff(cmd.OutOrStdout(), c, "now", "at revision "+args[0]); err != nil {
+						return err
+					}
+				}
+			}
 			return o.printer(cmd).data(ans, func(t *tabwriter.Writer) {
-				if n, ok := ans["revision"].(float64); ok {
-					fmt.Fprintf(t, "rolled back to revision %d at revision %d\n", rev, int64(n))
-				} else {
-					fmt.Fprintf(t, "rolled back to revision %d\n", rev)
+				switch {
+				case len(ans.Changes) == 0:
+					fmt.Fprintf(t, "nothing to change: the objects are revision %d's\n", rev)
+				case dryRun:
+					fmt.Fprintf(t, "a rollback to revision %d would change %d object(s) (dry run: nothing stored)\n", rev, len(ans.Changes))
+				default:
+					fmt.Fprintf(t, "rolled back to revision %d at revision %d: %d object(s) changed\n", rev, ans.Revision, len(ans.Changes))
 				}
 			})
 		},
 	}
 	cmd.Flags().Int64Var(&expect, "expect-revision", 0, "the current `revision` (default: read just before)")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "check the rollback and show its changes, storing nothing")
 	return cmd
 }
 

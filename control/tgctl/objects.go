@@ -353,6 +353,7 @@ field on a line.
 
 // diffAnswer is the answer of a dry run and of GET /v1/diff.
 type diffAnswer struct {
+	DryRun   bool         `json:"dry_run,omitempty"`
 	From     int64        `json:"from,omitempty"`
 	To       int64        `json:"to,omitempty"`
 	Revision int64        `json:"revision,omitempty"`
@@ -421,8 +422,14 @@ func (o *options) runDiff(cmd *cobra.Command, file string) (bool, error) {
 	cs := changeSet(plan)
 	var ans diffAnswer
 	if len(cs.Changes) > 0 {
+		if err := o.requireDryRun(cmd.Context()); err != nil {
+			return false, err
+		}
 		if _, err := o.call(cmd.Context(), request{method: "POST", path: "/v1/changesets?dry_run=true", body: cs, what: "checking " + file}, &ans); err != nil {
 			return false, err
+		}
+		if !ans.DryRun {
+			return false, fmt.Errorf("checking %s: controld answered without dry_run: true; it may have committed the change set (revision %d)", file, ans.Revision)
 		}
 	}
 	// What the file changes, as read just before; the dry run's answer where it has
@@ -487,4 +494,27 @@ func writeObjectDiff(w io.Writer, c diffChange, fromLabel, toLabel string) error
 	id := c.Kind + "/" + c.Name
 	_, err = io.WriteString(w, unifiedDiff(id+" ("+fromLabel+")", id+" ("+toLabel+")", before, after))
 	return err
+}
+
+// requireDryRun checks in the API's OpenAPI document that POST /v1/changesets takes
+// dry_run, so that a controld from before dry runs, which would commit the change
+// set, is never sent one.
+func (o *options) requireDryRun(ctx context.Context) error {
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Parameters []struct {
+				Name string `json:"name"`
+				In   string `json:"in"`
+			} `json:"parameters"`
+		} `json:"paths"`
+	}
+	if _, err := o.call(ctx, request{method: "GET", path: "/v1/openapi.json", what: "reading the API's document"}, &doc); err != nil {
+		return err
+	}
+	for _, p := range doc.Paths["/v1/changesets"]["post"].Parameters {
+		if p.Name == "dry_run" && p.In == "query" {
+			return nil
+		}
+	}
+	return errors.New("this controld does not take dry runs of change sets (POST /v1/changesets has no dry_run in its /v1/openapi.json): nothing was sent")
 }
