@@ -425,8 +425,8 @@ func (s *Server) listCertificateVersions(w http.ResponseWriter, r *http.Request,
 	return nil
 }
 
-// RollbackRequest is the body of POST /v1/certificates/{name}/rollback.
-type RollbackRequest struct {
+// CertRollbackRequest is the body of POST /v1/certificates/{name}/rollback.
+type CertRollbackRequest struct {
 	// Version is the stored version to put in force.
 	Version int `json:"version"`
 }
@@ -440,7 +440,7 @@ func (s *Server) rollbackCertificate(w http.ResponseWriter, r *http.Request, who
 	if err != nil {
 		return err
 	}
-	var req RollbackRequest
+	var req CertRollbackRequest
 	if err := daemon.DecodeRequest(w, r, 4<<10, &req); err != nil {
 		return err
 	}
@@ -523,11 +523,11 @@ func keyserverError(err error, results []certupload.Result) error {
 		Details: map[string]any{"keyserver": e.Keyserver, "keyservers": results}}
 }
 
-// decodeSecret reads r's JSON body, at most max bytes, into v refusing unknown
+// decodeSecret reads r's JSON body, at most limit bytes, into v refusing unknown
 // fields, then zeroes what it read: the body holds a private key.
-func decodeSecret(w http.ResponseWriter, r *http.Request, max int64, v any) error {
-	rd := http.MaxBytesReader(w, r.Body, max)
-	buf := make([]byte, 0, min(max, max64(r.ContentLength, 16<<10)))
+func decodeSecret(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	rd := http.MaxBytesReader(w, r.Body, limit)
+	buf := make([]byte, 0, min(limit, max(r.ContentLength, 16<<10)))
 	defer func() { clear(buf[:cap(buf)]) }()
 	for {
 		if len(buf) == cap(buf) {
@@ -554,13 +554,6 @@ func decodeSecret(w http.ResponseWriter, r *http.Request, max int64, v any) erro
 		return daemon.Errorf(http.StatusBadRequest, daemon.CodeBadRequest, "decoding the request body: data after the JSON value")
 	}
 	return nil
-}
-
-func max64(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // secretPEM is a JSON string decoded into bytes the caller can zero (a string could

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tiergate/tiergate/control/api"
+	"github.com/tiergate/tiergate/control/certupload"
 	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/internal/daemon"
 )
@@ -72,6 +73,12 @@ type Config struct {
 	LogLevel string
 	// LameDuck is how long /healthz answers 503 before the stop. Default 0.
 	LameDuck time.Duration
+	// Keyservers are the keyservers a certificate upload imports its key into,
+	// every one of the cluster, and controld's client TLS files for them (the
+	// keyservers section: servers, server_name, cert_file, key_file, ca_file and
+	// keyserver/client's timeouts; certupload.KeyserversConfig). Default none:
+	// uploads are refused.
+	Keyservers *certupload.KeyserversConfig `yaml:"keyservers" json:"keyservers,omitempty"`
 }
 
 // Defaults fills in the default of every field left zero.
@@ -109,6 +116,11 @@ func (c *Config) Validate() error {
 	sc := c.StoreConfig()
 	if err := sc.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("store: %w", err))
+	}
+	if c.Keyservers != nil {
+		if err := c.Keyservers.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("keyservers: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -255,6 +267,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.Log.Info("the embedded store serves no address for nodes (-etcd-listen to give one)")
 	}
 	srv := api.New(st, d.Log)
+	if ksc := d.Config.Keyservers; ksc != nil {
+		ksc.Logger = d.Log
+		ks, err := ksc.Open()
+		if err != nil {
+			return err
+		}
+		defer ks.Close()
+		srv.SetKeyservers(ks)
+	}
 	tok, err := srv.EnsureAdminToken(ctx)
 	if err != nil {
 		return fmt.Errorf("the first admin token: %w", err)
