@@ -139,6 +139,16 @@ type Agent struct {
 	// revision of the snapshot last put in force, 0 for none.
 	objs    map[string]store.Object
 	applied int64
+	// objsMu guards objs and pending, the revision objs are at: the watch writes
+	// them, the goroutine that applies reads them.
+	objsMu  sync.Mutex
+	pending int64
+	// checker checks each snapshot, reusing the objects unchanged since the last.
+	checker model.Checker
+	// saving is the latest snapshot applied and not yet in the cache file; save
+	// has a value when there is one.
+	saving atomic.Pointer[store.Snapshot]
+	save   chan struct{}
 	// lastTried is the revision last checked (applied or refused), so a snapshot
 	// read again after an outage is not applied twice.
 	lastTried int64
@@ -177,6 +187,7 @@ func New(cfg Config) (*Agent, error) {
 		met:     met,
 		status:  Status{Node: cfg.Node, Role: cfg.Role, Address: cfg.Address, Started: now, Updated: now},
 		changed: make(chan struct{}, 1),
+		save:    make(chan struct{}, 1),
 	}, nil
 }
 
@@ -247,6 +258,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		wait    time.Duration
 		first   = true
 	)
+	sctx, stopSaver := context.WithCancel(context.WithoutCancel(ctx))
+	saved := make(chan struct{})
+	go func() {
+		defer close(saved)
+		a.saver(sctx)
+	}()
+	defer func() {
+		stopSaver()
+		<-saved
+	}()
 	stopReporter := func() {
 		if stopRep != nil {
 			stopRep()
@@ -341,18 +362,42 @@ func sleep(ctx context.Context, wait *time.Duration) error {
 
 // session reads a snapshot, applies it, and applies every later revision from the
 // watch, until an error.
+//
+// The watch only records what changed; a goroutine of the session applies the
+// latest state each time it is free. Revisions that arrive while a snapshot is
+// being applied are so applied together, as the latest of them, rather than one
+// after the other: a node behind a burst of writes catches up with one apply.
 func (a *Agent) session(ctx context.Context, st *store.Store) error {
 	snap, err := st.Snapshot(ctx)
 	if err != nil {
 		return err
 	}
 	a.reset(snap)
-	a.handle(ctx, snap.Revision)
+	a.handle(ctx)
+	kick := make(chan struct{}, 1)
+	actx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-actx.Done():
+				return
+			case <-kick:
+			}
+			a.handle(ctx)
+		}
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
 	return st.Watch(ctx, snap.Revision, func(b store.Batch) error {
 		if b.Reset != nil {
 			a.log.Info("agent: the watch fell behind compaction; the state read again", "revision", b.Revision)
 			a.reset(b.Reset)
 		}
+		a.objsMu.Lock()
 		for _, ev := range b.Events {
 			k := ev.Kind + "/" + ev.Name
 			if ev.Deleted {
@@ -361,29 +406,42 @@ func (a *Agent) session(ctx context.Context, st *store.Store) error {
 				a.objs[k] = ev.Object
 			}
 		}
-		a.handle(ctx, b.Revision)
+		a.pending = b.Revision
+		a.objsMu.Unlock()
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
 		return nil
 	})
 }
 
 // reset replaces the state with snap's objects.
 func (a *Agent) reset(snap *store.Snapshot) {
-	a.objs = make(map[string]store.Object, snap.Len())
+	objs := make(map[string]store.Object, snap.Len())
 	for _, o := range snap.All() {
-		a.objs[o.Kind+"/"+o.Name] = o
+		objs[o.Kind+"/"+o.Name] = o
 	}
+	a.objsMu.Lock()
+	a.objs, a.pending = objs, snap.Revision
+	a.objsMu.Unlock()
 }
 
-// handle checks and applies the state at rev, unless it was done already.
-func (a *Agent) handle(ctx context.Context, rev int64) {
+// handle checks and applies the state the watch has built, unless its revision
+// was tried already.
+func (a *Agent) handle(ctx context.Context) {
+	a.objsMu.Lock()
+	rev := a.pending
 	if rev <= a.lastTried {
+		a.objsMu.Unlock()
 		return
 	}
-	a.lastTried = rev
 	objs := make([]store.Object, 0, len(a.objs))
 	for _, o := range a.objs {
 		objs = append(objs, o)
 	}
+	a.objsMu.Unlock()
+	a.lastTried = rev
 	ss := store.NewSnapshot(rev, objs)
 	if err := a.apply(ctx, ss); err != nil {
 		a.met.nacks.Inc()
@@ -395,47 +453,66 @@ func (a *Agent) handle(ctx context.Context, rev int64) {
 	a.setStatus(rev, nil)
 }
 
-// apply checks ss as a whole and applies it, saving it in the cache file first and
-// putting the file in place once Apply took it.
+// apply checks ss as a whole and applies it; once Apply took it, the saver puts it
+// in the cache file.
 func (a *Agent) apply(ctx context.Context, ss *store.Snapshot) error {
-	snap, err := check(ss)
+	snap, err := a.check(ss)
 	if err != nil {
 		return err
 	}
-	var pending *daemon.PendingFile
-	if a.cfg.CacheFile != "" {
-		pending, err = daemon.PrepareFile(a.cfg.CacheFile, 0o600, func(w io.Writer) error {
-			return json.NewEncoder(w).Encode(cache{Revision: ss.Revision, Objects: ss.All()})
-		})
-		if err != nil {
-			a.log.Warn("agent: saving the snapshot in the cache file", "err", err)
-		}
-	}
 	if err := a.cfg.Apply(ctx, snap, ss.Revision); err != nil {
-		if pending != nil {
-			pending.Abort()
-		}
 		return fmt.Errorf("applying revision %d: %w", ss.Revision, err)
 	}
 	a.applied = ss.Revision
 	a.met.applied.Set(float64(ss.Revision))
-	if pending != nil {
-		if err := pending.Commit(); err != nil {
-			a.log.Warn("agent: saving the snapshot in the cache file", "err", err)
+	if a.cfg.CacheFile != "" {
+		a.saving.Store(ss)
+		select {
+		case a.save <- struct{}{}:
+		default:
 		}
 	}
 	return nil
 }
 
-// check decodes ss into the model and checks it whole.
-func check(ss *store.Snapshot) (*model.Snapshot, error) {
-	snap, err := model.FromStore(ss)
-	if err == nil {
-		err = snap.Validate()
+// saver writes the latest snapshot applied to the cache file, atomically
+// (internal/daemon's PrepareFile and Commit), whenever there is a new one, until
+// ctx is done; it then writes the last one, if not yet written. It runs beside
+// the applying, so that a node applies a revision without waiting for its disk,
+// and a burst of revisions is written once, as its latest.
+func (a *Agent) saver(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			a.saveLatest()
+			return
+		case <-a.save:
+			a.saveLatest()
+		}
 	}
-	if err == nil {
-		err = snap.Consistent()
+}
+
+// saveLatest writes the snapshot waiting to be saved, if any.
+func (a *Agent) saveLatest() {
+	ss := a.saving.Swap(nil)
+	if ss == nil {
+		return
 	}
+	pending, err := daemon.PrepareFile(a.cfg.CacheFile, 0o600, func(w io.Writer) error {
+		return json.NewEncoder(w).Encode(cache{Revision: ss.Revision, Objects: ss.All()})
+	})
+	if err == nil {
+		err = pending.Commit()
+	}
+	if err != nil {
+		a.log.Warn("agent: saving the snapshot in the cache file", "revision", ss.Revision, "err", err)
+	}
+}
+
+// check decodes ss into the model and checks it whole (model.Checker: what did not
+// change since the snapshot checked before is not decoded and validated again).
+func (a *Agent) check(ss *store.Snapshot) (*model.Snapshot, error) {
+	snap, err := a.checker.Check(ss)
 	if err != nil {
 		return nil, fmt.Errorf("checking revision %d: %w", ss.Revision, err)
 	}
@@ -466,7 +543,7 @@ func (a *Agent) applyCache(ctx context.Context) {
 		return
 	}
 	ss := store.NewSnapshot(c.Revision, c.Objects)
-	snap, err := check(ss)
+	snap, err := a.check(ss)
 	if err == nil {
 		err = a.cfg.Apply(ctx, snap, c.Revision)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -470,6 +471,78 @@ func TestWatchAcrossCompaction(t *testing.T) {
 	// from r0 to the state read again.
 	if len(revs) != 2 || revs[0] != r0 || revs[1] < r3 {
 		t.Fatalf("revisions applied %v, want %d then one at %d or later", revs, r0, r3)
+	}
+}
+
+// TestBurstAppliedAsLatest: revisions written while the node applies one are
+// applied together, as the latest of them, not one after the other.
+func TestBurstAppliedAsLatest(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	r0, err := s.Put(ctx, model.KindPool, "app", pool("app", "198.18.1.1:80"), store.Any)
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	rec := &recorder{block: func(rev int64) {
+		if rev > r0 {
+			once.Do(func() { close(busy); <-release })
+		}
+	}}
+	a, err := New(Config{Store: s, Node: "l7-a", Apply: rec.apply, Logger: testLogger(t), CacheFile: filepath.Join(t.TempDir(), "cache.json")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, a)
+	waitStatus(t, s.Client(), "l7-a", "ACK of the first", ack(r0))
+	r1, err := s.Put(ctx, model.KindPool, "app", pool("app", "198.18.1.1:80", "198.18.1.2:80"), store.Any)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-busy:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second revision not applied within 10s")
+	}
+	var last int64
+	for i := range 4 {
+		if last, err = s.Put(ctx, model.KindPool, fmt.Sprintf("p%d", i), pool(fmt.Sprintf("p%d", i), "198.18.1.3:80"), store.Any); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The watch has seen them all before the node is free again.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a.objsMu.Lock()
+		p := a.pending
+		a.objsMu.Unlock()
+		if p >= last {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch at %d, not at %d within 10s", p, last)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	waitStatus(t, s.Client(), "l7-a", "ACK of the burst", ack(last))
+	revs, pools := rec.applied()
+	if !slices.Equal(revs, []int64{r0, r1, last}) {
+		t.Fatalf("revisions applied %v, want %v", revs, []int64{r0, r1, last})
+	}
+	if len(pools) != 5 || pools["app"] != 2 {
+		t.Fatalf("pools in force %v", pools)
+	}
+	// The cache file gets the latest.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		data, err := os.ReadFile(a.cfg.CacheFile)
+		var c cache
+		if err == nil && json.Unmarshal(data, &c) == nil && c.Revision == last {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cache file not at revision %d within 10s (%v)", last, err)
+		}
 	}
 }
 

@@ -6,12 +6,15 @@
 // # What it does
 //
 // Run reads a consistent snapshot of every object at one revision R
-// (store.Snapshot), decodes it into the model (model.FromStore), checks it as a
-// whole (Snapshot.Validate, then Snapshot.Consistent) and gives it to
+// (store.Snapshot), decodes it into the model, checks it as a whole (each object's
+// Validate, then Snapshot.Consistent: model.Checker, which does not decode and
+// validate again an object unchanged since the snapshot before) and gives it to
 // Config.Apply. It then watches from R+1 (store.Watch, whose etcd watch requires a
 // leader and which re-lists the whole state after compaction, Batch.Reset), and
-// for every new revision checks and applies the whole snapshot at that revision,
-// never a partial one. A snapshot that does not decode, validate or hold together
+// for each new revision checks and applies the whole snapshot at that revision,
+// never a partial one. The watch only records the changes; the applying takes the
+// latest state whenever it is free, so revisions that arrive while one is being
+// applied are applied together, as the latest of them. A snapshot that does not decode, validate or hold together
 // is not given to Apply, and one Apply refuses is not in force: either way the
 // configuration applied before stays in force and the agent reports a NACK.
 //
@@ -48,7 +51,10 @@
 // # Outages
 //
 // Each snapshot applied is kept in Config.CacheFile with its revision, written
-// atomically (internal/daemon's PrepareFile, then Commit once Apply took it).
+// atomically (internal/daemon's PrepareFile and Commit) once Apply took it, by a
+// goroutine of its own so that applying never waits for the disk (a burst of
+// revisions is written once, as its latest; the last is written before Run
+// returns).
 // When the store cannot be reached at start, the cached snapshot is checked and
 // applied, so a node restarted during an outage serves its last configuration,
 // and the agent keeps trying the store with a backoff that doubles from 100ms to
