@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"io"
 	"log/slog"
 	"net"
@@ -427,5 +428,29 @@ func TestCompletion(t *testing.T) {
 	r = f.run(t, "__complete", "get", "pools", "")
 	if r.code != 0 || !strings.Contains(r.stdout, "app\n") {
 		t.Fatalf("completing a name from the API: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestHTTPSWithCAFile: an https API is trusted through --ca-file (or the config
+// file's ca_file); without it the certificate is refused, an error (1) rather than
+// out of reach.
+func TestHTTPSWithCAFile(t *testing.T) {
+	f := newFixture(t)
+	hs := httptest.NewTLSServer(f.srv)
+	defer hs.Close()
+	ca := f.file(t, "ca.pem", string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hs.Certificate().Raw})))
+	env := map[string]string{EnvAPI: hs.URL, EnvToken: f.admin}
+	if r := f.runEnv(t, env, "", "--ca-file", ca, "get", "pools"); r.code != 0 {
+		t.Fatalf("https with --ca-file: %d %s", r.code, r.stderr)
+	}
+	cfg := f.file(t, "tgctl.yaml", "ca_file: "+ca+"\n")
+	if r := f.runEnv(t, env, "", "--config", cfg, "get", "pools"); r.code != 0 {
+		t.Fatalf("https with the config file's ca_file: %d %s", r.code, r.stderr)
+	}
+	if r := f.runEnv(t, env, "", "get", "pools"); r.code != ExitError || !strings.Contains(r.stderr, "certificate") {
+		t.Fatalf("https without the CA: %d %s", r.code, r.stderr)
+	}
+	if r := f.run(t, "--ca-file", ca, "get", "pools"); r.code != ExitUsage {
+		t.Fatalf("--ca-file with an http API: %d %s", r.code, r.stderr)
 	}
 }
