@@ -216,11 +216,17 @@ func (e *controlEnv) waitStatus(what string, ok func(agent.Status) bool) agent.S
 
 // start runs l7d from e.path until stop or the test's end.
 func (e *controlEnv) start() (stop func() error, log *testenv.LockedBuffer) {
+	stop, log, _ = e.startAdmin()
+	return stop, log
+}
+
+// startAdmin is start, with a client of the admin endpoint.
+func (e *controlEnv) startAdmin() (stop func() error, log *testenv.LockedBuffer, admin adminClient) {
 	e.t.Helper()
 	log = &testenv.LockedBuffer{}
 	d := &Daemon{Path: e.path, Stderr: log}
 	stop = daemontest.Start(e.t, daemontest.Options{Name: "l7d", Run: d.Run, Serving: d.Serving(), Log: log})
-	return stop, log
+	return stop, log, adminClient{t: e.t, base: "http://" + e.admin, token: daemontest.Token(e.t, d.TokenFile())}
 }
 
 // handshake connects to the node's listener as www.example.com (verifying the site
@@ -296,7 +302,7 @@ func TestControlPlane(t *testing.T) {
 	e := newControlEnv(t)
 	v1, serial1 := e.cert(1, e.key)
 	rev := e.put(append(siteObjects(), v1)...)
-	stop, log := e.start()
+	stop, _ := e.start()
 
 	if got := e.served(); got.Cmp(serial1) != 0 {
 		t.Fatalf("serial %x served, want %x (version 1)", got, serial1)
@@ -372,7 +378,6 @@ func TestControlPlane(t *testing.T) {
 	if !strings.Contains(log2.String(), "cached snapshot applied") {
 		t.Errorf("the log does not say the cached snapshot was applied:\n%s", log2)
 	}
-	_ = log
 }
 
 // TestControlConfig: with a control section the file keeps the node's own settings
@@ -435,4 +440,35 @@ func TestControlKeyserverLate(t *testing.T) {
 		t.Fatalf("serial %x served, want %x", got, serial1)
 	}
 	e.waitStatus("applied", func(s agent.Status) bool { return s.AppliedRevision >= rev && s.Error == "" })
+}
+
+// TestControlFileReload: with control, a reload of the file applies the node's own
+// settings with the snapshot in force, and refuses what takes a restart (a node
+// listener's address, the control section) with the configuration in force kept.
+func TestControlFileReload(t *testing.T) {
+	e := newControlEnv(t)
+	v1, serial1 := e.cert(1, e.key)
+	e.put(append(siteObjects(), v1)...)
+	_, _, admin := e.startAdmin()
+	orig := readFile(t, e.path)
+
+	writeFile(t, e.path, strings.Replace(orig, "log_level: debug", "log_level: info", 1))
+	if code, _, body := admin.call("POST", "/reload", ""); code != 200 {
+		t.Fatalf("reload of the node's own settings: %d %s", code, body)
+	}
+	writeFile(t, e.path, strings.Replace(orig, `web: {addr: "`+e.listen+`"}`, `web: {addr: "`+freeAddr(t)+`"}`, 1))
+	if code, out, body := admin.call("POST", "/reload", ""); code != 422 || out["code"] != "restart_required" || !strings.Contains(body, "addr") {
+		t.Fatalf("reload moving a listener: %d %s, want 422 restart_required naming addr", code, body)
+	}
+	writeFile(t, e.path, strings.Replace(orig, "node: l7-a", "node: l7-b", 1))
+	if code, out, body := admin.call("POST", "/reload", ""); code != 422 || out["code"] != "restart_required" || !strings.Contains(body, "control changed") {
+		t.Fatalf("reload changing the control section: %d %s, want 422 restart_required", code, body)
+	}
+	writeFile(t, e.path, orig+"listeners: [{name: x, addr: \"127.0.0.1:0\", pool: p}]\n")
+	if code, _, body := admin.call("POST", "/reload", ""); code != 422 || !strings.Contains(body, "listeners: given by the control plane") {
+		t.Fatalf("reload with listeners in the file: %d %s", code, body)
+	}
+	if got := e.served(); got.Cmp(serial1) != 0 {
+		t.Fatalf("after the refused reloads serial %x is served, want %x", got, serial1)
+	}
 }
