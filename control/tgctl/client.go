@@ -65,7 +65,14 @@ func (e *APIError) Error() string {
 	if e.What != "" {
 		b.WriteString(e.What + ": ")
 	}
-	fmt.Fprintf(&b, "%s (%d): %s", e.Code, e.Status, e.Message)
+	msg := e.Message
+	// The message often ends with the problems the lines below give one by one.
+	if len(e.Errors) > 0 && e.Errors[0].Path != "" {
+		if i := strings.Index(msg, ": "+e.Errors[0].Path); i > 0 {
+			msg = msg[:i]
+		}
+	}
+	fmt.Fprintf(&b, "%s (%d): %s", e.Code, e.Status, msg)
 	for _, p := range e.Errors {
 		switch {
 		case p.Path == "":
