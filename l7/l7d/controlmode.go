@@ -278,11 +278,15 @@ func (d *Daemon) certificatesInUse() []agent.CertInUse {
 // and waits for it.
 func (d *Daemon) runAgent(ctx context.Context, cfg *FileConfig) (stop func(), err error) {
 	nc := cfg.Control
+	addr := cfg.AdminListen
+	if addr == "off" {
+		addr = ""
+	}
 	a, err := agent.New(agent.Config{
 		Open:         nc.OpenWith(d.Log.With("component", "store")),
 		Node:         nc.Node,
 		Role:         Role,
-		Address:      cfg.AdminListen,
+		Address:      addr, // the admin endpoint's, none when it is off
 		Certificates: d.certificatesInUse,
 		CacheFile:    nc.CacheFile,
 		Apply:        d.applySnapshot,
