@@ -38,7 +38,8 @@ type FileConfig struct {
 	// Token is the API token, "<name>.<64 hex digits>". Default none.
 	Token string `yaml:"token"`
 	// CAFile is the PEM file of the CA the API's certificate chains to, for an https
-	// API. Default: the system's roots.
+	// API; a relative path is from the config file's folder. Default: the system's
+	// roots.
 	CAFile string `yaml:"ca_file"`
 }
 
@@ -175,6 +176,9 @@ func (o *options) setup() error {
 			dec.KnownFields(true)
 			if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
 				return fmt.Errorf("reading the config file %s: %w", path, err)
+			}
+			if fc.CAFile != "" && !filepath.IsAbs(fc.CAFile) {
+				fc.CAFile = filepath.Join(filepath.Dir(path), fc.CAFile)
 			}
 			if fc.Token != "" {
 				if st, err := os.Stat(path); err == nil && st.Mode().Perm()&0o077 != 0 {

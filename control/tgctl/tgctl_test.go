@@ -443,7 +443,7 @@ func TestHTTPSWithCAFile(t *testing.T) {
 	if r := f.runEnv(t, env, "", "--ca-file", ca, "get", "pools"); r.code != 0 {
 		t.Fatalf("https with --ca-file: %d %s", r.code, r.stderr)
 	}
-	cfg := f.file(t, "tgctl.yaml", "ca_file: "+ca+"\n")
+	cfg := f.file(t, "tgctl.yaml", "ca_file: ca.pem\n") // beside it
 	if r := f.runEnv(t, env, "", "--config", cfg, "get", "pools"); r.code != 0 {
 		t.Fatalf("https with the config file's ca_file: %d %s", r.code, r.stderr)
 	}
