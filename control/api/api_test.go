@@ -364,6 +364,7 @@ func TestOpenAPI(t *testing.T) {
 	for op := range documented {
 		method, path, _ := strings.Cut(op, " ")
 		path = strings.ReplaceAll(path, "{name}", "probe")
+		path = strings.ReplaceAll(path, "{revision}", "1")
 		a := f.do(t, f.admin, method, path, "")
 		if a.status == http.StatusMethodNotAllowed || a.err.Code == CodeNoRoute {
 			t.Errorf("%s is documented but does not answer: %d %s", op, a.status, a.body)

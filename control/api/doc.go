@@ -17,6 +17,30 @@
 // that is not the object's 412 "conflict", and a write without a precondition 428.
 // Errors have the daemon kit's one shape (daemon.APIError) with stable codes.
 //
+// The configuration's history and the nodes:
+//
+//	GET  /v1/revisions?limit=N       the writes, newest first: {"revisions":[{"revision",
+//	                                 "time","who","changes":[{"op","kind","name"}]}]}
+//	GET  /v1/revisions/{revision}    one of them
+//	GET  /v1/diff?from=R1&to=R2      {"from","to","changes":[{"op","kind","name","before",
+//	                                 "after"}]}; to defaults to now
+//	POST /v1/changesets?dry_run=true checks a change set and answers {"dry_run","revision",
+//	                                 "changes"} as a diff, storing nothing
+//	POST /v1/rollback                {"revision":R,"expect_revision":E,"dry_run":false}:
+//	                                 one change set making the objects those at R; 412 when
+//	                                 the configuration was written after E, 410 "compacted"
+//	                                 when R is; the role must write every kind it changes
+//	GET  /v1/rollouts/{revision}     each node applied, refused (with its error), pending or
+//	                                 lost, and the counts
+//	GET  /v1/nodes                   each node's role, address, applied revision, lag (the
+//	                                 configuration's revision minus the applied one), state
+//	                                 (ok, refused, lost), start, uptime and certificates
+//
+// Who and what of each write are recorded by the store in the head key of the
+// write's own transaction (control/store), the token's name as who. Nodes report
+// under a lease and leave a seen record (control/agent): a node with a seen
+// record and no status is lost.
+//
 // Every route but /v1/openapi.json takes "Authorization: Bearer <token>". Tokens
 // ("<name>.<64 hex digits>") have a role: admin (everything, tokens included),
 // policy-operator (listeners, routing, pools, L4), cert-operator (certificates and

@@ -33,8 +33,15 @@ func (s *Server) OpenAPI() map[string]any {
 			op["tags"] = []any{rt.Kind}
 		}
 		var params []any
-		if strings.Contains(rt.Path, "{name}") {
-			params = append(params, map[string]any{"name": "name", "in": "path", "required": true, "schema": map[string]any{"type": "string"}})
+		for _, p := range pathParams(rt.Path) {
+			typ := "string"
+			if p == "revision" {
+				typ = "integer"
+			}
+			params = append(params, map[string]any{"name": p, "in": "path", "required": true, "schema": map[string]any{"type": typ}})
+		}
+		for _, q := range rt.Query {
+			params = append(params, map[string]any{"name": q.Name, "in": "query", "schema": map[string]any{"type": q.Type}, "description": q.Description})
 		}
 		switch {
 		case rt.Method == http.MethodPut:
@@ -70,7 +77,7 @@ func (s *Server) OpenAPI() map[string]any {
 				"required": []any{"status", "code", "message"},
 				"properties": map[string]any{
 					"status":  map[string]any{"type": "integer"},
-					"code":    map[string]any{"type": "string", "description": "stable, machine-readable: bad_request, unauthorized, forbidden, not_found, conflict, precondition_required, invalid, exists, too_large, no_space, unavailable, internal, no_route"},
+					"code":    map[string]any{"type": "string", "description": "stable, machine-readable: bad_request, unauthorized, forbidden, not_found, conflict, precondition_required, invalid, exists, compacted, too_large, no_space, unavailable, internal, no_route"},
 					"message": map[string]any{"type": "string"},
 					"errors":  map[string]any{"type": "array", "description": "422: each refused field by its path"},
 				},
@@ -79,12 +86,24 @@ func (s *Server) OpenAPI() map[string]any {
 	}
 }
 
+// pathParams returns the names of a path's {parameters}.
+func pathParams(path string) []string {
+	var out []string
+	for _, part := range strings.Split(path, "/") {
+		if p, ok := strings.CutPrefix(part, "{"); ok {
+			out = append(out, strings.TrimSuffix(p, "}"))
+		}
+	}
+	return out
+}
+
 func operationID(rt Route) string {
 	var b strings.Builder
 	b.WriteString(strings.ToLower(rt.Method))
 	for _, part := range strings.Split(strings.TrimPrefix(rt.Path, "/v1/"), "/") {
-		if part == "{name}" {
-			part = "ByName"
+		if p, ok := strings.CutPrefix(part, "{"); ok {
+			p = strings.TrimSuffix(p, "}")
+			part = "By" + strings.ToUpper(p[:1]) + p[1:]
 		}
 		for _, w := range strings.Split(part, "-") {
 			if w != "" {

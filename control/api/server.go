@@ -26,6 +26,7 @@ const (
 	CodeNoSpace              = "no_space"              // 507: the store's quota is reached
 	CodeNoRoute              = "no_route"              // 404: no such route
 	CodeExists               = "exists"                // 409: a token of that name exists
+	CodeCompacted            = "compacted"             // 410: the revision asked for was dropped by compaction
 )
 
 // Server is the /v1 API over a Store. It is an http.Handler.
@@ -55,9 +56,18 @@ type Route struct {
 	Kind    string // the model's kind, or "" for change sets and tokens
 	Summary string
 	// Role says who may call it, for the document.
-	Role   string
+	Role string
+	// Query are its query parameters, for the document.
+	Query  []QueryParam
 	access access
 	h      func(w http.ResponseWriter, r *http.Request, who Token) error
+}
+
+// QueryParam is a query parameter of a route, for the document.
+type QueryParam struct {
+	Name        string
+	Type        string // "integer", "boolean" or "string"
+	Description string
 }
 
 // New returns the API server over st, logging (and audit-logging writes) to log.
@@ -76,11 +86,14 @@ func New(st *store.Store, log *slog.Logger) *Server {
 		)
 	}
 	s.routes = append(s.routes,
-		Route{Method: "POST", Path: "/v1/changesets", Summary: "Commit several puts and deletes in one transaction, or none", Role: "a writer of every kind changed", access: accessRead, h: s.changeset},
+		Route{Method: "POST", Path: "/v1/changesets", Summary: "Commit several puts and deletes in one transaction, or none (dry_run: check and answer the diff, store nothing)", Role: "a writer of every kind changed", access: accessRead, h: s.changeset,
+			Query: []QueryParam{{Name: "dry_run", Type: "boolean", Description: "check the change set and answer the diff it would make, storing nothing"}}},
 		Route{Method: "GET", Path: "/v1/tokens", Summary: "List the API tokens (names and roles)", Role: "admin", access: accessAdmin, h: s.listTokens},
 		Route{Method: "POST", Path: "/v1/tokens", Summary: "Create an API token; its plaintext is answered once", Role: "admin", access: accessAdmin, h: s.createToken},
 		Route{Method: "DELETE", Path: "/v1/tokens/{name}", Summary: "Delete an API token", Role: "admin", access: accessAdmin, h: s.deleteToken},
 	)
+	s.routes = append(s.routes, s.historyRoutes()...)
+	s.routes = append(s.routes, s.nodeRoutes()...)
 	s.routes = s.certRoutes(s.routes)
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.guard(rt))
@@ -252,8 +265,23 @@ type Committed struct {
 
 // commit writes changes in one checked change set, audit-logs it and answers.
 func (s *Server) commit(w http.ResponseWriter, r *http.Request, who Token, changes []store.Change, status int) error {
-	rev, err := s.st.Commit(r.Context(), store.ChangeSet{Changes: changes, Check: model.Check})
-	for _, c := range changes {
+	rev, err := s.commitSet(r, who, store.ChangeSet{Changes: changes})
+	if err != nil {
+		return storeError("committing", err)
+	}
+	if len(changes) == 1 && !changes[0].Delete {
+		w.Header().Set("ETag", etag(rev))
+	}
+	daemon.WriteJSON(w, status, Committed{Revision: rev})
+	return nil
+}
+
+// commitSet commits cs checked with the model (model.Check) and recorded as who's,
+// and audit-logs each change.
+func (s *Server) commitSet(r *http.Request, who Token, cs store.ChangeSet) (int64, error) {
+	cs.Check, cs.Who = model.Check, who.Name
+	rev, err := s.st.Commit(r.Context(), cs)
+	for _, c := range cs.Changes {
 		op := "put"
 		if c.Delete {
 			op = "delete"
@@ -265,14 +293,7 @@ func (s *Server) commit(w http.ResponseWriter, r *http.Request, who Token, chang
 			s.log.Info("audit: write", append(attrs, "revision", rev)...)
 		}
 	}
-	if err != nil {
-		return storeError("committing", err)
-	}
-	if len(changes) == 1 && !changes[0].Delete {
-		w.Header().Set("ETag", etag(rev))
-	}
-	daemon.WriteJSON(w, status, Committed{Revision: rev})
-	return nil
+	return rev, err
 }
 
 // FieldProblem is one refused field in a 422's details.
@@ -290,9 +311,14 @@ func storeError(what string, err error) error {
 		return &daemon.APIError{Status: http.StatusUnprocessableEntity, Code: CodeInvalid,
 			Message: "the change is refused: the configuration it makes is not valid", Err: err,
 			Details: map[string]any{"errors": fieldProblems(ck.Err), "revision": ck.Revision}}
+	case errors.As(err, &ce) && ce.Since > 0:
+		return &daemon.APIError{Status: http.StatusPreconditionFailed, Code: CodeConflict, Message: what, Err: err,
+			Details: map[string]any{"since": ce.Since}}
 	case errors.As(err, &ce):
 		return &daemon.APIError{Status: http.StatusPreconditionFailed, Code: CodeConflict, Message: what, Err: err,
 			Details: map[string]any{"kind": ce.Kind, "name": ce.Name, "expected": ce.Expected, "actual": ce.Actual}}
+	case errors.Is(err, store.ErrCompacted):
+		return daemon.Wrap(http.StatusGone, CodeCompacted, what, err)
 	case errors.Is(err, store.ErrNotFound):
 		return daemon.Wrap(http.StatusNotFound, daemon.CodeNotFound, what, err)
 	case errors.Is(err, store.ErrTooLarge):
@@ -350,6 +376,10 @@ type ChangeRequest struct {
 }
 
 func (s *Server) changeset(w http.ResponseWriter, r *http.Request, who Token) error {
+	dryRun, err := boolQuery(r, "dry_run")
+	if err != nil {
+		return err
+	}
 	var req ChangeSetRequest
 	if err := daemon.DecodeRequest(w, r, store.MaxChangeSetBytes+64<<10, &req); err != nil {
 		return err
@@ -385,6 +415,9 @@ func (s *Server) changeset(w http.ResponseWriter, r *http.Request, who Token) er
 			return daemon.Wrap(http.StatusBadRequest, daemon.CodeBadRequest, at+".name", err)
 		}
 		changes = append(changes, ch)
+	}
+	if dryRun {
+		return s.dryRun(w, r, who, changes)
 	}
 	return s.commit(w, r, who, changes, http.StatusOK)
 }
