@@ -390,6 +390,7 @@ func wipeKey(priv any) {
 		zero(k.Precomputed.Qinv)
 	case *ecdsa.PrivateKey:
 		if k != nil {
+			//lint:ignore SA1019 the key is being dropped: its secret scalar is zeroed, not used (no other field reaches it)
 			zero(k.D)
 		}
 	case ed25519.PrivateKey:
