@@ -17,6 +17,19 @@
 // that is not the object's 412 "conflict", and a write without a precondition 428.
 // Errors have the daemon kit's one shape (daemon.APIError) with stable codes.
 //
+// Certificates are only written by an upload (certs.go), which checks the chain
+// and its key (control/certupload), imports the key into every keyserver and
+// verifies a signature from each before the chain is stored; the PUT of one, or a
+// change set's, is refused 405 "use_upload":
+//
+//	POST /v1/certificates/{name}/versions  {"chain","key","dry_run"}: 201 a new version
+//	GET  /v1/certificates/{name}/versions  every version, kept under model.CertVersionPrefix
+//	POST /v1/certificates/{name}/rollback  {"version"} with If-Match: that version in force
+//
+// A refused upload is 422 "bad_chain", "key_mismatch", "expired" or "invalid"
+// naming its field ("chain[1]", "key"), a keyserver that failed 502
+// "keyserver_failed" naming it; nothing is stored then.
+//
 // The configuration's history and the nodes:
 //
 //	GET  /v1/revisions?limit=N       the writes, newest first: {"revisions":[{"revision",
