@@ -2,10 +2,16 @@
 // the cluster configuration's store (control/store), an embedded single-node etcd
 // in its data directory by default or an external etcd cluster with
 // -etcd-endpoints.
+//
+// Its settings come from flags and from a YAML file (-config, Config's fields by
+// their YAML names); a flag given overrides the file. The API serves TLS with
+// -tls-cert and -tls-key, and must: a -listen address that is not loopback is
+// refused without them.
 package controld
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -22,6 +28,7 @@ import (
 	"github.com/tiergate/tiergate/control/api"
 	"github.com/tiergate/tiergate/control/certupload"
 	"github.com/tiergate/tiergate/control/store"
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 )
 
@@ -31,10 +38,16 @@ commands:
   run    [flags]   serve the API until SIGINT/SIGTERM
   check  [flags]   validate the flags, then exit
 
-flags (both commands):
+flags (both commands; each overrides the -config file's setting):
+  -config FILE           a YAML file of these settings (data_dir, listen, tls_cert_file,
+                         tls_key_file, etcd_endpoints, etcd_cert_file, etcd_key_file,
+                         etcd_ca_file, etcd_listen, log_level, lame_duck, keyservers)
   -data-dir DIR          state: the embedded etcd (DIR/store) and the first admin token
                          (DIR/admin.token); default /var/lib/tiergate/controld
-  -listen ADDR           the API's address, loopback only for now; default 127.0.0.1:7443
+  -listen ADDR           the API's address; default 127.0.0.1:7443. Not loopback: only
+                         with -tls-cert and -tls-key
+  -tls-cert FILE         the API's TLS certificate chain (PEM), with -tls-key
+  -tls-key FILE          its private key (PEM)
   -etcd-endpoints URLS   an external etcd cluster (comma-separated) instead of the embedded one
   -etcd-cert FILE        client certificate for it (with -etcd-key)
   -etcd-key FILE         its private key
@@ -52,27 +65,36 @@ const DefaultListen = "127.0.0.1:7443"
 // TokenFile is the name of the first admin token's file in the data directory.
 const TokenFile = "admin.token"
 
-// Config is controld's settings, from its flags.
+// Config is controld's settings, from its -config file (by the YAML names) and
+// its flags, which override the file.
 type Config struct {
 	// DataDir holds the embedded etcd (DataDir/store) and the first admin token
 	// (DataDir/admin.token). Default /var/lib/tiergate/controld.
-	DataDir string
-	// Listen is the API's address. Only a loopback address for now (the API has no
-	// TLS yet). Default DefaultListen.
-	Listen string
+	DataDir string `yaml:"data_dir,omitempty" json:"data_dir,omitempty"`
+	// Listen is the API's address. A loopback address, or any with TLSCertFile and
+	// TLSKeyFile. Default DefaultListen.
+	Listen string `yaml:"listen,omitempty" json:"listen,omitempty"`
+	// TLSCertFile and TLSKeyFile are the API's TLS certificate chain and private
+	// key (PEM): with them the API serves HTTPS (TLS 1.2 and up). Both or neither;
+	// required when Listen is not a loopback address. Default none: plain HTTP on
+	// loopback.
+	TLSCertFile string `yaml:"tls_cert_file,omitempty" json:"tls_cert_file,omitempty"`
+	TLSKeyFile  string `yaml:"tls_key_file,omitempty" json:"tls_key_file,omitempty"`
 	// Endpoints, CertFile, KeyFile and CAFile name an external etcd cluster and the
 	// client TLS files for it (store.Config). Default none: the embedded etcd.
-	Endpoints                 []string
-	CertFile, KeyFile, CAFile string
+	Endpoints []string `yaml:"etcd_endpoints,omitempty" json:"etcd_endpoints,omitempty"`
+	CertFile  string   `yaml:"etcd_cert_file,omitempty" json:"etcd_cert_file,omitempty"`
+	KeyFile   string   `yaml:"etcd_key_file,omitempty" json:"etcd_key_file,omitempty"`
+	CAFile    string   `yaml:"etcd_ca_file,omitempty" json:"etcd_ca_file,omitempty"`
 	// EtcdListen is a loopback URL (http://127.0.0.1:2379) the embedded etcd also
 	// serves its clients on, which the nodes on this machine use as their
 	// control.etcd_endpoints (store.Config.ListenClientURL). Only embedded. Default
 	// none.
-	EtcdListen string
+	EtcdListen string `yaml:"etcd_listen,omitempty" json:"etcd_listen,omitempty"`
 	// LogLevel is debug, info, warn or error. Default info.
-	LogLevel string
-	// LameDuck is how long /healthz answers 503 before the stop. Default 0.
-	LameDuck time.Duration
+	LogLevel string `yaml:"log_level,omitempty" json:"log_level,omitempty"`
+	// LameDuck is how long /healthz answers 503 before the stop ("5s"). Default 0.
+	LameDuck config.Duration `yaml:"lame_duck,omitempty" json:"lame_duck,omitempty"`
 	// Keyservers are the keyservers a certificate upload imports its key into,
 	// every one of the cluster, and controld's client TLS files for them (the
 	// keyservers section: servers, server_name, cert_file, key_file, ca_file and
@@ -89,6 +111,34 @@ func (c *Config) Defaults() {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+}
+
+// LoadFile reads a YAML file of settings into c (fields it does not name are left
+// as they are; a field c does not have is refused).
+func (c *Config) LoadFile(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("-config: %w", err)
+	}
+	if err := config.Decode(data, path, c); err != nil {
+		return fmt.Errorf("-config: %w", err)
+	}
+	return nil
+}
+
+// loadTLS returns the API's TLS configuration, nil without TLS files.
+func (c *Config) loadTLS() (*tls.Config, error) {
+	if c.TLSCertFile == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("the API's TLS certificate (tls_cert_file, tls_key_file): %w", err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
 // StoreConfig returns the store's configuration.
@@ -107,8 +157,11 @@ func (c *Config) Validate() error {
 	if _, err := daemon.LogLevel(c.LogLevel); err != nil {
 		errs = append(errs, fmt.Errorf("-log-level: %w", err))
 	}
-	if !daemon.IsLoopbackListen(c.Listen) {
-		errs = append(errs, fmt.Errorf("-listen %q: only a loopback address, until the API serves TLS", c.Listen))
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		errs = append(errs, fmt.Errorf("-tls-cert and -tls-key (tls_cert_file, tls_key_file) go together"))
+	}
+	if !daemon.IsLoopbackListen(c.Listen) && c.TLSCertFile == "" {
+		errs = append(errs, fmt.Errorf("-listen %q: not a loopback address, so the API needs TLS there: give -tls-cert and -tls-key (tls_cert_file, tls_key_file), or listen on a loopback address", c.Listen))
 	}
 	if c.LameDuck < 0 {
 		errs = append(errs, fmt.Errorf("-lame-duck: must not be negative"))
@@ -141,34 +194,15 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "controld: unknown command %q\n%s", args[0], usage)
 		return 2
 	}
-	var c Config
-	var endpoints string
-	fs := flag.NewFlagSet("controld "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&c.DataDir, "data-dir", "", "data `directory`")
-	fs.StringVar(&c.Listen, "listen", DefaultListen, "API `address`")
-	fs.StringVar(&endpoints, "etcd-endpoints", "", "external etcd `URLs`, comma-separated")
-	fs.StringVar(&c.CertFile, "etcd-cert", "", "etcd client certificate `file`")
-	fs.StringVar(&c.KeyFile, "etcd-key", "", "etcd client key `file`")
-	fs.StringVar(&c.CAFile, "etcd-ca", "", "etcd CA `file`")
-	fs.StringVar(&c.EtcdListen, "etcd-listen", "", "loopback `URL` the embedded etcd also serves, for nodes")
-	fs.StringVar(&c.LogLevel, "log-level", "info", "log `level`")
-	fs.DurationVar(&c.LameDuck, "lame-duck", 0, "lame-duck `duration`")
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "controld %s: unexpected arguments %q\n", args[0], fs.Args())
-		return 2
-	}
-	for _, e := range strings.Split(endpoints, ",") {
-		if e = strings.TrimSpace(e); e != "" {
-			c.Endpoints = append(c.Endpoints, e)
+	c, err := ParseArgs(args[0], args[1:], stderr)
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) && !errors.Is(err, errFlags) {
+			fmt.Fprintf(stderr, "controld: %v\n", err)
 		}
+		return 2
 	}
 	d := &Daemon{Config: c, Stderr: stderr}
-	var err error
-	if args[0] == "check" {
+	if command := args[0]; command == "check" {
 		err = d.Check(stdout)
 	} else {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -180,6 +214,74 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// errFlags is a flag error the flag package has already reported.
+var errFlags = errors.New("bad flags")
+
+// ParseArgs returns the settings of command's flags (without the command): the
+// -config file's, if one is given, with every flag given over them. Errors of
+// the flags are written to stderr.
+func ParseArgs(command string, args []string, stderr io.Writer) (Config, error) {
+	// The flags are parsed twice: first for -config, whose file gives the settings;
+	// then over them, so that a flag given overrides the file.
+	var c Config
+	var file string
+	first, _ := flagSet(command, &Config{}, &file, io.Discard)
+	if first.Parse(args) == nil && file != "" {
+		if err := c.LoadFile(file); err != nil {
+			return Config{}, err
+		}
+	}
+	fs, after := flagSet(command, &c, &file, stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return Config{}, err
+		}
+		return Config{}, errFlags
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("%s: unexpected arguments %q", command, fs.Args())
+	}
+	after()
+	return c, nil
+}
+
+// flagSet returns the flags of command over c, each defaulting to c's setting
+// (the file's), and the function that puts the comma-separated -etcd-endpoints
+// into c after parsing.
+func flagSet(command string, c *Config, file *string, out io.Writer) (*flag.FlagSet, func()) {
+	endpoints := strings.Join(c.Endpoints, ",")
+	listen := c.Listen
+	if listen == "" {
+		listen = DefaultListen
+	}
+	level := c.LogLevel
+	if level == "" {
+		level = "info"
+	}
+	fs := flag.NewFlagSet("controld "+command, flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(file, "config", *file, "YAML `file` of the settings")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data `directory`")
+	fs.StringVar(&c.Listen, "listen", listen, "API `address`")
+	fs.StringVar(&c.TLSCertFile, "tls-cert", c.TLSCertFile, "API TLS certificate `file`")
+	fs.StringVar(&c.TLSKeyFile, "tls-key", c.TLSKeyFile, "API TLS key `file`")
+	fs.StringVar(&endpoints, "etcd-endpoints", endpoints, "external etcd `URLs`, comma-separated")
+	fs.StringVar(&c.CertFile, "etcd-cert", c.CertFile, "etcd client certificate `file`")
+	fs.StringVar(&c.KeyFile, "etcd-key", c.KeyFile, "etcd client key `file`")
+	fs.StringVar(&c.CAFile, "etcd-ca", c.CAFile, "etcd CA `file`")
+	fs.StringVar(&c.EtcdListen, "etcd-listen", c.EtcdListen, "loopback `URL` the embedded etcd also serves, for nodes")
+	fs.StringVar(&c.LogLevel, "log-level", level, "log `level`")
+	fs.TextVar(&c.LameDuck, "lame-duck", c.LameDuck, "lame-duck `duration`")
+	return fs, func() {
+		c.Endpoints = nil
+		for _, e := range strings.Split(endpoints, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				c.Endpoints = append(c.Endpoints, e)
+			}
+		}
+	}
 }
 
 // Daemon is a running controld.
@@ -218,7 +320,14 @@ func (d *Daemon) Check(stdout io.Writer) error {
 	if err := d.Config.Validate(); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "listen %s\ndata dir %s\n", d.Config.Listen, d.Config.DataDir)
+	if _, err := d.Config.loadTLS(); err != nil {
+		return err
+	}
+	scheme := "http"
+	if d.Config.TLSCertFile != "" {
+		scheme = "https"
+	}
+	fmt.Fprintf(stdout, "listen %s (%s)\ndata dir %s\n", d.Config.Listen, scheme, d.Config.DataDir)
 	if len(d.Config.Endpoints) > 0 {
 		fmt.Fprintf(stdout, "store: external etcd %s\n", strings.Join(d.Config.Endpoints, ", "))
 		fmt.Fprintf(stdout, "nodes' etcd_endpoints: %s\n", strings.Join(d.Config.Endpoints, ", "))
@@ -248,8 +357,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.Stderr == nil {
 		d.Stderr = os.Stderr
 	}
+	tlsConf, err := d.Config.loadTLS()
+	if err != nil {
+		return err
+	}
 	d.Init(d.Stderr, d.Config.LogLevel)
-	d.Lame.Delay = d.Config.LameDuck
+	d.Lame.Delay = d.Config.LameDuck.D()
 	if err := os.MkdirAll(d.Config.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data directory: %w", err)
 	}
@@ -305,10 +418,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		io.WriteString(w, "ok\n")
 	})
 	mux.Handle("/", srv)
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsConf}
 	served := make(chan error, 1)
-	go func() { served <- hs.Serve(ln) }()
-	d.Log.Info("controld serving", "listen", d.addr.String(), "embedded_store", len(d.Config.Endpoints) == 0)
+	if tlsConf != nil {
+		go func() { served <- hs.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { served <- hs.Serve(ln) }()
+	}
+	d.Log.Info("controld serving", "listen", d.addr.String(), "tls", tlsConf != nil, "embedded_store", len(d.Config.Endpoints) == 0)
 	d.MarkServing()
 	select {
 	case <-ctx.Done():

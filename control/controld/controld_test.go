@@ -3,6 +3,8 @@ package controld
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/testkit/testenv"
+	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
 // TestRunStopsOnCancel starts controld with its embedded store, uses the first admin
@@ -167,4 +170,116 @@ func TestEtcdListen(t *testing.T) {
 		t.Fatalf("a node's store at %v: %v", eps, err)
 	}
 	st.Close()
+}
+
+// TestConfigFile: the -config file gives the settings, and a flag given overrides
+// the file's; a field controld does not have is refused, named.
+func TestConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "controld.yaml")
+	yaml := "data_dir: " + dir + "/data\nlisten: 127.0.0.1:7555\nlog_level: debug\nlame_duck: 2s\n" +
+		"etcd_listen: http://127.0.0.1:2379\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ParseArgs("check", []string{"-config", path}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DataDir != dir+"/data" || c.Listen != "127.0.0.1:7555" || c.LogLevel != "debug" || c.LameDuck.D() != 2*time.Second || c.EtcdListen != "http://127.0.0.1:2379" {
+		t.Fatalf("from the file: %+v", c)
+	}
+	c, err = ParseArgs("check", []string{"-listen", "127.0.0.1:7666", "-config", path, "-lame-duck", "5s"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:7666" || c.LameDuck.D() != 5*time.Second || c.LogLevel != "debug" || c.DataDir != dir+"/data" {
+		t.Fatalf("flags over the file: %+v", c)
+	}
+	var out, errb bytes.Buffer
+	if code := Main([]string{"check", "-config", path}, &out, &errb); code != 0 || !strings.Contains(out.String(), "listen 127.0.0.1:7555") {
+		t.Fatalf("check -config: %d %s %s", code, out.String(), errb.String())
+	}
+	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:7555\nlisten_addr: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	errb.Reset()
+	if code := Main([]string{"check", "-config", path}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "listen_addr") {
+		t.Fatalf("a field controld does not have: %d %s", code, errb.String())
+	}
+	errb.Reset()
+	if code := Main([]string{"check", "-config", filepath.Join(dir, "missing.yaml")}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "missing.yaml") {
+		t.Fatalf("a missing file: %d %s", code, errb.String())
+	}
+}
+
+// TestAPITLS: with -tls-cert and -tls-key the API serves HTTPS only; a
+// non-loopback -listen is taken with them and refused without, saying why.
+func TestAPITLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := testpki.NewCA("controld test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Leaf("controld", "127.0.0.1", "localhost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.WriteFiles(dir, "api", leaf); err != nil {
+		t.Fatal(err)
+	}
+	cert, key := filepath.Join(dir, "controld.pem"), filepath.Join(dir, "controld.key")
+
+	var out, errb bytes.Buffer
+	if code := Main([]string{"check", "-data-dir", dir, "-listen", "198.18.0.1:7443"}, &out, &errb); code != 1 ||
+		!strings.Contains(errb.String(), "loopback") || !strings.Contains(errb.String(), "-tls-cert") {
+		t.Fatalf("a non-loopback listen without TLS: %d %s", code, errb.String())
+	}
+	out.Reset()
+	errb.Reset()
+	if code := Main([]string{"check", "-data-dir", dir, "-listen", "198.18.0.1:7443", "-tls-cert", cert, "-tls-key", key}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "(https)") {
+		t.Fatalf("a non-loopback listen with TLS: %d %s %s", code, out.String(), errb.String())
+	}
+	errb.Reset()
+	if code := Main([]string{"check", "-data-dir", dir, "-tls-cert", cert}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "go together") {
+		t.Fatalf("a certificate without its key: %d %s", code, errb.String())
+	}
+	errb.Reset()
+	if code := Main([]string{"check", "-data-dir", dir, "-tls-cert", key, "-tls-key", key}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "TLS certificate") {
+		t.Fatalf("a certificate file that is none: %d %s", code, errb.String())
+	}
+
+	logs := &testenv.LockedBuffer{}
+	d := &Daemon{Config: Config{DataDir: filepath.Join(dir, "data"), Listen: "127.0.0.1:0", TLSCertFile: cert, TLSKeyFile: key}, Stderr: logs}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	select {
+	case <-d.Serving():
+	case err := <-done:
+		t.Fatalf("run: %v\n%s", err, logs)
+	case <-time.After(time.Minute):
+		t.Fatalf("not serving after a minute\n%s", logs)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}, Timeout: 10 * time.Second}
+	resp, err := hc.Get("https://" + d.Addr().String() + "/healthz")
+	if err != nil {
+		t.Fatalf("https: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.TLS == nil {
+		t.Fatalf("https /healthz: %d", resp.StatusCode)
+	}
+	plain := &http.Client{Timeout: 10 * time.Second}
+	if resp, err := plain.Get("http://" + d.Addr().String() + "/healthz"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Fatal("plain HTTP answered 200 on the TLS listener")
+		}
+	}
 }
