@@ -273,17 +273,14 @@ func (s *Server) uploadCertificate(w http.ResponseWriter, r *http.Request, who T
 	if err != nil {
 		return daemon.Wrap(http.StatusInternalServerError, daemon.CodeInternal, "encoding the certificate", err)
 	}
-	rev, err := s.st.Commit(r.Context(), store.ChangeSet{
+	rev, err := s.commitSet(r, who, store.ChangeSet{
 		Changes: []store.Change{{Kind: model.KindCertificate, Name: name, Value: value, IfRevision: ifRev}},
-		Check:   model.Check,
 		Extra:   []store.ExtraPut{{Key: model.CertVersionKey(name, c.Version), Value: recJSON}},
 	})
-	attrs := []any{"token", who.Name, "role", who.Role, "method", r.Method, "path", r.URL.Path, "op", "upload", "kind", model.KindCertificate, "name", name, "version", c.Version, "key_id", c.KeyID, "if_revision", ifRev}
 	if err != nil {
-		s.log.Info("audit: write refused", append(attrs, "err", err)...)
 		return storeError("storing the certificate", err)
 	}
-	s.log.Info("audit: write", append(attrs, "revision", rev)...)
+	s.log.Info("audit: certificate version uploaded", "token", who.Name, "name", name, "version", c.Version, "key_id", c.KeyID, "keyservers", ks.Addrs(), "revision", rev)
 	res.Revision = rev
 	w.Header().Set("ETag", etag(rev))
 	daemon.WriteJSON(w, http.StatusCreated, res)
@@ -335,29 +332,18 @@ func leafOf(c *model.Certificate) (remoteKey, error) {
 }
 
 // checkWith answers what the store's check says of the configuration with c in
-// place of its certificate, without writing.
+// place of its certificate at revision ifRev, without writing.
 func (s *Server) checkWith(ctx context.Context, c *model.Certificate, ifRev int64) error {
-	snap, err := s.st.Snapshot(ctx)
-	if err != nil {
-		return storeError("reading the configuration", err)
-	}
-	cur, ok := snap.Get(model.KindCertificate, c.Name)
-	if ifRev >= 0 && (ok && cur.ModRevision != ifRev || !ok && ifRev != 0) {
-		actual := int64(0)
-		if ok {
-			actual = cur.ModRevision
-		}
-		return storeError("checking the certificate", &store.ConflictError{Kind: model.KindCertificate, Name: c.Name, Expected: ifRev, Actual: actual})
-	}
 	value, err := json.Marshal(c)
 	if err != nil {
 		return daemon.Wrap(http.StatusInternalServerError, daemon.CodeInternal, "encoding the certificate", err)
 	}
-	objs := snap.All()
-	objs = slices.DeleteFunc(objs, func(o store.Object) bool { return o.Kind == model.KindCertificate && o.Name == c.Name })
-	objs = append(objs, store.Object{Kind: model.KindCertificate, Name: c.Name, Value: value})
-	if err := model.Check(store.NewSnapshot(snap.Revision, objs)); err != nil {
-		return storeError("checking the certificate", &store.CheckError{Revision: snap.Revision, Err: err})
+	_, err = s.st.DryRun(ctx, store.ChangeSet{
+		Changes: []store.Change{{Kind: model.KindCertificate, Name: c.Name, Value: value, IfRevision: ifRev}},
+		Check:   model.Check,
+	})
+	if err != nil {
+		return storeError("checking the certificate", err)
 	}
 	return nil
 }
@@ -483,16 +469,13 @@ func (s *Server) rollbackCertificate(w http.ResponseWriter, r *http.Request, who
 	if err != nil {
 		return daemon.Wrap(http.StatusInternalServerError, daemon.CodeInternal, "encoding the certificate", err)
 	}
-	rev, err := s.st.Commit(r.Context(), store.ChangeSet{
+	rev, err := s.commitSet(r, who, store.ChangeSet{
 		Changes: []store.Change{{Kind: model.KindCertificate, Name: name, Value: value, IfRevision: ifRev}},
-		Check:   model.Check,
 	})
-	attrs := []any{"token", who.Name, "role", who.Role, "method", r.Method, "path", r.URL.Path, "op", "rollback", "kind", model.KindCertificate, "name", name, "version", req.Version, "if_revision", ifRev}
 	if err != nil {
-		s.log.Info("audit: write refused", append(attrs, "err", err)...)
 		return storeError("rolling the certificate back", err)
 	}
-	s.log.Info("audit: write", append(attrs, "revision", rev)...)
+	s.log.Info("audit: certificate rolled back", "token", who.Name, "name", name, "version", req.Version, "key_id", ck.KeyID, "revision", rev)
 	w.Header().Set("ETag", etag(rev))
 	daemon.WriteJSON(w, http.StatusOK, UploadResult{Certificate: ck, Revision: rev, Notes: []string{}, Keyservers: results})
 	return nil

@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -338,12 +339,17 @@ func TestCertUploadIntoEveryKeyserver(t *testing.T) {
 			t.Fatal("the private key is in the log")
 		}
 	}
-	if !strings.Contains(e.audit.String(), "op=upload") {
+	if !strings.Contains(e.audit.String(), "certificate version uploaded") {
 		t.Errorf("the upload is not audit-logged: %s", e.audit.String())
 	}
 	snap, err := e.st.Snapshot(context.Background())
 	if err != nil || snap.Len() != 1 {
 		t.Fatalf("the nodes' snapshot holds %d objects (%v), want the certificate only", snap.Len(), err)
+	}
+	// The revision records who uploaded it.
+	rv := e.do(t, e.admin, "GET", "/v1/revisions/"+strconv.FormatInt(res.Revision, 10), "")
+	if rv.status != http.StatusOK || !strings.Contains(string(rv.body), `"who": "certs"`) || !strings.Contains(string(rv.body), `"certificates"`) {
+		t.Errorf("the upload's revision: %d %s", rv.status, rv.body)
 	}
 	// The list gives the summary and days left.
 	l := e.do(t, e.admin, "GET", "/v1/certificates", "")
