@@ -26,6 +26,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -687,4 +688,26 @@ func TestSecretPEMDecode(t *testing.T) {
 			t.Errorf("%s: accepted as %q", bad, p)
 		}
 	}
+}
+
+// FuzzSecretPEM: the key's JSON string, decoded without a Go string, reads as
+// encoding/json reads it, and never panics on what the decoder hands it.
+func FuzzSecretPEM(f *testing.F) {
+	for _, s := range []string{`"a\nb"`, `"\"\\\/\b\f\r\t"`, `"\u0041\u00e9"`, `"\ud83d\ude00"`, `"\ud800\u0041"`, `"\ud800"`, `null`, `12`, `"a\`, `"\u12"`, `"-----BEGIN PRIVATE KEY-----\nMIG\n-----END PRIVATE KEY-----\n"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var direct secretPEM
+		_ = direct.UnmarshalJSON(data)
+		var s string
+		errS := json.Unmarshal(data, &s)
+		var p secretPEM
+		errP := json.Unmarshal(data, &p)
+		if !utf8.Valid(data) || errS != nil {
+			return
+		}
+		if errP != nil || string(p) != s {
+			t.Fatalf("%q: secretPEM reads %q (%v), encoding/json %q", data, p, errP, s)
+		}
+	})
 }
