@@ -211,7 +211,7 @@ func (s *Server) uploadCertificate(w http.ResponseWriter, r *http.Request, who T
 	}
 	var req UploadRequest
 	err := decodeSecret(w, r, maxUploadBytes, &req)
-	defer clear(req.Key)
+	defer func() { clear(req.Key) }()
 	if err != nil {
 		return err
 	}
