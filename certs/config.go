@@ -36,6 +36,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tiergate/tiergate/certs/chain"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/keyserver/client"
 )
@@ -124,8 +125,8 @@ type Options struct {
 // DefaultKeyTimeout is the default Options.KeyTimeout.
 const DefaultKeyTimeout = 5 * time.Second
 
-// MaxChainLen bounds the certificates in one chain file.
-const MaxChainLen = 10
+// MaxChainLen bounds the certificates in one chain file (chain.MaxLen).
+const MaxChainLen = chain.MaxLen
 
 // ErrNoCertificate is returned, wrapped with the server name, by GetCertificate when no
 // certificate matches and there is no default.

@@ -11,14 +11,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tiergate/tiergate/certs/chain"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 )
 
 // Key types of Cert.KeyType.
 const (
-	KeyRSA     = "rsa"
-	KeyECDSA   = "ecdsa"
-	KeyEd25519 = "ed25519"
+	KeyRSA     = chain.KeyRSA
+	KeyECDSA   = chain.KeyECDSA
+	KeyEd25519 = chain.KeyEd25519
 )
 
 // Cert is one loaded certificate. It is immutable once in a Set.

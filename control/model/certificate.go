@@ -1,10 +1,9 @@
 package model
 
 import (
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/rsa"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -14,10 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tiergate/tiergate/certs"
+	certchain "github.com/tiergate/tiergate/certs/chain"
 	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/internal/config"
-	"github.com/tiergate/tiergate/keyserver/protocol"
 )
 
 // Certificate is one version of a certificate chain, its private key held by the
@@ -32,7 +30,7 @@ type Certificate struct {
 	Version int `yaml:"version" json:"version"`
 
 	// Chain is the PEM certificate chain: the leaf first, then each issuer in order
-	// (the root may be left out), as certs.ParseChain reads it. It holds no private
+	// (the root may be left out), as certs/chain.Parse reads it. It holds no private
 	// key block. Required.
 	Chain string `yaml:"chain" json:"chain"`
 
@@ -61,7 +59,7 @@ func (c *Certificate) ObjectName() string { return c.Name }
 // derived fields filled in, or the error of Validate.
 func NewCertificate(name string, version int, chain []byte) (*Certificate, error) {
 	c := &Certificate{Name: name, Version: version, Chain: string(chain)}
-	if leaf, err := certs.ParseChain(chain); err == nil {
+	if leaf, err := certchain.Parse(chain); err == nil {
 		c.KeyID, c.KeyType, c.SANs, c.NotAfter = derived(leaf[0])
 	}
 	if err := c.Validate(); err != nil {
@@ -70,17 +68,17 @@ func NewCertificate(name string, version int, chain []byte) (*Certificate, error
 	return c, nil
 }
 
+// KeyID returns the key ID of leaf's private key at the keyservers: the SHA-256 of
+// its SubjectPublicKeyInfo in 64 hex digits, as keyserver/protocol.KeyIDFromSPKI
+// (a test holds the two together; the model does not import the keyserver).
+func KeyID(leaf *x509.Certificate) string {
+	sum := sha256.Sum256(leaf.RawSubjectPublicKeyInfo)
+	return hex.EncodeToString(sum[:])
+}
+
 // derived returns the fields of a Certificate that its leaf determines.
 func derived(leaf *x509.Certificate) (keyID, keyType string, sans []string, notAfter time.Time) {
-	keyID = protocol.KeyIDFromSPKI(leaf.RawSubjectPublicKeyInfo).String()
-	switch leaf.PublicKey.(type) {
-	case *rsa.PublicKey:
-		keyType = certs.KeyRSA
-	case *ecdsa.PublicKey:
-		keyType = certs.KeyECDSA
-	case ed25519.PublicKey:
-		keyType = certs.KeyEd25519
-	}
+	keyID, keyType = KeyID(leaf), certchain.KeyType(leaf.PublicKey)
 	add := func(n string) {
 		n = strings.ToLower(strings.TrimSuffix(n, "."))
 		if n != "" && !slices.Contains(sans, n) {
@@ -99,7 +97,7 @@ func derived(leaf *x509.Certificate) (keyID, keyType string, sans []string, notA
 	return keyID, keyType, sans, leaf.NotAfter.UTC()
 }
 
-// Validate checks the chain with certs.ParseChain, that it holds no private key, and
+// Validate checks the chain with certs/chain.Parse, that it holds no private key, and
 // that the derived fields are the chain's. Whether the certificate is valid now is
 // not checked: a stored certificate expires, and the nodes say so.
 func (c *Certificate) Validate() error {
@@ -122,7 +120,7 @@ func (c *Certificate) Validate() error {
 			return ck.Err()
 		}
 	}
-	chain, err := certs.ParseChain([]byte(c.Chain))
+	chain, err := certchain.Parse([]byte(c.Chain))
 	if err != nil {
 		ck.Add("chain", err)
 		return ck.Err()

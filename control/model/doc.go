@@ -3,7 +3,7 @@
 // listeners, and the L4 rules and pools for l4d; each object a JSON value in the
 // store under its kind and name. It reuses the components' own models and their
 // validation (l7.Listener, route.Listener and route.Pool, datapath.RuleConfig and
-// datapath.PoolConfig, certs.ParseChain) rather than writing them twice, and adds
+// datapath.PoolConfig, certs/chain.Parse) rather than writing them twice, and adds
 // what only the whole cluster can check: Snapshot.Consistent finds the references
 // that do not resolve (a route naming a missing pool, a binding naming a missing
 // certificate or listener, a listener no certificate is bound to), so that a node is
@@ -15,7 +15,7 @@
 //	listeners      Listener       the listener's name     l7.Listener
 //	routing        RoutingPolicy  the listener it routes  route.Listener (vhosts, routes)
 //	pools          Pool           the pool's name         route.Pool (L7 backends)
-//	certificates   Certificate    the certificate's name  certs.ParseChain; never a private key
+//	certificates   Certificate    the certificate's name  certs/chain.Parse; never a private key
 //	cert-bindings  CertBinding    the binding's name      certificates → listeners, SNI names
 //	l4-rules       L4Rule         the rule's name         datapath.RuleConfig
 //	l4-pools       L4Pool         the pool's name         datapath.PoolConfig (L7 nodes)

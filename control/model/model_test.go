@@ -20,6 +20,7 @@ import (
 	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/keyserver/backend"
+	"github.com/tiergate/tiergate/keyserver/protocol"
 	"github.com/tiergate/tiergate/l4/datapath"
 	"github.com/tiergate/tiergate/l7"
 	"github.com/tiergate/tiergate/policy/route"
@@ -432,5 +433,14 @@ func TestExpiredCertificateStored(t *testing.T) {
 	}
 	if !c.NotAfter.Before(time.Now()) {
 		t.Fatalf("not_after %v", c.NotAfter)
+	}
+}
+
+// TestKeyIDIsTheKeyservers: the model's key ID is the one the keyservers name a key
+// by (keyserver/protocol), which the model does not import.
+func TestKeyIDIsTheKeyservers(t *testing.T) {
+	_, leaf := chainPEM(t, ecdsaKey(t).Public(), "www.example.com")
+	if got, want := KeyID(leaf), protocol.KeyIDFromSPKI(leaf.RawSubjectPublicKeyInfo).String(); got != want {
+		t.Fatalf("model.KeyID %s, keyserver %s", got, want)
 	}
 }

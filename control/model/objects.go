@@ -8,7 +8,7 @@ import (
 	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/l4/datapath"
-	"github.com/tiergate/tiergate/l7"
+	"github.com/tiergate/tiergate/l7/listener"
 	"github.com/tiergate/tiergate/policy/route"
 )
 
@@ -38,11 +38,11 @@ type Object interface {
 	Validate() error
 }
 
-// Listener is an address l7d terminates TLS and QUIC on: l7.Listener, stored under
+// Listener is an address l7d terminates TLS and QUIC on: listener.Listener (l7.Listener), stored under
 // its Name. Its routing is a RoutingPolicy of the same name, its certificates come
 // from CertBindings that name it.
 type Listener struct {
-	l7.Listener
+	listener.Listener
 }
 
 // Kind returns KindListener.

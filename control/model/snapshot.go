@@ -13,7 +13,7 @@ import (
 	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/l4/datapath"
-	"github.com/tiergate/tiergate/l7"
+	"github.com/tiergate/tiergate/l7/listener"
 	"github.com/tiergate/tiergate/policy/route"
 )
 
@@ -218,7 +218,7 @@ func (s *Snapshot) listeners(ck *config.Checker) {
 	for _, name := range slices.Sorted(maps.Keys(s.Listeners)) {
 		addr := s.Listeners[name].Addr
 		if addr == "" {
-			addr = l7.DefaultAddr
+			addr = listener.DefaultAddr
 		}
 		if first, dup := addrs[addr]; dup {
 			ck.Addf(objPath(KindListener, name)+".addr", "%q is also the address of listeners/%s", addr, first)

@@ -21,6 +21,8 @@ type Rule struct {
 	// From are the packages the rule binds, as patterns relative to the module
 	// ("l4/..." is l4 and everything under it; "cmd/l4d" that package alone).
 	From []string
+	// Unless are packages among From that the rule does not bind.
+	Unless []string
 	// To are the packages they must not depend on: patterns relative to the module, or
 	// full import paths for other modules (a first element with a dot, as in
 	// "github.com/quic-go/...").
@@ -28,6 +30,9 @@ type Rule struct {
 	// NonStandard forbids, in addition to To, every package outside the standard
 	// library.
 	NonStandard bool
+	// Allow are packages among To that the From packages may depend on after all
+	// (and through them on what they import).
+	Allow []string
 	// Tests extends the rule to the From packages' test files (their imports, and
 	// what those depend on); otherwise it binds what the packages link.
 	Tests bool
@@ -36,6 +41,14 @@ type Rule struct {
 // tiers are the packages that make up the tiers and the key server: what the demo
 // may use, never the other way round.
 var tiers = []string{"l4/...", "l7/...", "policy/...", "certs/...", "keyserver/..."}
+
+// daemons are the tiers' daemons, which run the control plane's node agent.
+var daemons = []string{"l4/l4d", "l7/l7d", "keyserver/keyserverd"}
+
+// sharedModels are the packages of the tiers whose models the control plane's model
+// (control/model) holds, so that every node links them: leaves, free of the
+// servers they configure.
+var sharedModels = []string{"l7/listener", "certs/chain"}
 
 // Rules are the import rules of the module.
 var Rules = []Rule{
@@ -46,9 +59,10 @@ var Rules = []Rule{
 		Tests:       true,
 	},
 	{
-		Name:  "the L4 tier imports neither the L7 tier nor the key server",
+		Name:  "the L4 tier imports neither the L7 tier nor the key server (but the shared models)",
 		From:  []string{"l4/..."},
 		To:    []string{"l7/...", "keyserver/..."},
+		Allow: sharedModels,
 		Tests: true,
 	},
 	{
@@ -69,9 +83,23 @@ var Rules = []Rule{
 		To:   []string{"github.com/quic-go/..."},
 	},
 	{
-		Name:  "the domain packages do not import the control plane, which imports them",
-		From:  tiers,
-		To:    []string{"control/..."},
+		Name:   "the domain packages do not import the control plane, which imports them (but the daemons)",
+		From:   tiers,
+		Unless: daemons,
+		To:     []string{"control/..."},
+		Tests:  true,
+	},
+	{
+		Name:  "the daemons use the node's side of the control plane (agent, model, store) only",
+		From:  daemons,
+		To:    []string{"control/api/...", "control/controld/...", "control/certupload/...", "control/tgctl/..."},
+		Tests: true,
+	},
+	{
+		Name:  "the shared models import no server, tier or control plane package",
+		From:  sharedModels,
+		To:    append([]string{"control/...", "github.com/quic-go/...", "github.com/prometheus/...", "go.etcd.io/..."}, tiers...),
+		Allow: sharedModels,
 		Tests: true,
 	},
 }
@@ -133,10 +161,13 @@ func Check(module string, pkgs []Package, rules []Rule) []Violation {
 	for r := range rules {
 		rule := &rules[r]
 		forbidden := func(p *Package) bool {
+			if match(module, rule.Allow, p.Path) {
+				return false
+			}
 			return rule.NonStandard && !p.Standard || match(module, rule.To, p.Path)
 		}
 		for _, path := range paths {
-			if !match(module, rule.From, path) || !strings.HasPrefix(path, module) {
+			if !match(module, rule.From, path) || match(module, rule.Unless, path) || !strings.HasPrefix(path, module) {
 				continue
 			}
 			start := graph[path]
