@@ -341,6 +341,14 @@ func (d *Daemon) Check(stdout io.Writer) error {
 		}
 	}
 	fmt.Fprintf(stdout, "first admin token: %s, generated when the store has no token\n", filepath.Join(d.Config.DataDir, TokenFile))
+	if ks := d.Config.Keyservers; ks != nil {
+		if _, err := ks.TLS(); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "keyservers (a certificate's key is imported into each): %s\n", strings.Join(ks.Servers, ", "))
+	} else {
+		fmt.Fprintf(stdout, "keyservers: none (certificate uploads are refused)\n")
+	}
 	return nil
 }
 
