@@ -77,7 +77,7 @@ func (s *Server) OpenAPI() map[string]any {
 				"required": []any{"status", "code", "message"},
 				"properties": map[string]any{
 					"status":  map[string]any{"type": "integer"},
-					"code":    map[string]any{"type": "string", "description": "stable, machine-readable: bad_request, unauthorized, forbidden, not_found, conflict, precondition_required, invalid, exists, compacted, too_large, no_space, unavailable, internal, no_route"},
+					"code":    map[string]any{"type": "string", "description": "stable, machine-readable: bad_request, unauthorized, forbidden, not_found, conflict, precondition_required, invalid, exists, compacted, too_large, no_space, unavailable, internal, no_route, bad_chain, key_mismatch, expired, keyserver_failed, use_upload"},
 					"message": map[string]any{"type": "string"},
 					"errors":  map[string]any{"type": "array", "description": "422: each refused field by its path"},
 				},
