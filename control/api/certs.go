@@ -19,7 +19,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/tiergate/tiergate/certs"
+	certchain "github.com/tiergate/tiergate/certs/chain"
 	"github.com/tiergate/tiergate/control/certupload"
 	"github.com/tiergate/tiergate/control/model"
 	"github.com/tiergate/tiergate/control/store"
@@ -324,7 +324,7 @@ type remoteKey struct {
 
 // leafOf returns the key of c's leaf.
 func leafOf(c *model.Certificate) (remoteKey, error) {
-	chain, err := certs.ParseChain([]byte(c.Chain))
+	chain, err := certchain.Parse([]byte(c.Chain))
 	if err != nil {
 		return remoteKey{}, err
 	}

@@ -30,7 +30,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/tiergate/tiergate/certs"
+	certchain "github.com/tiergate/tiergate/certs/chain"
 	"github.com/tiergate/tiergate/control/certupload"
 	"github.com/tiergate/tiergate/control/model"
 	"github.com/tiergate/tiergate/keyserver"
@@ -303,7 +303,7 @@ func TestCertUploadIntoEveryKeyserver(t *testing.T) {
 		t.Fatalf("upload: %d %s", a.status, a.body)
 	}
 	c := res.Certificate
-	if c.Version != 1 || c.KeyType != certs.KeyECDSA || res.Reordered || res.Revision == 0 || a.header.Get("ETag") != etag(res.Revision) {
+	if c.Version != 1 || c.KeyType != certchain.KeyECDSA || res.Reordered || res.Revision == 0 || a.header.Get("ETag") != etag(res.Revision) {
 		t.Fatalf("upload answer: %s", a.body)
 	}
 	if len(res.Keyservers) != 2 {

@@ -36,7 +36,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tiergate/tiergate/certs"
+	certchain "github.com/tiergate/tiergate/certs/chain"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 )
 
@@ -193,7 +193,7 @@ func Check(chainPEM, keyPEM []byte, now time.Time) (*Checked, error) {
 		pem.Encode(&buf, &pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})
 	}
 	c.PEM = buf.Bytes()
-	if _, err := certs.ParseChain(c.PEM); err != nil { // the check nodes make
+	if _, err := certchain.Parse(c.PEM); err != nil { // the check nodes make
 		return nil, &Error{Code: CodeBadChain, Field: "chain", Err: err}
 	}
 	c.KeyID = protocol.KeyIDFromSPKI(leaf.RawSubjectPublicKeyInfo)
@@ -225,8 +225,8 @@ func parseChain(data []byte) ([]*x509.Certificate, error) {
 			return nil, errorf(CodeBadChain, "chain", "a %q PEM block: the chain holds CERTIFICATE blocks only", blk.Type)
 		}
 		at := index(len(chain))
-		if len(chain) == certs.MaxChainLen {
-			return nil, errorf(CodeBadChain, at, "the chain has more than %d certificates", certs.MaxChainLen)
+		if len(chain) == certchain.MaxLen {
+			return nil, errorf(CodeBadChain, at, "the chain has more than %d certificates", certchain.MaxLen)
 		}
 		cert, err := x509.ParseCertificate(blk.Bytes)
 		if err != nil {

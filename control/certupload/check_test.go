@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/certs"
+	certchain "github.com/tiergate/tiergate/certs/chain"
 	"github.com/tiergate/tiergate/control/model"
 )
 
@@ -143,9 +143,9 @@ func TestCheckAccepts(t *testing.T) {
 		key     crypto.Signer
 		keyType string
 	}{
-		{"ECDSA", ec, certs.KeyECDSA},
-		{"RSA", rsa2048(t), certs.KeyRSA},
-		{"Ed25519", edPriv, certs.KeyEd25519},
+		{"ECDSA", ec, certchain.KeyECDSA},
+		{"RSA", rsa2048(t), certchain.KeyRSA},
+		{"Ed25519", edPriv, certchain.KeyEd25519},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			leaf := p.leaf(t, tc.key, nil)
@@ -224,7 +224,7 @@ func TestCheckReorders(t *testing.T) {
 		if len(ck.Notes) == 0 || !strings.Contains(ck.Notes[0], "another order") {
 			t.Errorf("notes %q do not say the chain was reordered", ck.Notes)
 		}
-		if _, err := certs.ParseChain(ck.PEM); err != nil {
+		if _, err := certchain.Parse(ck.PEM); err != nil {
 			t.Errorf("the reordered chain does not parse as nodes read it: %v", err)
 		}
 		if len(given) == 3 && !strings.Contains(strings.Join(ck.Notes, "\n"), "self-signed root") {

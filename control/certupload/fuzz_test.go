@@ -6,13 +6,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tiergate/tiergate/certs"
+	certchain "github.com/tiergate/tiergate/certs/chain"
 	"github.com/tiergate/tiergate/control/model"
 )
 
 // FuzzCheck runs the parser of uploads (the chain and the key, untrusted bytes from
 // the API) on anything: it must not panic, what it accepts must be a chain nodes
-// read (certs.ParseChain) and the model stores, and no error may quote the key.
+// read (certchain.Parse) and the model stores, and no error may quote the key.
 func FuzzCheck(f *testing.F) {
 	p := testPKI(f)
 	k := ecKey(f)
@@ -44,7 +44,7 @@ func FuzzCheck(f *testing.F) {
 			return
 		}
 		defer ck.Wipe()
-		parsed, err := certs.ParseChain(ck.PEM)
+		parsed, err := certchain.Parse(ck.PEM)
 		if err != nil {
 			t.Fatalf("accepted chain does not parse as nodes read it: %v", err)
 		}
