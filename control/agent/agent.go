@@ -489,8 +489,21 @@ func (a *Agent) saver(ctx context.Context) {
 		case <-a.save:
 			a.saveLatest()
 		}
+		// At most one write per saveEvery: what is applied meanwhile is written
+		// next, as the latest.
+		t := time.NewTimer(saveEvery)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			a.saveLatest()
+			return
+		case <-t.C:
+		}
 	}
 }
+
+// saveEvery spaces the cache file's writes.
+const saveEvery = 100 * time.Millisecond
 
 // saveLatest writes the snapshot waiting to be saved, if any.
 func (a *Agent) saveLatest() {
@@ -499,7 +512,8 @@ func (a *Agent) saveLatest() {
 		return
 	}
 	pending, err := daemon.PrepareFile(a.cfg.CacheFile, 0o600, func(w io.Writer) error {
-		return json.NewEncoder(w).Encode(cache{Revision: ss.Revision, Objects: ss.All()})
+		_, err := w.Write(encodeCache(ss))
+		return err
 	})
 	if err == nil {
 		err = pending.Commit()
@@ -517,6 +531,27 @@ func (a *Agent) check(ss *store.Snapshot) (*model.Snapshot, error) {
 		return nil, fmt.Errorf("checking revision %d: %w", ss.Revision, err)
 	}
 	return snap, nil
+}
+
+// encodeCache returns ss as the cache file holds it (cache, in JSON), the objects'
+// values as they are: they are JSON already (the store takes no other), and
+// encoding/json would check and compact each of them again.
+func encodeCache(ss *store.Snapshot) []byte {
+	b := fmt.Appendf(nil, `{"revision":%d,"objects":[`, ss.Revision)
+	for i, o := range ss.All() {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		kind, _ := json.Marshal(o.Kind)
+		name, _ := json.Marshal(o.Name)
+		value := []byte(o.Value)
+		if len(value) == 0 {
+			value = []byte("null")
+		}
+		b = fmt.Appendf(b, `{"Kind":%s,"Name":%s,"Value":%s,"ModRevision":%d,"CreateRevision":%d,"Version":%d}`,
+			kind, name, value, o.ModRevision, o.CreateRevision, o.Version)
+	}
+	return append(b, "]}\n"...)
 }
 
 // cache is the cache file's content.

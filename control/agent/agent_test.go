@@ -593,3 +593,27 @@ func TestManyAgents(t *testing.T) {
 		t.Logf("round %d: %d agents applied revision %d within %v of the write, all reported within %v", round, n, rev, applied, time.Since(t0))
 	}
 }
+
+// TestEncodeCache: the cache file as written reads back as encoding/json reads
+// it, every field of every object kept.
+func TestEncodeCache(t *testing.T) {
+	ss := store.NewSnapshot(42, []store.Object{
+		{Kind: model.KindPool, Name: "app", Value: pool("app", "198.18.1.1:80"), ModRevision: 40, CreateRevision: 3, Version: 7},
+		{Kind: model.KindPool, Name: "b\"q", Value: []byte(` {"name" : "b\"q"} `), ModRevision: 41, CreateRevision: 41, Version: 1},
+	})
+	var c cache
+	if err := json.Unmarshal(encodeCache(ss), &c); err != nil {
+		t.Fatalf("%s: %v", encodeCache(ss), err)
+	}
+	want, err := json.Marshal(cache{Revision: 42, Objects: ss.All()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w cache
+	json.Unmarshal(want, &w)
+	got, _ := json.Marshal(c)
+	again, _ := json.Marshal(w)
+	if string(got) != string(again) {
+		t.Fatalf("cache read back as\n%s\nwant\n%s", got, again)
+	}
+}

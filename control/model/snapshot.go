@@ -248,10 +248,28 @@ func (s *Snapshot) routing(ck *config.Checker) {
 			ck.Addf(objPath(KindRouting, name)+".name", "no listener is named %q", name)
 		}
 	}
-	pools := slices.Sorted(maps.Keys(s.Pools))
 	// route's own validation of the whole policy finds the routes to missing pools;
-	// its paths ("listeners[2].vhosts[0]…", "pools[1]…") name objects here.
-	ck.Nest("", mapPaths(s.RouteConfig().Validate(), func(path string) string {
+	// its paths ("listeners[2].vhosts[0]…", "pools[1]…") name objects here. It is
+	// given the pools the routes name only: each pool was checked alone (Validate),
+	// and one no route names relates to nothing, so a node checking a snapshot
+	// with hundreds of pools does not check them all again on every revision.
+	rc := &route.Config{}
+	named := map[string]bool{}
+	for _, name := range listeners {
+		rc.Listeners = append(rc.Listeners, s.Routing[name].Listener)
+		for _, vh := range s.Routing[name].VHosts {
+			for _, rt := range vh.Routes {
+				if _, ok := s.Pools[rt.Action.Pool]; ok {
+					named[rt.Action.Pool] = true
+				}
+			}
+		}
+	}
+	pools := slices.Sorted(maps.Keys(named))
+	for _, name := range pools {
+		rc.Pools = append(rc.Pools, s.Pools[name].Pool)
+	}
+	ck.Nest("", mapPaths(rc.Validate(), func(path string) string {
 		if p, ok := indexed(path, "listeners", listeners, KindRouting); ok {
 			return p
 		}
