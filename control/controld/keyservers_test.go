@@ -1,13 +1,31 @@
 package controld
 
 import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tiergate/tiergate/control/certupload"
+	"github.com/tiergate/tiergate/keyserver"
+	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/client"
+	"github.com/tiergate/tiergate/keyserver/softkey"
+	"github.com/tiergate/tiergate/testkit/testenv"
 	"github.com/tiergate/tiergate/testkit/testpki"
 )
 
@@ -65,5 +83,95 @@ func TestKeyserversFromConfigFile(t *testing.T) {
 	errOut.Reset()
 	if code := Main([]string{"check", "-config", file}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "missing.pem") {
 		t.Fatalf("check with a missing CA file = %d: %s", code, errOut.String())
+	}
+}
+
+// TestUploadThroughControld: controld run with a keyservers section imports an
+// uploaded certificate's key into its keyserver (software keys here; the API's tests
+// use two on SoftHSM tokens) before storing the chain, and its log never holds the
+// key.
+func TestUploadThroughControld(t *testing.T) {
+	dir := t.TempDir()
+	m, err := testpki.NewMutualTLS(dir, "keyservers", "keyserver", []string{"127.0.0.1"}, "controld")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := softkey.New(softkey.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks, err := keyserver.NewServer(keyserver.Config{
+		TLS:      &tls.Config{Certificates: []tls.Certificate{m.ServerLeaf}, ClientCAs: m.ClientCA.Pool()},
+		Backends: []backend.Backend{b},
+		Clients:  []keyserver.ClientRule{{Name: "controld", Keys: []string{"*"}, Admin: true}},
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ks.Serve(ln); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ks.Shutdown(context.Background()) })
+
+	logs := &testenv.LockedBuffer{}
+	d := &Daemon{Config: Config{DataDir: filepath.Join(dir, "data"), Listen: "127.0.0.1:0", Keyservers: &certupload.KeyserversConfig{
+		Config:   client.Config{Servers: []string{ln.Addr().String()}},
+		CertFile: m.ClientCert, KeyFile: m.ClientKey, CAFile: m.ServerCAFile,
+	}}, Stderr: logs}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	select {
+	case <-d.Serving():
+	case err := <-done:
+		t.Fatalf("run: %v\n%s", err, logs)
+	case <-time.After(time.Minute):
+		t.Fatalf("not serving after a minute\n%s", logs)
+	}
+	tok, _ := os.ReadFile(filepath.Join(d.Config.DataDir, TokenFile))
+
+	ca, err := testpki.NewCA("Upload CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	_, der, err := ca.Issue("www.example.com", key.Public(), "www.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, _ := testpki.KeyPEM(key)
+	chain := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	body, _ := json.Marshal(map[string]string{"chain": string(chain), "key": string(keyPEM)})
+	req, _ := http.NewRequest("POST", "http://"+d.Addr().String()+"/v1/certificates/www/versions", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ans, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var res struct {
+		Certificate struct {
+			KeyID string `json:"key_id"`
+		} `json:"certificate"`
+	}
+	if resp.StatusCode != http.StatusCreated || json.Unmarshal(ans, &res) != nil {
+		t.Fatalf("upload through controld: %d %s\n%s", resp.StatusCode, ans, logs)
+	}
+	if keys := ks.Keys(); len(keys) != 1 || keys[0].ID.String() != res.Certificate.KeyID {
+		t.Fatalf("the keyserver offers %+v, want the key %s", keys, res.Certificate.KeyID)
+	}
+	blk, _ := pem.Decode(keyPEM)
+	if strings.Contains(logs.String(), base64.StdEncoding.EncodeToString(blk.Bytes)[64:128]) {
+		t.Fatal("the key is in controld's log")
 	}
 }
