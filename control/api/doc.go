@@ -48,6 +48,8 @@
 //	GET  /v1/nodes                   each node's role, address, applied revision, lag (the
 //	                                 configuration's revision minus the applied one), state
 //	                                 (ok, refused, lost), start, uptime and certificates
+//	DELETE /v1/nodes/{name}          admin: forget a lost node (its seen record); 409
+//	                                 "exists" while it reports
 //
 // Who and what of each write are recorded by the store in the head key of the
 // write's own transaction (control/store), the token's name as who. Nodes report

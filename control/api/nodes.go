@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/tiergate/tiergate/control/agent"
+	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/internal/daemon"
 )
 
@@ -34,6 +35,7 @@ const (
 func (s *Server) nodeRoutes() []Route {
 	return []Route{
 		{Method: "GET", Path: "/v1/nodes", Summary: "Every node: role, address, applied revision and lag, state (ok, refused, lost), uptime and the certificates it serves", Role: "any", access: accessRead, h: s.nodes},
+		{Method: "DELETE", Path: "/v1/nodes/{name}", Summary: "Forget a lost node (its seen record); 409 exists while it reports", Role: "admin", access: accessAdmin, h: s.forgetNode},
 		{Method: "GET", Path: "/v1/rollouts/{revision}", Summary: "Which nodes applied a revision, refused it (and why), have not answered yet, or are lost", Role: "any", access: accessRead, h: s.rollout},
 	}
 }
@@ -199,5 +201,32 @@ func (s *Server) rollout(w http.ResponseWriter, r *http.Request, _ Token) error 
 		out.Nodes = append(out.Nodes, rn)
 	}
 	daemon.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// forgetNode deletes a node's seen record, unless the node reports: a node taken
+// out of the cluster is then no longer listed as lost.
+func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request, who Token) error {
+	name := r.PathValue("name")
+	if err := store.CheckName(name); err != nil {
+		return daemon.Wrap(http.StatusNotFound, daemon.CodeNotFound, "node "+name, err)
+	}
+	cli := s.st.Client()
+	// Deleted only while there is no status: a node that reports is not forgotten.
+	resp, err := cli.Txn(r.Context()).
+		If(clientv3.Compare(clientv3.CreateRevision(agent.StatusKey(name)), "=", 0)).
+		Then(clientv3.OpDelete(agent.SeenKey(name))).
+		Commit()
+	if err != nil {
+		return storeError("forgetting node "+name, err)
+	}
+	if !resp.Succeeded {
+		return daemon.Errorf(http.StatusConflict, CodeExists, "node %s reports: only a lost node is forgotten", name)
+	}
+	if resp.Responses[0].GetResponseDeleteRange().GetDeleted() == 0 {
+		return daemon.Errorf(http.StatusNotFound, daemon.CodeNotFound, "no node %q", name)
+	}
+	s.log.Info("audit: node forgotten", "token", who.Name, "method", r.Method, "kind", "nodes", "name", name)
+	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

@@ -186,6 +186,22 @@ func TestNodesAndRollouts(t *testing.T) {
 	if a := f.do(t, viewer, "GET", "/v1/rollouts/"+strconv.FormatInt(ns.Revision+100, 10), ""); a.status != http.StatusNotFound {
 		t.Fatalf("the rollout of a revision not reached: %d %s", a.status, a.body)
 	}
+	// A lost node is forgotten by an admin; one that reports is not.
+	if a := f.do(t, viewer, "DELETE", "/v1/nodes/l4-a", ""); a.status != http.StatusForbidden {
+		t.Fatalf("a viewer forgot a node: %d %s", a.status, a.body)
+	}
+	if a := f.do(t, f.admin, "DELETE", "/v1/nodes/l7-a", ""); a.status != http.StatusConflict || a.err.Code != CodeExists {
+		t.Fatalf("forgetting a node that reports: %d %s", a.status, a.body)
+	}
+	if a := f.do(t, f.admin, "DELETE", "/v1/nodes/l4-a", ""); a.status != http.StatusNoContent {
+		t.Fatalf("forgetting a lost node: %d %s", a.status, a.body)
+	}
+	if _, ok := byName(nodes())["l4-a"]; ok {
+		t.Fatal("a forgotten node is still listed")
+	}
+	if a := f.do(t, f.admin, "DELETE", "/v1/nodes/l4-a", ""); a.status != http.StatusNotFound {
+		t.Fatalf("forgetting it again: %d %s", a.status, a.body)
+	}
 	if a := f.do(t, "", "GET", "/v1/nodes", ""); a.status != http.StatusUnauthorized {
 		t.Fatalf("nodes without a token: %d", a.status)
 	}
