@@ -244,12 +244,12 @@ func (s *Server) uploadCertificate(w http.ResponseWriter, r *http.Request, who T
 	res := UploadResult{Certificate: c, Revision: cur, Reordered: ck.Reordered, Notes: append([]string{}, ck.Notes...), DryRun: req.DryRun}
 	ctx, cancel := context.WithTimeout(r.Context(), uploadTimeout)
 	defer cancel()
+	// What the commit's check will say, before a key goes to any keyserver.
+	if err := s.checkWith(r.Context(), c, ifRev); err != nil {
+		return err
+	}
 	ks := s.certs.keyservers.Load()
 	if req.DryRun {
-		// What the commit's check would say, then whether every keyserver answers.
-		if err := s.checkWith(r.Context(), c, ifRev); err != nil {
-			return err
-		}
 		res.Keyservers, err = ks.Ping(ctx)
 		if err != nil {
 			return keyserverError(err, res.Keyservers)

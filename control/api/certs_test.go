@@ -525,9 +525,13 @@ func TestCertECDSAAndRSASideBySide(t *testing.T) {
 	// A new version must serve the names bound: one without example.com is refused
 	// whole, nothing stored.
 	narrow, narrowKey := e.leafPEM(t, newECKey(t), nil, "www.example.com")
+	before := e.keyCounts()
 	a, _ := e.upload(t, certOp, "www-ec", pemChain(narrow, e.ca.DER), narrowKey, false)
 	if a.status != http.StatusUnprocessableEntity || a.err.Code != CodeInvalid {
 		t.Fatalf("a version that no longer serves a bound name: %d %s", a.status, a.body)
+	}
+	if e.keyCounts() != before {
+		t.Fatal("the key of a version the configuration refuses was imported")
 	}
 	if vl := e.versions(t, "www-ec"); len(vl.Versions) != 1 {
 		t.Fatalf("a refused version was kept: %+v", vl)
