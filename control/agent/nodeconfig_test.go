@@ -130,7 +130,7 @@ func TestNodeConfigOpen(t *testing.T) {
 			t.Fatalf("auth step %d: %v", i, err)
 		}
 	}
-	root, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, Username: "root", Password: "root-pw", DialTimeout: 5 * time.Second})
+	root, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, Username: "root", Password: "root-pw", DialTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,9 @@ func TestNodeConfigOpen(t *testing.T) {
 	if err := os.WriteFile(pwFile, []byte("node-pw\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	n := NodeConfig{Node: "l7-a", EtcdEndpoints: []string{url}, Username: "l7-a", PasswordFile: pwFile}
+	// etcd checks a password with bcrypt, seconds under the race detector on a
+	// loaded machine: the dial timeout leaves room for it.
+	n := NodeConfig{Node: "l7-a", EtcdEndpoints: []string{url}, Username: "l7-a", PasswordFile: pwFile, DialTimeout: config.Duration(30 * time.Second)}
 	n.Defaults(dir)
 	if err := n.Validate(); err != nil {
 		t.Fatal(err)
