@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -502,8 +503,9 @@ func (a *Agent) saver(ctx context.Context) {
 	}
 }
 
-// saveEvery spaces the cache file's writes.
-const saveEvery = 100 * time.Millisecond
+// saveEvery spaces the cache file's writes: the file is read only to start while
+// the store is out of reach, and the last snapshot is written when Run returns.
+const saveEvery = time.Second
 
 // saveLatest writes the snapshot waiting to be saved, if any.
 func (a *Agent) saveLatest() {
@@ -537,19 +539,32 @@ func (a *Agent) check(ss *store.Snapshot) (*model.Snapshot, error) {
 // values as they are: they are JSON already (the store takes no other), and
 // encoding/json would check and compact each of them again.
 func encodeCache(ss *store.Snapshot) []byte {
-	b := fmt.Appendf(nil, `{"revision":%d,"objects":[`, ss.Revision)
-	for i, o := range ss.All() {
+	objs := ss.All()
+	size := 64
+	for _, o := range objs {
+		size += len(o.Kind) + len(o.Name) + len(o.Value) + 128
+	}
+	b := make([]byte, 0, size)
+	b = append(b, `{"revision":`...)
+	b = strconv.AppendInt(b, ss.Revision, 10)
+	b = append(b, `,"objects":[`...)
+	for i, o := range objs {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		kind, _ := json.Marshal(o.Kind)
 		name, _ := json.Marshal(o.Name)
-		value := []byte(o.Value)
-		if len(value) == 0 {
-			value = []byte("null")
+		b = append(append(append(b, `{"Kind":`...), kind...), `,"Name":`...)
+		b = append(append(b, name...), `,"Value":`...)
+		if len(o.Value) == 0 {
+			b = append(b, "null"...)
+		} else {
+			b = append(b, o.Value...)
 		}
-		b = fmt.Appendf(b, `{"Kind":%s,"Name":%s,"Value":%s,"ModRevision":%d,"CreateRevision":%d,"Version":%d}`,
-			kind, name, value, o.ModRevision, o.CreateRevision, o.Version)
+		b = strconv.AppendInt(append(b, `,"ModRevision":`...), o.ModRevision, 10)
+		b = strconv.AppendInt(append(b, `,"CreateRevision":`...), o.CreateRevision, 10)
+		b = strconv.AppendInt(append(b, `,"Version":`...), o.Version, 10)
+		b = append(b, '}')
 	}
 	return append(b, "]}\n"...)
 }
