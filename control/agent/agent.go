@@ -374,20 +374,13 @@ func (a *Agent) session(ctx context.Context, st *store.Store) error {
 		return err
 	}
 	a.reset(snap)
-	a.handle(ctx)
 	kick := make(chan struct{}, 1)
+	kick <- struct{}{}
 	actx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for {
-			select {
-			case <-actx.Done():
-				return
-			case <-kick:
-			}
-			a.handle(ctx)
-		}
+		a.applier(actx, ctx, kick)
 	}()
 	defer func() {
 		cancel()
@@ -428,14 +421,59 @@ func (a *Agent) reset(snap *store.Snapshot) {
 	a.objsMu.Unlock()
 }
 
+// Bounds of the wait before a snapshot that Apply refused is tried again.
+const (
+	retryApplyMin = time.Second
+	retryApplyMax = 30 * time.Second
+)
+
+// applier applies the latest state each time kick has a value, until actx is done
+// (applying under ctx, so that an apply under way is not cut short). A snapshot
+// Apply refused is tried again, with a backoff from 1s doubling to 30s, until it
+// is applied or a newer revision comes: Apply may have failed for a while only (a
+// keyserver out of reach, an address not yet there). A snapshot that does not
+// check is not tried again: it cannot change.
+func (a *Agent) applier(actx, ctx context.Context, kick <-chan struct{}) {
+	var (
+		retry  *time.Timer
+		retryC <-chan time.Time
+		wait   time.Duration
+	)
+	defer func() {
+		if retry != nil {
+			retry.Stop()
+		}
+	}()
+	for {
+		again := false
+		select {
+		case <-actx.Done():
+			return
+		case <-kick:
+			wait = 0
+		case <-retryC:
+			again = true
+		}
+		if retry != nil {
+			retry.Stop()
+			retry, retryC = nil, nil
+		}
+		if a.handle(ctx, again) {
+			wait = min(max(2*wait, retryApplyMin), retryApplyMax)
+			retry = time.NewTimer(wait)
+			retryC = retry.C
+		}
+	}
+}
+
 // handle checks and applies the state the watch has built, unless its revision
-// was tried already.
-func (a *Agent) handle(ctx context.Context) {
+// was tried already (and again is not set). It reports whether Apply refused it.
+func (a *Agent) handle(ctx context.Context, again bool) (applyRefused bool) {
 	a.objsMu.Lock()
 	rev := a.pending
-	if rev <= a.lastTried {
+	if rev < a.lastTried || rev == a.lastTried && !again {
 		a.objsMu.Unlock()
-		return
+		return false
 	}
 	objs := make([]store.Object, 0, len(a.objs))
 	for _, o := range a.objs {
@@ -445,14 +483,26 @@ func (a *Agent) handle(ctx context.Context) {
 	a.lastTried = rev
 	ss := store.NewSnapshot(rev, objs)
 	if err := a.apply(ctx, ss); err != nil {
-		a.met.nacks.Inc()
-		a.log.Warn("agent: configuration refused; the one in force stays", "revision", rev, "applied_revision", a.applied, "err", err)
+		var ae *applyError
+		applyRefused = errors.As(err, &ae)
+		if !again {
+			a.met.nacks.Inc()
+		}
+		a.log.Warn("agent: configuration refused; the one in force stays", "revision", rev, "applied_revision", a.applied,
+			"tried_again", again, "err", err)
 		a.setStatus(rev, err)
-		return
+		return applyRefused
 	}
-	a.log.Info("agent: configuration applied", "revision", rev)
+	a.log.Info("agent: configuration applied", "revision", rev, "tried_again", again)
 	a.setStatus(rev, nil)
+	return false
 }
+
+// applyError is a snapshot that checked but that Config.Apply refused.
+type applyError struct{ err error }
+
+func (e *applyError) Error() string { return e.err.Error() }
+func (e *applyError) Unwrap() error { return e.err }
 
 // apply checks ss as a whole and applies it; once Apply took it, the saver puts it
 // in the cache file.
@@ -462,7 +512,7 @@ func (a *Agent) apply(ctx context.Context, ss *store.Snapshot) error {
 		return err
 	}
 	if err := a.cfg.Apply(ctx, snap, ss.Revision); err != nil {
-		return fmt.Errorf("applying revision %d: %w", ss.Revision, err)
+		return &applyError{fmt.Errorf("applying revision %d: %w", ss.Revision, err)}
 	}
 	a.applied = ss.Revision
 	a.met.applied.Set(float64(ss.Revision))

@@ -232,6 +232,44 @@ func TestAckNack(t *testing.T) {
 	}
 }
 
+// TestApplyTriedAgain: a snapshot Apply refused is tried again, with a backoff,
+// until Apply takes it, with no new write needed (a keyserver back, an address
+// up); the NACK stands meanwhile.
+func TestApplyTriedAgain(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	var calls atomic.Int32
+	rec := &recorder{fail: func(int64) error {
+		if calls.Add(1) <= 2 {
+			return errors.New("no keyserver connection is up")
+		}
+		return nil
+	}}
+	a, err := New(Config{Store: s, Node: "l7-a", Apply: rec.apply, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, err := s.Put(ctx, model.KindPool, "app", pool("app", "198.18.1.1:80"), store.Any)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	start(t, a)
+	waitStatus(t, s.Client(), "l7-a", "the NACK", func(st Status, ok bool) bool {
+		return ok && st.RefusedRevision >= r1 && strings.Contains(st.Error, "no keyserver")
+	})
+	st := waitStatus(t, s.Client(), "l7-a", "the ACK once Apply takes it", ack(r1))
+	if calls.Load() != 3 || st.Error != "" {
+		t.Fatalf("Apply called %d times (want 3), status %+v", calls.Load(), st)
+	}
+	// 1s, then 2s.
+	if d := time.Since(t0); d < 3*time.Second {
+		t.Fatalf("applied %v after the start: the backoff (1s, 2s) was not kept", d)
+	}
+	if got := testutil.ToFloat64(a.met.nacks); got != 1 {
+		t.Fatalf("nacks %v, want 1 (tries again are not counted)", got)
+	}
+}
+
 // TestStatusLease: the status is under a lease of StatusTTL, so it goes away when
 // the agent stops keeping it alive, and at once when the agent stops.
 func TestStatusLease(t *testing.T) {

@@ -14,9 +14,12 @@
 // for each new revision checks and applies the whole snapshot at that revision,
 // never a partial one. The watch only records the changes; the applying takes the
 // latest state whenever it is free, so revisions that arrive while one is being
-// applied are applied together, as the latest of them. A snapshot that does not decode, validate or hold together
-// is not given to Apply, and one Apply refuses is not in force: either way the
-// configuration applied before stays in force and the agent reports a NACK.
+// applied are applied together, as the latest of them. A snapshot that does not
+// decode, validate or hold together is not given to Apply, and one Apply refuses is
+// not in force: either way the configuration applied before stays in force and the
+// agent reports a NACK. A snapshot Apply refused is tried again, 1s later, then 2s,
+// doubling to 30s, until Apply takes it or a newer revision comes (Apply may have
+// failed for a while only: a keyserver out of reach); one that did not check is not.
 //
 // The agent reports its state under a lease of StatusTTL (10s), kept alive, at
 // /tiergate/nodes/v1/<node> (StatusKey), as JSON (Status):
