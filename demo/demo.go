@@ -1,7 +1,12 @@
-// Package demo runs the Tiergate stack on one machine for `make demo`: keyserverd on a
-// SoftHSM2 token it creates on first run under a state directory, l7d nodes terminating
-// TLS 1.2/1.3 and QUIC with the site's private key in that token, a backend behind them,
-// and a client loop making real requests, each over a full handshake.
+// Package demo runs the Tiergate stack on one machine for `make demo`: controld with
+// its embedded store, keyserverd on a SoftHSM2 token it creates on first run under a
+// state directory, l7d nodes terminating TLS 1.2/1.3 and QUIC with the site's private
+// key in that token, a backend behind them, and a client loop making real requests,
+// each over a full handshake. The nodes' own files hold only their node settings
+// (control section, keyservers, tunnel, admin, state directory): the demo configures
+// the stack through controld with bin/tgctl, uploading the site certificate with its
+// key (which controld imports into keyserverd's token) and applying the listener,
+// routing, pool, binding and L4 objects, and prints the tgctl commands to try.
 //
 // As root, with iproute2, ethtool and libdpdk, the L4 tier is in front: network
 // namespaces holding a client, l4d on DPDK net_af_packet ports, two l7d tunnel
@@ -12,6 +17,8 @@ package demo
 import (
 	"context"
 	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
@@ -22,9 +29,9 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -46,7 +53,7 @@ const (
 // Options of a demo run. Zero values mean the defaults given.
 type Options struct {
 	Dir      string        // state directory; default ./.demo
-	BinDir   string        // where keyserverd, l7d and l4d are; default ./bin
+	BinDir   string        // where controld, tgctl, keyserverd, l7d and l4d are; default ./bin
 	Duration time.Duration // stop after this long, set-up included; default 0 = until SIGINT/SIGTERM
 	Interval time.Duration // between requests; default 500ms
 
@@ -55,6 +62,11 @@ type Options struct {
 	// NetnsPrefix starts the name of every network namespace of the L4 mode; default
 	// "tgdemo-". Namespaces with this prefix left by an earlier run are removed first.
 	NetnsPrefix string
+
+	// APIAt is where tgctl reaches controld's API on the host: controld itself in the
+	// loopback mode, a relay to controld in the switch's namespace in the L4 mode;
+	// default 127.0.0.1:7443.
+	APIAt string
 
 	// Addresses of the loopback mode (the L4 mode's are fixed, inside its namespaces).
 	KeyserverAt string // keyserverd listen address; default 127.0.0.1:2407
@@ -73,6 +85,7 @@ func (o *Options) setDefaults() {
 	def(&o.BinDir, "bin")
 	def(&o.L4, L4Auto)
 	def(&o.NetnsPrefix, "tgdemo-")
+	def(&o.APIAt, "127.0.0.1:7443")
 	def(&o.KeyserverAt, "127.0.0.1:2407")
 	def(&o.MetricsAt, "127.0.0.1:9240")
 	def(&o.L7At, "127.0.0.1:8443")
@@ -88,11 +101,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tgdemo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.Dir, "dir", ".demo", "state `directory` (token, keys, configs, logs)")
-	fs.StringVar(&o.BinDir, "bin", "bin", "`directory` holding keyserverd, l7d and l4d")
+	fs.StringVar(&o.BinDir, "bin", "bin", "`directory` holding controld, tgctl, keyserverd, l7d and l4d")
 	fs.DurationVar(&o.Duration, "duration", 0, "stop after this long, set-up included (0: run until Ctrl-C)")
 	fs.DurationVar(&o.Interval, "interval", 500*time.Millisecond, "pause between requests")
 	fs.StringVar(&o.L4, "l4", L4Auto, "the L4 tier in network namespaces: auto (when root with ip, ethtool and libdpdk), on, off")
 	fs.StringVar(&o.NetnsPrefix, "netns-prefix", "tgdemo-", "`prefix` of the L4 mode's network namespaces")
+	fs.StringVar(&o.APIAt, "api", "127.0.0.1:7443", "controld's API `address` on the host, for tgctl")
 	fs.StringVar(&o.KeyserverAt, "keyserver", "127.0.0.1:2407", "keyserverd listen `address` (loopback mode)")
 	fs.StringVar(&o.MetricsAt, "metrics", "127.0.0.1:9240", "keyserverd metrics `address` (loopback mode)")
 	fs.StringVar(&o.L7At, "l7", "127.0.0.1:8443", "l7d listener `address`, TCP and UDP (loopback mode)")
@@ -127,7 +141,7 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 	if o.L4 != L4Auto && o.L4 != L4On && o.L4 != L4Off {
 		return fmt.Errorf("-l4 %q: want auto, on or off", o.L4)
 	}
-	for _, b := range []string{"keyserverd", "l7d"} {
+	for _, b := range []string{"controld", "tgctl", "keyserverd", "l7d"} {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
 			return fmt.Errorf("%s binary: %w (run `make build`)", b, err)
 		}
@@ -166,18 +180,23 @@ func (e *notAvailableError) Error() string { return "building the demo network: 
 func (e *notAvailableError) Unwrap() error { return e.err }
 
 // site is the material every mode shares: the token holding the site key, and the
-// certificates of the site and of the mutual TLS between l7d and keyserverd.
+// certificates of the site and of the mutual TLS between keyserverd and its clients
+// (l7d, controld).
 type site struct {
 	dir     string
 	tok     *softhsm.Token
 	pinFile string
-	keyPath string // the site key's source PEM
+	keyPath string // the site key's source PEM, which tgctl cert upload sends to controld
 	keyID   protocol.KeyID
 	pki     string // directory of the certificates below
 	roots   *x509.CertPool
 
-	siteCert   string // the site's certificate; its key is in the token only
+	siteCert   string // the site's certificate (RSA); its key goes into the token by controld's upload
 	siteCA     string
+	ecdsaCert  string // a second site certificate, ECDSA P-256, for people to upload
+	ecdsaKey   string
+	ctlCert    string // controld's client certificate towards keyserverd (CN tiergate-controld)
+	ctlKey     string
 	ksCert     string // keyserverd's server certificate (127.0.0.1 and the L4 bridge address)
 	ksKey      string
 	ksCA       string
@@ -186,7 +205,7 @@ type site struct {
 	l7ClientCA string
 }
 
-// prepare opens or creates the token and the site key under dir, and writes fresh
+// prepare opens or creates the token and the site keys under dir, and writes fresh
 // certificates.
 func prepare(dir string) (*site, error) {
 	dir, err := filepath.Abs(dir)
@@ -207,8 +226,9 @@ func prepare(dir string) (*site, error) {
 		return nil, err
 	}
 
-	// The site key: generated once, imported into the token by keyserverd (idempotent).
-	siteKey, err := loadOrCreateRSAKey(st.keyPath)
+	// The site key: generated once, imported into the token by controld's upload at
+	// every run (an import of a key the token holds writes nothing).
+	siteKey, err := loadOrCreateKey(st.keyPath, func() (crypto.Signer, error) { return rsa.GenerateKey(rand.Reader, 2048) })
 	if err != nil {
 		return nil, err
 	}
@@ -226,6 +246,14 @@ func prepare(dir string) (*site, error) {
 	}
 	st.ksCert, st.ksKey, st.l7ClientCA = mtls.ServerCert, mtls.ServerKey, mtls.ClientCAFile
 	st.ksCA, st.l7Cert, st.l7Key = mtls.ServerCAFile, mtls.ClientCert, mtls.ClientKey
+	ctl, err := mtls.ClientCA.Leaf("tiergate-controld")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := mtls.ClientCA.WriteFiles(st.pki, "client", mtls.ClientLeaf, ctl); err != nil {
+		return nil, err
+	}
+	st.ctlCert, st.ctlKey = filepath.Join(st.pki, "tiergate-controld.pem"), filepath.Join(st.pki, "tiergate-controld.key")
 	siteCA, err := testpki.NewCA("Tiergate demo site CA")
 	if err != nil {
 		return nil, err
@@ -241,15 +269,48 @@ func prepare(dir string) (*site, error) {
 	if st.siteCA, err = siteCA.WriteFiles(st.pki, "site"); err != nil {
 		return nil, err
 	}
+	st.ecdsaKey = filepath.Join(st.pki, "site-ecdsa.key")
+	ecKey, err := loadOrCreateKey(st.ecdsaKey, func() (crypto.Signer, error) { return ecdsa.GenerateKey(elliptic.P256(), rand.Reader) })
+	if err != nil {
+		return nil, err
+	}
+	_, ecDER, err := siteCA.Issue("demo.tiergate.test", ecKey.Public(), "demo.tiergate.test")
+	if err != nil {
+		return nil, err
+	}
+	st.ecdsaCert = filepath.Join(st.pki, "site-ecdsa.pem")
+	if err := testpki.WritePEM(st.ecdsaCert, "CERTIFICATE", ecDER); err != nil {
+		return nil, err
+	}
 	st.roots = siteCA.Pool()
 	return st, nil
 }
 
-// startKeyserverd writes keyserverd's configuration, imports the site key into the
-// token and starts keyserverd in ns; it returns once keyserverd is healthy.
+// startKeyserverd writes keyserverd's configuration and starts keyserverd in ns, a
+// node of the control plane (it reports itself; keys come through controld's
+// uploads); it returns once keyserverd is healthy.
 func (st *site) startKeyserverd(ctx context.Context, s *stack, ns *netNS, listen, metrics string) (*proc.Process, error) {
 	cfgPath := filepath.Join(st.dir, "keyserverd.yaml")
-	cfg := fmt.Sprintf(`# Written by tgdemo on every run.
+	if err := os.WriteFile(cfgPath, []byte(st.keyserverdConfig(listen, metrics)), 0o600); err != nil {
+		return nil, err
+	}
+	ksBin := filepath.Join(s.bin, "keyserverd")
+	env := append(os.Environ(), st.tok.Env()...)
+	ks, err := s.start("keyserverd", filepath.Join(st.dir, "keyserverd.log"), env, ns, ksBin, "run", "-config", cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	// Its /healthz says 503 until it holds a key, which the upload brings: it is
+	// ready once its admin endpoint answers and its listener accepts.
+	if err := ks.WaitHTTP(ctx, nsHTTP(ns, time.Second), "http://"+metrics+"/metrics", healthWait); err != nil {
+		return nil, err
+	}
+	return ks, waitTCP(ctx, ks, ns, listen)
+}
+
+// keyserverdConfig is keyserverd's configuration.
+func (st *site) keyserverdConfig(listen, metrics string) string {
+	return fmt.Sprintf(`# Written by tgdemo on every run.
 listen: %q
 metrics_listen: %q
 state_dir: %q   # keyserverd's generated admin token: admin.token
@@ -264,65 +325,73 @@ pkcs11:
 clients:
   - name: l7-demo
     keys: ["*"]
-`, listen, metrics, filepath.Join(st.dir, "keyserverd-state"), st.ksCert, st.ksKey, st.l7ClientCA, st.tok.Module, st.tok.Label, st.pinFile)
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		return nil, err
-	}
-	ksBin := filepath.Join(s.bin, "keyserverd")
-	env := append(os.Environ(), st.tok.Env()...)
-	imp := exec.Command(ksBin, "import", "-config", cfgPath, "-label", "demo-site", "-key", st.keyPath)
-	imp.Env = env
-	if b, err := imp.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("keyserverd import: %v: %s", err, b)
-	}
-	ks, err := s.start("keyserverd", filepath.Join(st.dir, "keyserverd.log"), env, ns, ksBin, "run", "-config", cfgPath)
-	if err != nil {
-		return nil, err
-	}
-	return ks, ks.WaitHTTP(ctx, nsHTTP(ns, time.Second), "http://"+metrics+"/healthz", healthWait)
+  - name: tiergate-controld   # imports the keys of certificate uploads
+    keys: ["*"]
+    admin: true
+%s`, listen, metrics, filepath.Join(st.dir, "keyserverd-state"), st.ksCert, st.ksKey, st.l7ClientCA, st.tok.Module, st.tok.Label, st.pinFile,
+		st.controlSection("keyserverd"))
 }
 
-// l7Config is what differs between the demo's l7d configurations.
+// waitTCP waits until a connection to addr from ns succeeds, while p runs.
+func waitTCP(ctx context.Context, p *proc.Process, ns *netNS, addr string) error {
+	dial := nsDialer(ns)
+	deadline := time.Now().Add(healthWait)
+	for {
+		c, err := dial(ctx, "tcp", addr)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not accept connections at %s within %v: %w (log %s)", p.Name, addr, healthWait, err, p.Log)
+		}
+		select {
+		case <-p.Done():
+			return p.Exited()
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// l7Config is what differs between the demo's l7d configurations: the node's own
+// settings only, the listeners, routing, pools and certificates coming from controld.
 type l7Config struct {
-	listen, admin, backend, keyserver string
-	quicID                            int    // the listener's QUIC server ID; 0: none
-	tunnelLD                          string // the LD's tunnel address; "": no tunnel
+	node, admin, keyserver string
+	quicID                 int    // the listener's QUIC server ID on this node; 0: none
+	tunnelLD               string // the LD's tunnel address; "": no tunnel
 	// adminInsecure serves a non-loopback admin address without a token: the node's
 	// namespace keeps everyone but the LD's health checks and tgdemo out.
 	adminInsecure bool
-	// stateDir is l7d's state_dir, where it generates its admin token; "": none.
+	// stateDir is l7d's state_dir: its generated admin token and its cache of the
+	// control plane's configuration. Required.
 	stateDir string
 }
 
 // writeL7Config writes an l7d configuration to path.
 func (st *site) writeL7Config(path string, c l7Config) error {
-	quic, tunnel, insecure := "", "", ""
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Written by tgdemo on every run. The listeners, routing, pools and certificates\n# come from controld (%s).\n", filepath.Join(st.dir, "stack.yaml"))
+	b.WriteString(st.controlSection(c.node))
 	if c.quicID != 0 {
-		quic = fmt.Sprintf(", quic_server_id: %d", c.quicID)
+		fmt.Fprintf(&b, "node_listeners:   # this node's own settings of the control plane's listener\n  %s: {quic_server_id: %d}\n", listenerName, c.quicID)
 	}
-	if c.adminInsecure {
-		insecure = "admin_insecure: true   # in the node's own network namespace\n"
-	}
-	if c.stateDir != "" {
-		insecure += fmt.Sprintf("state_dir: %q   # l7d's generated admin token: admin.token\n", c.stateDir)
-	}
-	if c.tunnelLD != "" {
-		tunnel = fmt.Sprintf("tunnel: {vips: [%q], lds: [%q], key: %d}   # l7d's own end of the LD's GRE tunnel, l4d's key\n", l4VIP, c.tunnelLD, l4TunnelKey)
-	}
-	yaml := fmt.Sprintf(`# Written by tgdemo on every run.
-listeners: [{name: demo, addr: %q, pool: demo%s}]
-backends: {demo: {members: [%q]}}
-certificates:
-  certificates: [{name: demo-site, cert_file: %q}]   # no key_file: the key is in the token
-keyservers:
+	fmt.Fprintf(&b, `keyservers:   # the certificates' keys are in keyserverd's token
   servers: [%q]
   cert_file: %q
   key_file: %q
   ca_file: %q
-%sadmin_listen: %q
-%sshutdown_grace: 2s
-`, c.listen, quic, c.backend, st.siteCert, c.keyserver, st.l7Cert, st.l7Key, st.ksCA, tunnel, c.admin, insecure)
-	return os.WriteFile(path, []byte(yaml), 0o600)
+`, c.keyserver, st.l7Cert, st.l7Key, st.ksCA)
+	if c.tunnelLD != "" {
+		fmt.Fprintf(&b, "tunnel: {vips: [%q], lds: [%q], key: %d}   # l7d's own end of the LD's GRE tunnel, l4d's key\n", l4VIP, c.tunnelLD, l4TunnelKey)
+	}
+	fmt.Fprintf(&b, "admin_listen: %q\n", c.admin)
+	if c.adminInsecure {
+		b.WriteString("admin_insecure: true   # in the node's own network namespace\n")
+	}
+	fmt.Fprintf(&b, "state_dir: %q   # l7d's generated admin token (admin.token) and control-snapshot.json\nshutdown_grace: 2s\n", c.stateDir)
+	return os.WriteFile(path, []byte(b.String()), 0o600)
 }
 
 // backendHandler answers with the L7 node the request came from and the client
@@ -341,12 +410,17 @@ func serveBackend(s *stack, ln net.Listener) {
 	s.onClose(func() { srv.Close() })
 }
 
-// runLoopback runs keyserverd, l7d and the backend on the host, at the addresses of o.
+// runLoopback runs controld, keyserverd, l7d and the backend on the host, at the
+// addresses of o.
 func runLoopback(ctx context.Context, o Options, st *site, out io.Writer) error {
 	s := newStack(out, o.BinDir)
 	defer s.close()
 	s.onClose(func() { fmt.Fprintln(out, "state kept in", st.dir) })
 
+	ctld, err := st.startControld(ctx, s, nil, o.APIAt, o.KeyserverAt)
+	if err != nil {
+		return err
+	}
 	ks, err := st.startKeyserverd(ctx, s, nil, o.KeyserverAt, o.MetricsAt)
 	if err != nil {
 		return err
@@ -356,9 +430,18 @@ func runLoopback(ctx context.Context, o Options, st *site, out io.Writer) error 
 		return fmt.Errorf("listening for the backend: %w", err)
 	}
 	serveBackend(s, backendLn)
+
+	// The configuration, through controld; then l7d, which starts from it.
+	tg, err := st.newTgctl(o.BinDir, o.APIAt, out)
+	if err != nil {
+		return err
+	}
+	if err := st.configure(ctx, tg, stackYAML(o.L7At, backendLn.Addr().String(), false)); err != nil {
+		return err
+	}
 	l7Cfg := filepath.Join(st.dir, "l7d.yaml")
 	l7State := filepath.Join(st.dir, "l7d-state")
-	if err := st.writeL7Config(l7Cfg, l7Config{listen: o.L7At, admin: o.L7AdminAt, backend: backendLn.Addr().String(), keyserver: o.KeyserverAt, stateDir: l7State}); err != nil {
+	if err := st.writeL7Config(l7Cfg, l7Config{node: "l7d", admin: o.L7AdminAt, keyserver: o.KeyserverAt, stateDir: l7State}); err != nil {
 		return err
 	}
 	l7, err := s.start("l7d", filepath.Join(st.dir, "l7d.log"), nil, nil, filepath.Join(o.BinDir, "l7d"), "run", "-config", l7Cfg)
@@ -368,23 +451,34 @@ func runLoopback(ctx context.Context, o Options, st *site, out io.Writer) error 
 	if err := l7.WaitHTTP(ctx, nsHTTP(nil, time.Second), "http://"+o.L7AdminAt+"/healthz", healthWait); err != nil {
 		return err
 	}
+	if err := st.rolledOut(ctx, tg); err != nil {
+		return err
+	}
+	tryDir, err := st.writeTryFiles(false)
+	if err != nil {
+		return err
+	}
 	host, l7Port, _ := net.SplitHostPort(o.L7At)
 	metricsURL := "http://" + o.MetricsAt + "/metrics"
+	curl := fmt.Sprintf("curl -sv --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/old 2>&1 | grep -E 'subject:|< HTTP|< location'",
+		st.siteCA, l7Port, host, l7Port)
 
 	fmt.Fprintf(out, `
-Tiergate demo (loopback, no L4 tier)
+Tiergate demo (loopback, no L4 tier), configured through controld
   state directory     %s (SoftHSM2 token %q, configs, logs)
-  site key            %s, RSA-2048, imported into the token as non-extractable (source PEM: site.key)
+  site key            %s, RSA-2048, imported into the token as non-extractable by controld's upload (source PEM: site.key)
+  controld            %s, pid %d, log controld.log; the nodes reach its store at %s
   keyserverd          %s (mutual TLS), pid %d, log keyserverd.log
   l7d                 https://%s (TCP: TLS 1.2/1.3, h2 + http/1.1; UDP: QUIC, HTTP/3), pid %d, log l7d.log
   metrics             keyserverd %s   l7d http://%s/metrics
   keyserverd status   curl -s -H "Authorization: Bearer $(cat %s)" http://%s/status
   l7d blacklists      curl -s -H "Authorization: Bearer $(cat %s)" http://%s/blacklists
-  try                 curl --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/
+%s  try                 curl --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/
   stop                Ctrl-C (or kill -INT %d)
 
-`, st.dir, st.tok.Label, st.keyID, o.KeyserverAt, ks.PID(), o.L7At, l7.PID(), metricsURL, o.L7AdminAt,
-		filepath.Join(st.dir, "keyserverd-state", "admin.token"), o.MetricsAt, filepath.Join(l7State, "admin.token"), o.L7AdminAt, st.siteCA, l7Port, host, l7Port, os.Getpid())
+`, st.dir, st.tok.Label, st.keyID, tg.api, ctld.PID(), st.etcdEndpoint(), o.KeyserverAt, ks.PID(), o.L7At, l7.PID(), metricsURL, o.L7AdminAt,
+		filepath.Join(st.dir, "keyserverd-state", "admin.token"), o.MetricsAt, filepath.Join(l7State, "admin.token"), o.L7AdminAt,
+		st.tryText(tg, tryDir, curl), st.siteCA, l7Port, host, l7Port, os.Getpid())
 
 	hc := nsHTTP(nil, 2*time.Second)
 	return clientLoop(ctx, s, target{
@@ -396,7 +490,9 @@ Tiergate demo (loopback, no L4 tier)
 	}, out)
 }
 
-func loadOrCreateRSAKey(path string) (crypto.Signer, error) {
+// loadOrCreateKey reads the private key at path, or generates one with gen and
+// writes it there.
+func loadOrCreateKey(path string, gen func() (crypto.Signer, error)) (crypto.Signer, error) {
 	if data, err := os.ReadFile(path); err == nil {
 		k, err := softkey.ParsePEM(data)
 		if err != nil {
@@ -408,7 +504,7 @@ func loadOrCreateRSAKey(path string) (crypto.Signer, error) {
 		}
 		return s, nil
 	}
-	k, err := rsa.GenerateKey(rand.Reader, 2048)
+	k, err := gen()
 	if err != nil {
 		return nil, err
 	}

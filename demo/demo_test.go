@@ -18,7 +18,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tiergate/tiergate/control/model"
+	"github.com/tiergate/tiergate/control/store"
+	tgctlcmd "github.com/tiergate/tiergate/control/tgctl"
+	"github.com/tiergate/tiergate/keyserver/keyserverd"
 	"github.com/tiergate/tiergate/l7/l7d"
+	"github.com/tiergate/tiergate/testkit/softhsm"
 	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
@@ -75,39 +80,46 @@ tiergate_plain 3
 	}
 }
 
-// TestL7Configs: the l7d configurations the demo writes are ones l7d accepts, with the
-// tunnel and QUIC server ID in the L4 mode only.
+// TestL7Configs: the l7d configurations the demo writes are ones l7d accepts: node
+// settings only, with the control section reaching controld's etcd through its unix
+// socket, and the tunnel and QUIC server ID in the L4 mode only.
 func TestL7Configs(t *testing.T) {
-	st := &site{siteCert: "/s/site.pem", l7Cert: "/s/l7.pem", l7Key: "/s/l7.key", ksCA: "/s/ca.pem"}
+	st := &site{dir: "/s", siteCert: "/s/site.pem", l7Cert: "/s/l7.pem", l7Key: "/s/l7.key", ksCA: "/s/ca.pem"}
 	for _, tc := range []struct {
 		name   string
 		c      l7Config
 		tunnel bool
 	}{
-		{"loopback", l7Config{listen: "127.0.0.1:8443", admin: "127.0.0.1:9241", backend: "127.0.0.1:8080", keyserver: "127.0.0.1:2407", stateDir: "/s/l7d-state"}, false},
-		{"l4", l7Config{listen: "0.0.0.0:443", admin: "198.18.1.11:9241", adminInsecure: true, backend: "198.18.1.100:8080",
-			keyserver: "198.18.1.100:2407", quicID: 1, tunnelLD: l4LDInternal}, true},
+		{"loopback", l7Config{node: "l7d", admin: "127.0.0.1:9241", keyserver: "127.0.0.1:2407", stateDir: "/s/l7d-state"}, false},
+		{"l4", l7Config{node: "l7a", admin: "198.18.1.11:9241", adminInsecure: true, keyserver: "198.18.1.100:2407", quicID: 1,
+			tunnelLD: l4LDInternal, stateDir: "/s/l7d-l7a-state"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "l7d.yaml")
 			if err := st.writeL7Config(path, tc.c); err != nil {
 				t.Fatal(err)
 			}
+			b, _ := os.ReadFile(path)
 			cfg, err := l7d.LoadConfig(path)
 			if err != nil {
-				b, _ := os.ReadFile(path)
 				t.Fatalf("l7d refuses the demo's configuration: %v\n%s", err, b)
 			}
 			if cfg.AdminListen != tc.c.admin {
 				t.Errorf("admin_listen %q, want %q", cfg.AdminListen, tc.c.admin)
 			}
-			b, _ := os.ReadFile(path)
-			for _, want := range []string{tc.c.listen, tc.c.backend, tc.c.keyserver} {
-				if !strings.Contains(string(b), want) {
-					t.Errorf("configuration lacks %q:\n%s", want, b)
-				}
+			if cfg.Control == nil || cfg.Control.Node != tc.c.node || !reflect.DeepEqual(cfg.Control.EtcdEndpoints, []string{"unix:///s/controld/store/etcd.sock"}) {
+				t.Errorf("control section %+v, want node %q at controld's socket", cfg.Control, tc.c.node)
 			}
-			if got := strings.Contains(string(b), "tunnel:") && strings.Contains(string(b), "quic_server_id: 1"); got != tc.tunnel {
+			if cfg.Control != nil && cfg.Control.CacheFile != filepath.Join(tc.c.stateDir, "control-snapshot.json") {
+				t.Errorf("cache file %q, want it in the node's state directory %s", cfg.Control.CacheFile, tc.c.stateDir)
+			}
+			if len(cfg.Listeners) != 0 || cfg.Routing != nil || len(cfg.Certificates.Certificates) != 0 {
+				t.Errorf("the file gives what controld gives:\n%s", b)
+			}
+			if cfg.KeyServers == nil || !strings.Contains(string(b), tc.c.keyserver) {
+				t.Errorf("keyservers %+v, want %s:\n%s", cfg.KeyServers, tc.c.keyserver, b)
+			}
+			if got := cfg.Tunnel != nil && cfg.NodeListeners[listenerName].QUICServerID == 1; got != tc.tunnel {
 				t.Errorf("tunnel and QUIC server ID present = %v, want %v:\n%s", got, tc.tunnel, b)
 			}
 			if tc.tunnel && cfg.Tunnel.Key != l4TunnelKey {
@@ -117,21 +129,131 @@ func TestL7Configs(t *testing.T) {
 	}
 }
 
-// TestL4dConfig: one member per L7 node with its QUIC ID and health address, both
-// rules on the VIP, the EAL on the two veths without huge pages.
+// TestKeyserverdConfig: keyserverd takes the demo's file, a node of the control plane
+// whose client rules let controld import keys and l7d sign, and nothing more.
+func TestKeyserverdConfig(t *testing.T) {
+	st := &site{dir: "/s", ksCert: "/s/ks.pem", ksKey: "/s/ks.key", l7ClientCA: "/s/client-ca.pem", pinFile: "/s/token.pin",
+		tok: &softhsm.Token{Module: "/usr/lib/softhsm/libsofthsm2.so", Label: "tiergate-demo"}}
+	data := st.keyserverdConfig("127.0.0.1:2407", "127.0.0.1:9240")
+	cfg, err := keyserverd.ParseConfig([]byte(data), "keyserverd.yaml")
+	if err != nil {
+		t.Fatalf("keyserverd refuses the demo's configuration: %v\n%s", err, data)
+	}
+	if cfg.Control == nil || cfg.Control.Node != "keyserverd" {
+		t.Errorf("control section %+v, want node keyserverd", cfg.Control)
+	}
+	admins := map[string]bool{}
+	for _, c := range cfg.Server.Clients {
+		admins[c.Name] = c.Admin
+	}
+	if want := map[string]bool{"l7-demo": false, "tiergate-controld": true}; !reflect.DeepEqual(admins, want) {
+		t.Errorf("clients (name: admin) %v, want %v", admins, want)
+	}
+}
+
+// TestStackYAML: what the demo applies through tgctl parses as tgctl reads it, each
+// object is one the model takes, and together (with the uploaded certificate) they
+// are a consistent configuration: a listener routed to the backend's pool with its
+// certificate bound, and in the L4 mode both rules to the pool of both L7 nodes. The
+// change to try, and the drain, are consistent over it too.
+func TestStackYAML(t *testing.T) {
+	snapshot := func(t *testing.T, base *model.Snapshot, name, data string) *model.Snapshot {
+		t.Helper()
+		docs, err := tgctlcmd.ParseDocuments(name, []byte(data))
+		if err != nil {
+			t.Fatalf("tgctl cannot read %s: %v\n%s", name, err, data)
+		}
+		s := model.NewSnapshot(1)
+		if base != nil {
+			s = model.NewSnapshot(1, base.Objects()...)
+		}
+		for _, d := range docs {
+			o, err := model.Decode(store.Object{Kind: d.Kind, Name: d.Name, Value: d.Object})
+			if err != nil {
+				t.Fatalf("%s: %v", d.Source, err)
+			}
+			if err := o.Validate(); err != nil {
+				t.Fatalf("%s: %s/%s: %v", d.Source, d.Kind, d.Name, err)
+			}
+			s.Add(o)
+		}
+		if err := s.Consistent(); err != nil {
+			t.Fatalf("%s: %v\n%s", name, err, data)
+		}
+		return s
+	}
+	// The certificates as uploads store them (their own checks are certupload's).
+	certs := model.NewSnapshot(1,
+		&model.Certificate{Name: siteCertName, Version: 1, KeyType: "rsa", SANs: []string{"demo.tiergate.test"}},
+		&model.Certificate{Name: ecdsaCertName, Version: 1, KeyType: "ecdsa", SANs: []string{"demo.tiergate.test"}})
+	for _, tc := range []struct {
+		name, listen string
+		l4           bool
+	}{
+		{"loopback", "127.0.0.1:8443", false},
+		{"l4", "0.0.0.0:443", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := snapshot(t, certs, "stack.yaml", stackYAML(tc.listen, "198.18.1.100:8080", tc.l4))
+			if l := s.Listeners[listenerName]; l == nil || l.Addr != tc.listen {
+				t.Errorf("listener %+v, want %s", l, tc.listen)
+			}
+			if p := s.Pools[listenerName]; p == nil || len(p.Members) != 1 || p.Members[0].Addr != "198.18.1.100:8080" {
+				t.Errorf("pool %+v, want the backend", p)
+			}
+			if b := s.CertBindings[listenerName]; b == nil || !reflect.DeepEqual(b.Certificates, []string{siteCertName}) {
+				t.Errorf("binding %+v, want %s", b, siteCertName)
+			}
+			rules, pools := s.L4()
+			if !tc.l4 {
+				if len(rules)+len(pools) != 0 {
+					t.Errorf("L4 objects in the loopback mode: %v %v", rules, pools)
+				}
+			} else {
+				if len(rules) != 2 || len(pools[l4PoolName].Members) != 2 {
+					t.Fatalf("L4 rules %+v, pools %+v: want https and quic to two members", rules, pools)
+				}
+				for i, m := range pools[l4PoolName].Members {
+					if m.Name != l4Nodes[i].label || m.QUICID != uint16(l4Nodes[i].quicID) || m.Drained {
+						t.Errorf("member %d: %+v", i, m)
+					}
+				}
+				drained := snapshot(t, s, "drain-l7a.yaml", l4PoolYAML("l7a"))
+				_, pools = drained.L4()
+				if m := pools[l4PoolName].Members; !m[0].Drained || m[1].Drained {
+					t.Errorf("drain-l7a.yaml drains %+v, want l7a only", m)
+				}
+			}
+			web := snapshot(t, s, "web.yaml", webYAML())
+			if b := web.CertBindings[listenerName]; !reflect.DeepEqual(b.Certificates, []string{ecdsaCertName, siteCertName}) {
+				t.Errorf("web.yaml binds %v", b.Certificates)
+			}
+			if r := web.Routing[listenerName].VHosts[0].Routes; len(r) != 2 || r[0].Action.Redirect == nil || r[1].Action.Pool != listenerName {
+				t.Errorf("web.yaml routes %+v, want the redirect before the pool", r)
+			}
+		})
+	}
+}
+
+// TestL4dConfig: l4d's own settings only, the rules and pools coming from controld:
+// the EAL on the two veths without huge pages, the tunnel key of the L7 nodes.
 func TestL4dConfig(t *testing.T) {
-	c := l4dConfig()
+	st := &site{dir: "/s"}
+	c := st.l4dConfig("/s/l4d-state")
 	for _, want := range []string{
-		`{name: l7a, address: "198.18.1.11", quic_id: 1, health_addr: "198.18.1.11:9241"}`,
-		`{name: l7b, address: "198.18.1.12", quic_id: 2, health_addr: "198.18.1.12:9241"}`,
-		`{name: https, vip: "203.0.113.10", protocol: tcp, port: 443, pool: l7}`,
-		`{name: quic, vip: "203.0.113.10", protocol: udp, port: 443, pool: l7, quic: true}`,
+		"control:", "node: l4d", `etcd_endpoints: ["unix:///s/controld/store/etcd.sock"]`,
+		`state_dir: "/s/l4d-state"`,
 		`"--no-pci", "--no-huge", "-m", "512"`, `iface=x0`, `iface=i0`,
 		`admin_listen: "127.0.0.1:9180"`,
 		fmt.Sprintf("tunnel: {mode: gre, key: %d}", l4TunnelKey),
 	} {
 		if !strings.Contains(c, want) {
 			t.Errorf("l4d configuration lacks %q:\n%s", want, c)
+		}
+	}
+	for _, not := range []string{"\nrules:", "\npools:"} {
+		if strings.Contains(c, not) {
+			t.Errorf("l4d configuration gives %q, which controld gives:\n%s", not, c)
 		}
 	}
 }

@@ -25,12 +25,15 @@ import (
 //	            ld: l4d, DPDK net_af_packet on x0 (198.18.0.2) and i0 (198.18.1.1); m0
 //	            198.18.1.2 is the kernel's, for health checks; admin on 127.0.0.1:9180
 //	 ┌ si ══ i0 ┘, sm ══ m0
-//	sw: bridge br0 198.18.1.100: keyserverd :2407 (metrics 127.0.0.1:9240), backend :8080
+//	sw: bridge br0 198.18.1.100: keyserverd :2407 (metrics 127.0.0.1:9240), backend :8080,
+//	    controld (API 127.0.0.1:7443, relayed by tgdemo to the host's 127.0.0.1:7443)
 //	 ├ sa ══ a0: l7a 198.18.1.11, l7d with the tunnel endpoint, QUIC server ID 1, admin :9241
 //	 └ sb ══ b0: l7b 198.18.1.12, the same, QUIC server ID 2
 //
 // The client reaches VIP 203.0.113.10 through the LD, which tunnels each flow in GRE to
 // an L7 node; the nodes answer through the LD, so the backend sees the client's address.
+// controld sits with keyserverd, whose key imports it makes; every node reaches its
+// embedded etcd through the etcd's unix socket (control.go says why).
 const (
 	l4VIP         = "203.0.113.10"
 	l4ClientIP    = "198.18.0.1"
@@ -197,8 +200,17 @@ func runL4(ctx context.Context, o Options, st *site, out io.Writer) error {
 		return &notAvailableError{err}
 	}
 
-	// keyserverd and the backend on the switch's bridge.
-	ks, err := st.startKeyserverd(ctx, s, n.sw, net.JoinHostPort(l4KeyserverIP, "2407"), l4KSMetricsAt)
+	// controld, keyserverd and the backend on the switch's bridge; controld's API
+	// relayed to the host, for tgctl.
+	ksAt := net.JoinHostPort(l4KeyserverIP, "2407")
+	ctld, err := st.startControld(ctx, s, n.sw, controldAt, ksAt)
+	if err != nil {
+		return err
+	}
+	if err := forwardAPI(s, o.APIAt, n.sw, controldAt); err != nil {
+		return err
+	}
+	ks, err := st.startKeyserverd(ctx, s, n.sw, ksAt, l4KSMetricsAt)
 	if err != nil {
 		return err
 	}
@@ -213,13 +225,23 @@ func runL4(ctx context.Context, o Options, st *site, out io.Writer) error {
 	}
 	serveBackend(s, backendLn)
 
+	// The configuration, through controld: the site certificate, the listener with
+	// its routing, pool and binding, the L4 rules and pool.
+	tg, err := st.newTgctl(o.BinDir, o.APIAt, out)
+	if err != nil {
+		return err
+	}
+	if err := st.configure(ctx, tg, stackYAML("0.0.0.0:443", backendAt, true)); err != nil {
+		return err
+	}
+
 	// The L7 nodes: l7d with the tunnel endpoint, the site key in keyserverd.
 	l7s := make([]*proc.Process, len(l4Nodes))
 	for i, node := range l4Nodes {
 		cfg := filepath.Join(st.dir, "l7d-"+node.label+".yaml")
 		if err := st.writeL7Config(cfg, l7Config{
-			listen: "0.0.0.0:443", admin: net.JoinHostPort(node.ip, l4L7AdminPort), adminInsecure: true, backend: backendAt,
-			keyserver: net.JoinHostPort(l4KeyserverIP, "2407"), quicID: node.quicID, tunnelLD: l4LDInternal,
+			node: node.label, admin: net.JoinHostPort(node.ip, l4L7AdminPort), adminInsecure: true,
+			keyserver: ksAt, quicID: node.quicID, tunnelLD: l4LDInternal, stateDir: filepath.Join(st.dir, "l7d-"+node.label+"-state"),
 		}); err != nil {
 			return err
 		}
@@ -237,8 +259,8 @@ func runL4(ctx context.Context, o Options, st *site, out io.Writer) error {
 
 	// l4d on the LD's two veths.
 	l4Cfg := filepath.Join(st.dir, "l4d.yaml")
-	l4State := filepath.Join(st.dir, "l4d-state") // its generated admin token
-	if err := os.WriteFile(l4Cfg, []byte(fmt.Sprintf("state_dir: %q\n", l4State)+l4dConfig()), 0o600); err != nil {
+	l4State := filepath.Join(st.dir, "l4d-state") // its generated admin token, its cache of the store
+	if err := os.WriteFile(l4Cfg, []byte(st.l4dConfig(l4State)), 0o600); err != nil {
 		return err
 	}
 	l4d, err := s.start("l4d", filepath.Join(st.dir, "l4d.log"), nil, n.ld, filepath.Join(o.BinDir, "l4d"), "run", "-config", l4Cfg)
@@ -247,6 +269,9 @@ func runL4(ctx context.Context, o Options, st *site, out io.Writer) error {
 	}
 	ldHTTP := nsHTTP(n.ld, 2*time.Second)
 	if err := l4d.WaitHTTP(ctx, ldHTTP, "http://"+l4AdminAt+"/healthz", healthWait); err != nil {
+		return err
+	}
+	if err := st.rolledOut(ctx, tg); err != nil {
 		return err
 	}
 	// Both members up by l4d's health checks, then a first request through the VIP (the
@@ -261,27 +286,36 @@ func runL4(ctx context.Context, o Options, st *site, out io.Writer) error {
 	if err := waitL4Ready(ctx, s, ldHTTP, tgt); err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, st.dir)
 	}
+	tryDir, err := st.writeTryFiles(true)
+	if err != nil {
+		return err
+	}
 
 	p := o.NetnsPrefix
+	curl := fmt.Sprintf("ip netns exec %scl curl -sv --cacert %s --resolve demo.tiergate.test:443:%s https://demo.tiergate.test/old 2>&1 | grep -E 'subject:|< HTTP|< location'",
+		p, st.siteCA, l4VIP)
 	fmt.Fprintf(out, `
-Tiergate demo: client → l4d (DPDK) → GRE → two l7d nodes → backend, in network namespaces %[1]s*
+Tiergate demo: client → l4d (DPDK) → GRE → two l7d nodes → backend, in network namespaces %[1]s*, configured through controld
   state directory     %[2]s (SoftHSM2 token %[3]q, configs, logs)
-  site key            %[4]s, RSA-2048, imported into the token as non-extractable (source PEM: site.key)
+  site key            %[4]s, RSA-2048, imported into the token as non-extractable by controld's upload (source PEM: site.key)
   client              %[1]scl %[5]s → https://%[6]s (TCP: TLS 1.2/1.3, h2 + http/1.1; UDP: QUIC, HTTP/3)
   l4d                 %[1]sld, DPDK net_af_packet on x0 %[7]s (clients) and i0 %[8]s (L7 side), pid %[9]d, log l4d.log
   l7d                 %[1]sl7a %[10]s (QUIC server ID 1), %[1]sl7b %[11]s (ID 2), tunnel endpoint + remote key, logs l7d-l7a.log l7d-l7b.log
   keyserverd          %[1]ssw %[12]s:2407 (mutual TLS), pid %[13]d, log keyserverd.log; backend %[14]s
+  controld            %[1]ssw 127.0.0.1:7443, pid %[21]d, relayed to the host's %[22]s; the nodes reach its store at %[23]s
+%[24]s  drain a node        %[25]s apply -f %[26]s   (l7a drained: new connections all go to l7b; apply -f %[27]s undoes it)
   admin token         l4d: %[20]s (admin requests but /metrics and /healthz send it: T="Authorization: Bearer $(cat %[20]s)")
   l4d status          ip netns exec %[1]sld curl -s -H "$T" %[15]s/status
   l4d metrics         ip netns exec %[1]sld curl -s %[15]s/metrics | grep tiergate_l4_member
-  drain a node        ip netns exec %[1]sld curl -s -H "$T" -X POST %[15]s/pools/l7/members/l7a/drain   (/undrain to resume)
   other metrics       ip netns exec %[1]ssw curl -s %[16]s/metrics (keyserverd)   ip netns exec %[1]sl7a curl -s %[10]s:%[17]s/metrics (l7d)
   try                 ip netns exec %[1]scl curl --cacert %[18]s --resolve demo.tiergate.test:443:%[6]s https://demo.tiergate.test/
   stop                Ctrl-C (or kill -INT %[19]d): daemons stopped, namespaces removed
 
 `, p, st.dir, st.tok.Label, st.keyID, l4ClientIP, l4VIP, l4LDExternal, l4LDInternal, l4d.PID(),
 		l4Nodes[0].ip, l4Nodes[1].ip, l4KeyserverIP, ks.PID(), backendAt, l4AdminAt, l4KSMetricsAt, l4L7AdminPort,
-		st.siteCA, os.Getpid(), filepath.Join(l4State, "admin.token"))
+		st.siteCA, os.Getpid(), filepath.Join(l4State, "admin.token"),
+		ctld.PID(), o.APIAt, st.etcdEndpoint(), st.tryText(tg, tryDir, curl),
+		tg.bin, filepath.Join(tryDir, "drain-l7a.yaml"), filepath.Join(st.dir, "stack.yaml"))
 
 	swHTTP := nsHTTP(n.sw, 2*time.Second)
 	tgt.summary = func() []string {
@@ -293,15 +327,13 @@ Tiergate demo: client → l4d (DPDK) → GRE → two l7d nodes → backend, in n
 	return clientLoop(ctx, s, tgt, out)
 }
 
-// l4dConfig is l4d's configuration in the L4 mode.
-func l4dConfig() string {
-	var members strings.Builder
-	for _, node := range l4Nodes {
-		fmt.Fprintf(&members, "      - {name: %s, address: %q, quic_id: %d, health_addr: %q}\n",
-			node.label, node.ip, node.quicID, net.JoinHostPort(node.ip, l4L7AdminPort))
-	}
-	return fmt.Sprintf(`# Written by tgdemo on every run.
-admin_listen: %q
+// l4dConfig is l4d's configuration in the L4 mode: the node's own settings, the
+// rules and pools coming from controld.
+func (st *site) l4dConfig(stateDir string) string {
+	return fmt.Sprintf(`# Written by tgdemo on every run. The rules and pools come from controld
+# (l4-rules and l4-pools in %s).
+state_dir: %q   # l4d's generated admin token (admin.token) and control-snapshot.json
+%sadmin_listen: %q
 dpdk:
   # No NIC, no huge pages: the LD reads and writes its two veths through packet sockets.
   eal_args: ["--no-pci", "--no-huge", "-m", "512", "--no-telemetry", "--log-level=warning",
@@ -312,14 +344,7 @@ ports:
   internal: {device: net_af_packet1, addr: "%s/24"}
 tunnel: {mode: gre, key: %d}   # the L7 nodes' tunnel.key is the same
 conntrack: {capacity: 65536}
-rules:
-  - {name: https, vip: %q, protocol: tcp, port: 443, pool: l7}
-  - {name: quic, vip: %q, protocol: udp, port: 443, pool: l7, quic: true}
-pools:
-  l7:
-    members:
-%s    health: {type: http, path: /healthz, interval: 500ms, timeout: 400ms}
-`, l4AdminAt, l4LDExternal, l4ClientIP, l4LDInternal, l4TunnelKey, l4VIP, l4VIP, members.String())
+`, filepath.Join(st.dir, "stack.yaml"), stateDir, st.controlSection("l4d"), l4AdminAt, l4LDExternal, l4ClientIP, l4LDInternal, l4TunnelKey)
 }
 
 // waitL4Ready waits until l4d reports every member up and a request through the VIP

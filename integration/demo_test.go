@@ -95,7 +95,7 @@ func TestDemo(t *testing.T) {
 
 		start := time.Now()
 		out, err := exec.Command(filepath.Join(bin, "tgdemo"), "-dir", dir, "-bin", bin, "-l4", "on", "-netns-prefix", prefix,
-			"-duration", "10s", "-interval", "50ms").CombinedOutput()
+			"-duration", "15s", "-interval", "50ms", "-api", freePort(t)).CombinedOutput()
 		s := string(out)
 		if err != nil {
 			t.Fatalf("tgdemo -l4 on: %v\n%s", err, s)
@@ -105,11 +105,12 @@ func TestDemo(t *testing.T) {
 			"removing network namespaces left by an earlier run: " + stale,
 			"l4d                 " + prefix + "ld, DPDK net_af_packet",
 			"ip netns exec " + prefix + "ld curl -s -H \"$T\" 127.0.0.1:9180/status",
-			"ip netns exec " + prefix + "ld curl -s -H \"$T\" -X POST 127.0.0.1:9180/pools/l7/members/l7a/drain",
+			"$ tgctl cert upload --name demo-site", "l4-pools/l7 created", ": 4 applied, 0 refused, 0 pending, 0 lost",
+			"try/drain-l7a.yaml   (l7a drained",
 			"l4d-state/admin.token",
 			"stop                Ctrl-C",
 			"l4d: l7a ", // the per-member summary
-			"l4d stopped", "l7d l7a stopped", "l7d l7b stopped", "keyserverd stopped",
+			"l4d stopped", "l7d l7a stopped", "l7d l7b stopped", "keyserverd stopped", "controld stopped",
 			"network namespaces " + prefix + "* removed",
 		})
 		select {
@@ -135,15 +136,15 @@ func TestDemo(t *testing.T) {
 	})
 
 	t.Run("loopback", func(t *testing.T) {
-		out, err := exec.Command(filepath.Join(bin, "tgdemo"), "-dir", dir, "-bin", bin, "-l4", "off", "-duration", "3s",
-			"-interval", "100ms", "-keyserver", freePort(t), "-metrics", freePort(t), "-l7", freePort(t), "-l7-admin", freePort(t)).CombinedOutput()
+		out, err := exec.Command(filepath.Join(bin, "tgdemo"), "-dir", dir, "-bin", bin, "-l4", "off", "-duration", "6s",
+			"-interval", "100ms", "-keyserver", freePort(t), "-metrics", freePort(t), "-l7", freePort(t), "-l7-admin", freePort(t), "-api", freePort(t)).CombinedOutput()
 		s := string(out)
 		if err != nil {
 			t.Fatalf("tgdemo -l4 off: %v\n%s", err, s)
 		}
 		checkDemoOutput(t, "loopback", s, []string{
 			"metrics             keyserverd http://", "stop                Ctrl-C", "HTTP/1.1 TLS 1.3",
-			"l7d stopped", "keyserverd stopped",
+			"l7d stopped", "keyserverd stopped", "controld stopped", ": 2 applied, 0 refused, 0 pending, 0 lost",
 		})
 		nodes, clients := demoServed(s)
 		for _, proto := range []string{"HTTP/1.1", "HTTP/2.0", "HTTP/3.0"} {
