@@ -23,6 +23,12 @@
 //   - rss: a child process starts -rss-agents (1000) agents against the same store
 //     and reports its resident memory before and after they all applied the
 //     configuration: MiB per 1000 agents.
+//   - cert: real processes from -bin (make build), started by testkit/cluster:
+//     controld on its own embedded etcd, two keyserverd on SoftHSM2 tokens and two
+//     l7d fed only by controld. -cert-uploads uploads of a new version of a bound
+//     certificate (POST /v1/certificates/www/versions), each timed from the
+//     upload's 201 to both l7d serving it to new TLS handshakes (the serial seen
+//     by a client of each): cert_upload_to_served_ms is the median.
 //
 // Nothing crosses the machine: the store listens on a unix socket in a temporary
 // directory, removed at the end. The last line of the output is one JSON object
@@ -49,22 +55,23 @@ func main() {
 
 // options are the benchmark's flags.
 type options struct {
-	agents    int
-	rssAgents int
-	writes    int
-	burst     int
-	rate      float64
-	pools     int
-	phases    []string
-	timeout   time.Duration
-	certPhase bool
-	bin       string
-	cpuProf   string
-	out, log  io.Writer
+	agents      int
+	rssAgents   int
+	writes      int
+	burst       int
+	rate        float64
+	pools       int
+	phases      []string
+	timeout     time.Duration
+	certPhase   bool
+	certUploads int
+	bin         string
+	cpuProf     string
+	out, log    io.Writer
 }
 
 // phaseNames are the phases, in the order they run.
-var phaseNames = []string{"propagate", "watch", "rss"}
+var phaseNames = []string{"propagate", "watch", "rss", "cert"}
 
 // Main runs the benchmark (or one of its child processes) and returns the exit
 // status: 0 when every phase ran, 1 when something broke, 2 for bad flags.
@@ -86,6 +93,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.pools, "pools", 200, "pools in the configuration every agent checks whole on each revision")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "longest wait for the agents to apply one write before the run fails")
 	phases := fs.String("phases", strings.Join(phaseNames, ","), "comma-separated phases to run")
+	fs.IntVar(&o.certUploads, "cert-uploads", 10, "certificate uploads timed in the cert phase")
 	fs.StringVar(&o.bin, "bin", "bin", "`directory` holding controld, l7d and keyserverd (make build), for the certificate phase")
 	fs.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process (the agents) during the propagate phase to `file`")
 	if err := fs.Parse(args); err != nil {
@@ -100,8 +108,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench-control: -phases: %v\n", err)
 		return 2
 	}
-	if o.agents < 1 || o.rssAgents < 1 || o.writes < 1 || o.burst < 1 || o.rate <= 0 || o.pools < 1 {
-		fmt.Fprintln(stderr, "bench-control: -agents, -rss-agents, -writes, -burst, -rate and -pools must be positive")
+	if o.agents < 1 || o.rssAgents < 1 || o.writes < 1 || o.burst < 1 || o.rate <= 0 || o.pools < 1 || o.certUploads < 1 {
+		fmt.Fprintln(stderr, "bench-control: -agents, -rss-agents, -writes, -burst, -rate, -pools and -cert-uploads must be positive")
 		return 2
 	}
 	return benchkit.Main("bench-control", stderr, func(ctx context.Context) error { return run(ctx, o) })

@@ -169,6 +169,8 @@ func run(ctx context.Context, o options) error {
 			err = r.watch(ctx, sp.endpoint, wr)
 		case "rss":
 			err = r.rss(ctx, sp.endpoint)
+		case "cert":
+			err = r.cert(ctx, filepath.Join(dir, "cert"))
 		}
 		if err != nil {
 			if ctx.Err() != nil {
