@@ -11,6 +11,8 @@ STATICCHECK := $(GOBIN)/staticcheck
 BIN        := bin
 DEB_PACKAGES := softhsm2 opensc libdpdk-dev pkg-config openssl iproute2 curl procps nginx haproxy tshark ethtool etcd-server
 DEMO_DIR   ?= $(CURDIR)/.demo
+# More tgdemo flags: make demo DEMO_FLAGS="-duration 30s"
+DEMO_FLAGS ?=
 TEST_TIMEOUT ?= 40m
 
 # Patches to the standard library (stdpatch/, see its doc.go): a `go build -overlay`
@@ -103,7 +105,7 @@ bench-control: deps build
 	$(GO) run ./bench/control
 
 demo: deps build
-	$(BIN)/tgdemo -dir $(DEMO_DIR) -bin $(BIN)
+	$(BIN)/tgdemo -dir $(DEMO_DIR) -bin $(BIN) $(DEMO_FLAGS)
 
 clean:
 	rm -rf $(BIN) $(DEMO_DIR)

@@ -281,7 +281,8 @@ func (st *site) writeTryFiles(l4 bool) (dir string, err error) {
 	}
 	files := map[string]string{"web.yaml": webYAML()}
 	if l4 {
-		files["drain-l7a.yaml"] = "# Written by tgdemo: l7a drained (tgctl apply -f this file; tgctl apply -f ../stack.yaml undoes it)\n" + l4PoolYAML("l7a")
+		files["drain-l7a.yaml"] = "# Written by tgdemo: l7a drained (tgctl apply -f this file; undrain-l7a.yaml undoes it)\n" + l4PoolYAML("l7a")
+		files["undrain-l7a.yaml"] = "# Written by tgdemo: the pool as the demo started it\n" + l4PoolYAML("")
 	}
 	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
@@ -291,16 +292,23 @@ func (st *site) writeTryFiles(l4 bool) (dir string, err error) {
 	return dir, nil
 }
 
-// tryText is the block of tgctl commands printed at the start.
-func (st *site) tryText(t *tgctl, tryDir, curl string) string {
+// tryText is the block of tgctl commands printed at the start; in is how a command
+// reaches the listener ("" on the host, "ip netns exec <client namespace> " in the L4
+// mode) and at the listener's host:port.
+func (st *site) tryText(t *tgctl, tryDir, in, at string) string {
+	host, port, _ := net.SplitHostPort(at)
+	curl := fmt.Sprintf("%scurl -sv --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/old 2>&1 | grep -E '< HTTP|< location'",
+		in, st.siteCA, port, host, port)
+	openssl := fmt.Sprintf("%sopenssl s_client -connect %s -servername demo.tiergate.test </dev/null 2>/dev/null | grep -E 'Peer signature type|Server public key'", in, at)
 	tg := t.bin
 	return fmt.Sprintf(`  control plane       controld %[1]s (its log controld.log), the store in %[2]s
   tgctl               export TIERGATE_API=%[1]s TIERGATE_TOKEN=$(cat %[3]s)
   upload a cert       %[4]s cert upload --name %[5]s --cert %[6]s --key %[7]s
   apply a route       %[4]s diff -f %[8]s; %[4]s apply -f %[8]s   (a redirect of /old, the ECDSA cert beside the RSA one)
   see it served       %[9]s
+                      %[10]s
   see nodes           %[4]s nodes
   see a rollout       %[4]s rollout status --wait 10s; %[4]s revisions; %[4]s cert list
 `, t.api, filepath.Join(st.controlDir(), "store"), st.tokenFile(), tg, ecdsaCertName, st.ecdsaCert, st.ecdsaKey,
-		filepath.Join(tryDir, "web.yaml"), curl)
+		filepath.Join(tryDir, "web.yaml"), curl, openssl)
 }

@@ -460,8 +460,6 @@ func runLoopback(ctx context.Context, o Options, st *site, out io.Writer) error 
 	}
 	host, l7Port, _ := net.SplitHostPort(o.L7At)
 	metricsURL := "http://" + o.MetricsAt + "/metrics"
-	curl := fmt.Sprintf("curl -sv --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/old 2>&1 | grep -E 'subject:|< HTTP|< location'",
-		st.siteCA, l7Port, host, l7Port)
 
 	fmt.Fprintf(out, `
 Tiergate demo (loopback, no L4 tier), configured through controld
@@ -478,7 +476,7 @@ Tiergate demo (loopback, no L4 tier), configured through controld
 
 `, st.dir, st.tok.Label, st.keyID, tg.api, ctld.PID(), st.etcdEndpoint(), o.KeyserverAt, ks.PID(), o.L7At, l7.PID(), metricsURL, o.L7AdminAt,
 		filepath.Join(st.dir, "keyserverd-state", "admin.token"), o.MetricsAt, filepath.Join(l7State, "admin.token"), o.L7AdminAt,
-		st.tryText(tg, tryDir, curl), st.siteCA, l7Port, host, l7Port, os.Getpid())
+		st.tryText(tg, tryDir, "", o.L7At), st.siteCA, l7Port, host, l7Port, os.Getpid())
 
 	hc := nsHTTP(nil, 2*time.Second)
 	return clientLoop(ctx, s, target{

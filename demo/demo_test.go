@@ -205,6 +205,7 @@ func TestStackYAML(t *testing.T) {
 				t.Errorf("binding %+v, want %s", b, siteCertName)
 			}
 			rules, pools := s.L4()
+			pools0 := pools
 			if !tc.l4 {
 				if len(rules)+len(pools) != 0 {
 					t.Errorf("L4 objects in the loopback mode: %v %v", rules, pools)
@@ -222,6 +223,10 @@ func TestStackYAML(t *testing.T) {
 				_, pools = drained.L4()
 				if m := pools[l4PoolName].Members; !m[0].Drained || m[1].Drained {
 					t.Errorf("drain-l7a.yaml drains %+v, want l7a only", m)
+				}
+				undrained := snapshot(t, drained, "undrain-l7a.yaml", l4PoolYAML(""))
+				if _, p := undrained.L4(); !reflect.DeepEqual(p, pools0) {
+					t.Errorf("undrain-l7a.yaml makes %+v, want the pool as stack.yaml has it, %+v", p, pools0)
 				}
 			}
 			web := snapshot(t, s, "web.yaml", webYAML())

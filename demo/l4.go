@@ -292,8 +292,6 @@ func runL4(ctx context.Context, o Options, st *site, out io.Writer) error {
 	}
 
 	p := o.NetnsPrefix
-	curl := fmt.Sprintf("ip netns exec %scl curl -sv --cacert %s --resolve demo.tiergate.test:443:%s https://demo.tiergate.test/old 2>&1 | grep -E 'subject:|< HTTP|< location'",
-		p, st.siteCA, l4VIP)
 	fmt.Fprintf(out, `
 Tiergate demo: client → l4d (DPDK) → GRE → two l7d nodes → backend, in network namespaces %[1]s*, configured through controld
   state directory     %[2]s (SoftHSM2 token %[3]q, configs, logs)
@@ -314,8 +312,8 @@ Tiergate demo: client → l4d (DPDK) → GRE → two l7d nodes → backend, in n
 `, p, st.dir, st.tok.Label, st.keyID, l4ClientIP, l4VIP, l4LDExternal, l4LDInternal, l4d.PID(),
 		l4Nodes[0].ip, l4Nodes[1].ip, l4KeyserverIP, ks.PID(), backendAt, l4AdminAt, l4KSMetricsAt, l4L7AdminPort,
 		st.siteCA, os.Getpid(), filepath.Join(l4State, "admin.token"),
-		ctld.PID(), o.APIAt, st.etcdEndpoint(), st.tryText(tg, tryDir, curl),
-		tg.bin, filepath.Join(tryDir, "drain-l7a.yaml"), filepath.Join(st.dir, "stack.yaml"))
+		ctld.PID(), o.APIAt, st.etcdEndpoint(), st.tryText(tg, tryDir, "ip netns exec "+p+"cl ", net.JoinHostPort(l4VIP, "443")),
+		tg.bin, filepath.Join(tryDir, "drain-l7a.yaml"), filepath.Join(tryDir, "undrain-l7a.yaml"))
 
 	swHTTP := nsHTTP(n.sw, 2*time.Second)
 	tgt.summary = func() []string {
