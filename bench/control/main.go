@@ -67,6 +67,7 @@ type options struct {
 	certUploads int
 	bin         string
 	cpuProf     string
+	memProf     string
 	out, log    io.Writer
 }
 
@@ -96,6 +97,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.certUploads, "cert-uploads", 10, "certificate uploads timed in the cert phase")
 	fs.StringVar(&o.bin, "bin", "bin", "`directory` holding controld, l7d and keyserverd (make build), for the certificate phase")
 	fs.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process (the agents) during the propagate phase to `file`")
+	fs.StringVar(&o.memProf, "memprofile", "", "write a heap profile of the rss phase's agents, once they applied the configuration, to `file`")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}

@@ -462,10 +462,12 @@ func (r *report) watch(ctx context.Context, endpoint string, wr *writer) error {
 
 // rssResult is the rss child's answer.
 type rssResult struct {
-	Agents    int     `json:"agents"`
-	BeforeKiB int64   `json:"before_kib"`
-	AfterKiB  int64   `json:"after_kib"`
-	StartS    float64 `json:"start_s"`
+	Agents    int   `json:"agents"`
+	BeforeKiB int64 `json:"before_kib"`
+	AfterKiB  int64 `json:"after_kib"`
+	// HeapKiB is the Go heap in use after, less before.
+	HeapKiB int64   `json:"heap_kib"`
+	StartS  float64 `json:"start_s"`
 }
 
 // rss runs the rss child and records its answer.
@@ -481,7 +483,7 @@ func (r *report) rss(ctx context.Context, endpoint string) error {
 	defer os.RemoveAll(dir)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, exe, childRSS, endpoint, fmt.Sprint(r.opts.rssAgents), dir)
+	cmd := exec.CommandContext(cctx, exe, childRSS, endpoint, fmt.Sprint(r.opts.rssAgents), dir, r.opts.memProf)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.Output()
@@ -499,8 +501,8 @@ func (r *report) rss(ctx context.Context, endpoint string) error {
 // rssChild starts agents and reports its resident memory before and after.
 func rssChild(args []string, stdout, stderr io.Writer) int {
 	var n int
-	if len(args) != 3 {
-		fmt.Fprintln(stderr, "bench-control: -rss-child ENDPOINT N DIR")
+	if len(args) != 4 {
+		fmt.Fprintln(stderr, "bench-control: -rss-child ENDPOINT N DIR MEMPROFILE")
 		return 2
 	}
 	if _, err := fmt.Sscan(args[1], &n); err != nil || n < 1 {
@@ -520,6 +522,8 @@ func rssChild(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	runtime.GC()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
 	before, err := vmRSS()
 	if err != nil {
 		fmt.Fprintf(stderr, "bench-control rss: %v\n", err)
@@ -540,12 +544,19 @@ func rssChild(args []string, stdout, stderr io.Writer) int {
 	// Settle: the agents' status reports are written, then one collection.
 	time.Sleep(2 * time.Second)
 	runtime.GC()
+	runtime.ReadMemStats(&m1)
 	after, err := vmRSS()
 	if err != nil {
 		fmt.Fprintf(stderr, "bench-control rss: %v\n", err)
 		return 1
 	}
-	json.NewEncoder(stdout).Encode(rssResult{Agents: n, BeforeKiB: before, AfterKiB: after, StartS: start.Seconds()})
+	if args[3] != "" {
+		if f, err := os.Create(args[3]); err == nil {
+			pprof.WriteHeapProfile(f)
+			f.Close()
+		}
+	}
+	json.NewEncoder(stdout).Encode(rssResult{Agents: n, BeforeKiB: before, AfterKiB: after, HeapKiB: (int64(m1.HeapInuse) - int64(m0.HeapInuse)) >> 10, StartS: start.Seconds()})
 	stop()
 	return 0
 }
