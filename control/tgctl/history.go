@@ -296,7 +296,22 @@ type nodesAnswer struct {
 }
 
 func (o *options) nodesCommand() *cobra.Command {
-	return &cobra.Command{
+	forget := &cobra.Command{
+		Use:   "forget <node>",
+		Short: "Forget a lost node, so that it is no longer listed (admin)",
+		Long: `Forget a lost node: one taken out of the cluster, no longer listed as lost. A node
+that reports is not forgotten (an error, exit 1).`,
+		Args: exactArgs(1, "a node's name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, err := o.call(cmd.Context(), request{method: "DELETE", path: "/v1/nodes/" + pathEscape(args[0]), what: "forgetting node " + args[0]}, nil); err != nil {
+				return err
+			}
+			return o.printer(cmd).data(map[string]string{"node": args[0], "op": "forget"}, func(t *tabwriter.Writer) {
+				fmt.Fprintf(t, "node %s forgotten\n", args[0])
+			})
+		},
+	}
+	nodes := &cobra.Command{
 		Use:   "nodes",
 		Short: "The nodes: role, address, applied revision and lag, state, uptime, certificates",
 		Long: `Every node that reports to the control plane: its role, address, the revision it
@@ -330,4 +345,6 @@ and the leaf's SHA-256; -o json or yaml show the whole fingerprint).`,
 			})
 		},
 	}
+	nodes.AddCommand(forget)
+	return nodes
 }

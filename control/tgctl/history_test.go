@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -151,7 +152,7 @@ func TestRevisionsDiffRevisionsRollback(t *testing.T) {
 
 // startAgent runs a node agent over the fixture's store; refuse names a pool whose
 // presence makes it refuse a snapshot.
-func (f *fixture) startAgent(t *testing.T, node, refuse string) {
+func (f *fixture) startAgent(t *testing.T, node, refuse string) (stop func()) {
 	t.Helper()
 	a, err := agent.New(agent.Config{
 		Store: f.st, Node: node, Role: "l7d", Address: "198.18.0.1:443",
@@ -172,14 +173,16 @@ func (f *fixture) startAgent(t *testing.T, node, refuse string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
 }
 
 func TestRolloutStatusAndNodes(t *testing.T) {
 	f := newFixture(t)
 	f.requireRoutes(t, "GET /v1/rollouts/{revision}", "GET /v1/nodes")
 	f.startAgent(t, "l7-a", "")
-	f.startAgent(t, "l7-b", "picky")
+	stopB := f.startAgent(t, "l7-b", "picky")
 	rev := f.apply(t, f.file(t, "web.yaml", webYAML))
 
 	r := f.run(t, "rollout", "status", strconv.FormatInt(rev, 10), "--wait", "20s", "--interval", "50ms")
@@ -215,6 +218,24 @@ func TestRolloutStatusAndNodes(t *testing.T) {
 	}
 	if r.code != 0 || yaml.Unmarshal([]byte(r.stdout), &nodes) != nil || len(nodes.Nodes) != 2 || len(nodes.Nodes[0].Certificates) != 1 {
 		t.Fatalf("nodes -o yaml: %d %+v\n%s%s", r.code, nodes, r.stdout, r.stderr)
+	}
+
+	// A node that reports is not forgotten; one stopped is lost, then forgotten.
+	if r := f.run(t, "nodes", "forget", "l7-b"); r.code != ExitError || !strings.Contains(r.stderr, "reports") {
+		t.Fatalf("forgetting a node that reports: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	stopB()
+	if r := f.run(t, "nodes"); r.code != 0 || !regexp.MustCompile(`(?m)^l7-b .* lost `).MatchString(r.stdout) {
+		t.Fatalf("nodes after l7-b stopped: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := f.run(t, "nodes", "forget", "l7-b"); r.code != 0 || !strings.Contains(r.stdout, "node l7-b forgotten") {
+		t.Fatalf("nodes forget: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := f.run(t, "nodes"); r.code != 0 || strings.Contains(r.stdout, "l7-b") {
+		t.Fatalf("nodes after forget: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := f.run(t, "nodes", "forget", "l7-b"); r.code != ExitNotFound {
+		t.Fatalf("forgetting it again: %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
 
