@@ -63,7 +63,6 @@ type options struct {
 	pools       int
 	phases      []string
 	timeout     time.Duration
-	certPhase   bool
 	certUploads int
 	bin         string
 	cpuProf     string
