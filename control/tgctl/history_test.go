@@ -269,3 +269,46 @@ func TestDiffRefusesAControldWithoutDryRun(t *testing.T) {
 		t.Fatalf("the head moved from %d to %d", head, now)
 	}
 }
+
+// TestRolloutStatusWaitTimesOut: a node still applying when --wait's time is up
+// makes rollout status exit 1, saying how many are pending.
+func TestRolloutStatusWaitTimesOut(t *testing.T) {
+	f := newFixture(t)
+	f.requireRoutes(t, "GET /v1/rollouts/{revision}")
+	release := make(chan struct{})
+	a, err := agent.New(agent.Config{
+		Store: f.st, Node: "slow", Role: "l7d", Logger: slog.New(slog.DiscardHandler),
+		Apply: func(ctx context.Context, snap *model.Snapshot, _ int64) error {
+			if snap.Pools["app"] == nil {
+				return nil
+			}
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	rev := f.apply(t, f.file(t, "web.yaml", webYAML))
+	r := f.run(t, "rollout", "status", strconv.FormatInt(rev, 10), "--wait", "300ms", "--interval", "50ms")
+	if r.code != ExitError || !strings.Contains(r.stderr, "1 node(s) still pending after 300ms") || !strings.Contains(r.stdout, "1 pending") {
+		t.Fatalf("rollout status with a node still applying: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// Without --wait it only reports.
+	if r := f.run(t, "rollout", "status", strconv.FormatInt(rev, 10)); r.code != 0 || !strings.Contains(r.stdout, "1 pending") {
+		t.Fatalf("rollout status without --wait: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	close(release)
+	if r := f.run(t, "rollout", "status", strconv.FormatInt(rev, 10), "--wait", "20s", "--interval", "50ms"); r.code != 0 || !strings.Contains(r.stdout, "1 applied") {
+		t.Fatalf("rollout status once applied: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
