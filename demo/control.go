@@ -300,15 +300,12 @@ func (st *site) tryText(t *tgctl, tryDir, in, at string) string {
 	curl := fmt.Sprintf("%scurl -sv --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/old 2>&1 | grep -E '< HTTP|< location'",
 		in, st.siteCA, port, host, port)
 	openssl := fmt.Sprintf("%sopenssl s_client -connect %s -servername demo.tiergate.test </dev/null 2>/dev/null | grep -E 'Peer signature type|Server public key'", in, at)
-	tg := t.bin
-	return fmt.Sprintf(`  control plane       controld %[1]s (its log controld.log), the store in %[2]s
-  tgctl               export TIERGATE_API=%[1]s TIERGATE_TOKEN=$(cat %[3]s)
-  upload a cert       %[4]s cert upload --name %[5]s --cert %[6]s --key %[7]s
-  apply a route       %[4]s diff -f %[8]s; %[4]s apply -f %[8]s   (a redirect of /old, the ECDSA cert beside the RSA one)
-  see it served       %[9]s
-                      %[10]s
-  see nodes           %[4]s nodes
-  see a rollout       %[4]s rollout status --wait 10s; %[4]s revisions; %[4]s cert list
-`, t.api, filepath.Join(st.controlDir(), "store"), st.tokenFile(), tg, ecdsaCertName, st.ecdsaCert, st.ecdsaKey,
-		filepath.Join(tryDir, "web.yaml"), curl, openssl)
+	return fmt.Sprintf(`  tgctl               export TIERGATE_API=%[1]s TIERGATE_TOKEN=$(cat %[2]s)
+  upload a cert       %[3]s cert upload --name %[4]s --cert %[5]s --key %[6]s
+  apply a route       %[3]s diff -f %[7]s; %[3]s apply -f %[7]s   (a redirect of /old, the ECDSA cert beside the RSA one)
+  see it served       %[8]s
+                      %[9]s
+  see nodes           %[3]s nodes
+  see a rollout       %[3]s rollout status --wait 10s; %[3]s revisions; %[3]s cert list
+`, t.api, st.tokenFile(), t.bin, ecdsaCertName, st.ecdsaCert, st.ecdsaKey, filepath.Join(tryDir, "web.yaml"), curl, openssl)
 }

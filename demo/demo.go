@@ -254,11 +254,11 @@ func prepare(dir string) (*site, error) {
 		return nil, err
 	}
 	st.ctlCert, st.ctlKey = filepath.Join(st.pki, "tiergate-controld.pem"), filepath.Join(st.pki, "tiergate-controld.key")
-	siteCA, err := testpki.NewCA("Tiergate demo site CA")
+	siteCA, err := newSiteCA("Tiergate demo site CA")
 	if err != nil {
 		return nil, err
 	}
-	_, siteDER, err := siteCA.Issue("demo.tiergate.test", siteKey.Public(), "demo.tiergate.test")
+	siteDER, err := issueSite(siteCA, siteKey.Public(), "demo.tiergate.test")
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +274,7 @@ func prepare(dir string) (*site, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, ecDER, err := siteCA.Issue("demo.tiergate.test", ecKey.Public(), "demo.tiergate.test")
+	ecDER, err := issueSite(siteCA, ecKey.Public(), "demo.tiergate.test")
 	if err != nil {
 		return nil, err
 	}
@@ -465,7 +465,7 @@ func runLoopback(ctx context.Context, o Options, st *site, out io.Writer) error 
 Tiergate demo (loopback, no L4 tier), configured through controld
   state directory     %s (SoftHSM2 token %q, configs, logs)
   site key            %s, RSA-2048, imported into the token as non-extractable by controld's upload (source PEM: site.key)
-  controld            %s, pid %d, log controld.log; the nodes reach its store at %s
+  controld            %s, pid %d, log controld.log; its store %s, which the nodes reach at %s
   keyserverd          %s (mutual TLS), pid %d, log keyserverd.log
   l7d                 https://%s (TCP: TLS 1.2/1.3, h2 + http/1.1; UDP: QUIC, HTTP/3), pid %d, log l7d.log
   metrics             keyserverd %s   l7d http://%s/metrics
@@ -474,7 +474,7 @@ Tiergate demo (loopback, no L4 tier), configured through controld
 %s  try                 curl --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/
   stop                Ctrl-C (or kill -INT %d)
 
-`, st.dir, st.tok.Label, st.keyID, tg.api, ctld.PID(), st.etcdEndpoint(), o.KeyserverAt, ks.PID(), o.L7At, l7.PID(), metricsURL, o.L7AdminAt,
+`, st.dir, st.tok.Label, st.keyID, tg.api, ctld.PID(), filepath.Join(st.controlDir(), "store"), st.etcdEndpoint(), o.KeyserverAt, ks.PID(), o.L7At, l7.PID(), metricsURL, o.L7AdminAt,
 		filepath.Join(st.dir, "keyserverd-state", "admin.token"), o.MetricsAt, filepath.Join(l7State, "admin.token"), o.L7AdminAt,
 		st.tryText(tg, tryDir, "", o.L7At), st.siteCA, l7Port, host, l7Port, os.Getpid())
 

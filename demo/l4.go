@@ -300,7 +300,7 @@ Tiergate demo: client → l4d (DPDK) → GRE → two l7d nodes → backend, in n
   l4d                 %[1]sld, DPDK net_af_packet on x0 %[7]s (clients) and i0 %[8]s (L7 side), pid %[9]d, log l4d.log
   l7d                 %[1]sl7a %[10]s (QUIC server ID 1), %[1]sl7b %[11]s (ID 2), tunnel endpoint + remote key, logs l7d-l7a.log l7d-l7b.log
   keyserverd          %[1]ssw %[12]s:2407 (mutual TLS), pid %[13]d, log keyserverd.log; backend %[14]s
-  controld            %[1]ssw 127.0.0.1:7443, pid %[21]d, relayed to the host's %[22]s; the nodes reach its store at %[23]s
+  controld            %[1]ssw 127.0.0.1:7443 relayed to the host's %[22]s, pid %[21]d, log controld.log; its store %[28]s, which the nodes reach at %[23]s
 %[24]s  drain a node        %[25]s apply -f %[26]s   (l7a drained: new connections all go to l7b; apply -f %[27]s undoes it)
   admin token         l4d: %[20]s (admin requests but /metrics and /healthz send it: T="Authorization: Bearer $(cat %[20]s)")
   l4d status          ip netns exec %[1]sld curl -s -H "$T" %[15]s/status
@@ -313,7 +313,7 @@ Tiergate demo: client → l4d (DPDK) → GRE → two l7d nodes → backend, in n
 		l4Nodes[0].ip, l4Nodes[1].ip, l4KeyserverIP, ks.PID(), backendAt, l4AdminAt, l4KSMetricsAt, l4L7AdminPort,
 		st.siteCA, os.Getpid(), filepath.Join(l4State, "admin.token"),
 		ctld.PID(), o.APIAt, st.etcdEndpoint(), st.tryText(tg, tryDir, "ip netns exec "+p+"cl ", net.JoinHostPort(l4VIP, "443")),
-		tg.bin, filepath.Join(tryDir, "drain-l7a.yaml"), filepath.Join(tryDir, "undrain-l7a.yaml"))
+		tg.bin, filepath.Join(tryDir, "drain-l7a.yaml"), filepath.Join(tryDir, "undrain-l7a.yaml"), filepath.Join(st.controlDir(), "store"))
 
 	swHTTP := nsHTTP(n.sw, 2*time.Second)
 	tgt.summary = func() []string {
