@@ -373,8 +373,10 @@ func (c *controlCluster) checkKeyNowhere(sites ...*cluster.SiteCert) {
 	for i, s := range sites {
 		block, _ := pem.Decode(s.KeyPEM)
 		b64 := base64.StdEncoding.EncodeToString(block.Bytes)
-		priv := s.Key.(*ecdsa.PrivateKey)
-		scalar := priv.D.FillBytes(make([]byte, 32))
+		scalar, err := s.Key.(*ecdsa.PrivateKey).Bytes()
+		if err != nil {
+			c.t.Fatal(err)
+		}
 		needles = append(needles,
 			// The PEM's second line: the first is the same for every P-256 key.
 			needle{fmt.Sprintf("key %d PEM", i), []byte(b64[64:112])},
@@ -462,13 +464,16 @@ func (c *controlCluster) startSite() *cluster.SiteCert {
 }
 
 // TestControlPlaneEmbedded runs the cluster on controld's embedded etcd: every
-// write through the tgctl binary, the nodes (two l7d, two keyserverd) fed and
-// listed by controld only.
+// write through the tgctl binary, the nodes (two l7d, two keyserverd, and an l4d
+// where DPDK runs) fed and listed by controld only.
 func TestControlPlaneEmbedded(t *testing.T) {
 	start := time.Now()
 	c := startControlCluster(t, false)
 	t.Logf("controld and two keyserverd started in %v", time.Since(start).Round(time.Millisecond))
 	v1 := c.startSite()
+
+	// An l4d too where DPDK runs: fed the L4 objects applied with tgctl.
+	l4 := c.startL4()
 
 	// A new version: both l7d serve it to new handshakes.
 	v2, v2Cert, v2Key := c.site("v2", time.Time{}, time.Time{})
@@ -497,6 +502,11 @@ func TestControlPlaneEmbedded(t *testing.T) {
 	for _, ks := range c.Keyservers {
 		if r := nodes[ks.Node]; r.Role != "keyserverd" || r.Address != ks.Addr || r.State != "ok" {
 			t.Errorf("tgctl nodes: %s is %+v, want role keyserverd at %s, state ok", ks.Node, r, ks.Addr)
+		}
+	}
+	if l4 != nil {
+		if r := nodes[l4.Node]; r.Role != "l4d" || r.Address != l4.Admin || r.State != "ok" || r.AppliedRevision == 0 {
+			t.Errorf("tgctl nodes: %s is %+v, want role l4d at %s, state ok", l4.Node, r, l4.Admin)
 		}
 	}
 	if table := c.admin(0, "nodes").stdout; !strings.Contains(table, "l7-a") || !strings.Contains(table, "ks-2") || !strings.Contains(table, want[:12]) {
@@ -661,6 +671,48 @@ vhosts:
 	c.waitNodes(ks2.Node+" lost", func(n map[string]nodeRow) bool { return n[ks2.Node].State == "lost" })
 	t.Logf("%s killed: listed as lost %v later", ks2.Node, time.Since(killed).Round(100*time.Millisecond))
 	t.Logf("the whole test took %v", time.Since(start).Round(time.Millisecond))
+}
+
+// startL4 starts l4d node l4-a on DPDK null devices and applies an L4 rule and pool
+// with tgctl, which it must apply; nil without root or libdpdk (the l4d binary is
+// built without DPDK then).
+func (c *controlCluster) startL4() *cluster.L4 {
+	c.t.Helper()
+	if os.Geteuid() != 0 || exec.Command("pkg-config", "--exists", "libdpdk").Run() != nil {
+		if testenv.Strict() {
+			c.t.Fatal("TIERGATE_REQUIRE_ALL=1 and the l4d node needs root and libdpdk (Debian package libdpdk-dev)")
+		}
+		c.t.Log("no l4d node: it needs root and libdpdk (Debian package libdpdk-dev)")
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l4, err := c.AddL4(ctx, "l4-a")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	r := c.admin(0, "apply", "-o", "json", "-f", c.file("l4.yaml", []byte(`kind: l4-pools
+name: l7
+members: [{name: a, address: 198.18.1.11}, {name: b, address: 198.18.1.12}]
+health: {type: none}
+---
+kind: l4-rules
+name: https
+vip: 198.18.0.10
+protocol: tcp
+port: 443
+pool: l7
+`)))
+	var applied struct {
+		Revision int64 `json:"revision"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &applied); err != nil || applied.Revision == 0 {
+		c.t.Fatalf("apply -o json: %v\n%s", err, r)
+	}
+	c.waitNodes("l4-a applying the L4 objects", func(n map[string]nodeRow) bool {
+		return n["l4-a"].State == "ok" && n["l4-a"].AppliedRevision >= applied.Revision
+	})
+	return l4
 }
 
 // objectRevision reads an object's revision (its ETag) through the API.

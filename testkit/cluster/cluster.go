@@ -2,7 +2,8 @@
 // built binaries (make build's bin/, or the integration tests' build): controld with
 // its embedded etcd, or pointed at an external etcd process (Debian's etcd-server)
 // that the cluster starts; keyserverd processes on SoftHSM2 tokens of their own,
-// each a node of the control plane; and l7d nodes fed only by controld's store.
+// each a node of the control plane; l7d nodes fed only by controld's store; and,
+// where DPDK runs, l4d nodes on null devices fed the same way.
 // The end-to-end tests (integration/control_test.go) and the control plane's
 // benchmark (bench/control, its certificate phase) share it.
 //
@@ -99,6 +100,7 @@ type Cluster struct {
 
 	Keyservers []*Keyserver
 	L7         []*L7
+	L4         []*L4
 
 	l7ClientCert, l7ClientKey string
 }
@@ -489,6 +491,62 @@ log_level: debug
 	return l, nil
 }
 
+// L4 is an l4d fed only by controld's store (its l4-rules and l4-pools), its two
+// DPDK ports null devices (net_null): it takes and reports configuration, and
+// forwards nothing.
+type L4 struct {
+	Proc
+	// Node is its name in the control plane ("l4-a"); Admin its admin endpoint.
+	Node, Admin string
+	// StateDir is its state_dir.
+	StateDir string
+}
+
+// AddL4 writes the configuration of an l4d node named node and starts it (l4d
+// from Bin, built with DPDK: root and libdpdk needed); it answers once the node
+// has applied a configuration from the store and reports it.
+func (c *Cluster) AddL4(ctx context.Context, node string) (*L4, error) {
+	dir := filepath.Join(c.Opts.Dir, node)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	admin, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	l := &L4{Node: node, Admin: admin, StateDir: filepath.Join(dir, "state")}
+	cfgPath := filepath.Join(dir, "l4d.yaml")
+	// A file prefix of its own: DPDK's runtime files of another process (another
+	// test's l4d) are not this one's.
+	cfg := fmt.Sprintf(`admin_listen: %q
+state_dir: %q
+log_level: debug
+dpdk:
+  eal_args: [--no-pci, --no-huge, -m, "256", --no-telemetry, "--file-prefix=tg-%s-%d", --vdev=net_null0, --vdev=net_null1]
+ports:
+  external: {device: net_null0, addr: 198.18.0.2/24}
+  internal: {device: net_null1, addr: 198.18.1.2/24}
+conntrack: {capacity: 10000}
+control:
+  node: %s
+  etcd_endpoints: [%q]
+  dial_timeout: 1s
+`, admin, l.StateDir, node, os.Getpid(), node, c.StoreEndpoint)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	l.Proc = Proc{Name: "l4d " + node, Dir: dir, Log: filepath.Join(dir, "l4d.log"), health: "http://" + admin + "/healthz",
+		timeout: c.Opts.StartTimeout, args: []string{filepath.Join(c.Opts.Bin, "l4d"), "run", "-config", cfgPath}}
+	c.L4 = append(c.L4, l)
+	if err := l.Start(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.WaitNodes(ctx, c.Opts.StartTimeout, node); err != nil {
+		return nil, fmt.Errorf("cluster: %s reports to the store: %w", l.Name, err)
+	}
+	return l, nil
+}
+
 // Close stops every process the cluster started, nodes first, and returns the
 // errors of those that did not stop cleanly.
 func (c *Cluster) Close() error {
@@ -496,10 +554,13 @@ func (c *Cluster) Close() error {
 	for _, l := range c.L7 {
 		errs = append(errs, l.Stop())
 	}
-	errs = append(errs, c.Controld.Stop())
+	for _, l := range c.L4 {
+		errs = append(errs, l.Stop())
+	}
 	for _, ks := range c.Keyservers {
 		errs = append(errs, ks.Stop())
 	}
+	errs = append(errs, c.Controld.Stop())
 	errs = append(errs, c.Etcd.Stop())
 	return errors.Join(errs...)
 }
