@@ -94,6 +94,13 @@ nothing and is named. --dry-run checks everything and stores nothing.`,
 			if name == "" || certFile == "" || keyFile == "" {
 				return usagef("cert upload: --name, --cert and --key are required")
 			}
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			if c.clear() {
+				return fmt.Errorf("cert upload: %s is plain http to another host, and the private key would cross the network in clear: give the API as https://", o.api)
+			}
 			chain, err := os.ReadFile(certFile)
 			if err != nil {
 				return fmt.Errorf("reading the chain: %w", err)

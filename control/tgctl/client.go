@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"strconv"
@@ -164,6 +165,20 @@ type client struct {
 	base  *url.URL
 	token string
 	hc    *http.Client
+}
+
+// clear reports whether the API is plain http to a host that is not loopback:
+// what is sent to it (a token, a private key) crosses the network in clear.
+func (c *client) clear() bool {
+	if c.base.Scheme != "http" {
+		return false
+	}
+	host := c.base.Hostname()
+	if strings.EqualFold(host, "localhost") {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err != nil || !ip.Unmap().IsLoopback()
 }
 
 // maxAnswer bounds an answer read from the API.

@@ -237,6 +237,9 @@ func (o *options) plan(ctx context.Context, docs []Document, createOnly bool) ([
 	return out, nil
 }
 
+// MaxChanges is the most objects one change set holds (control/store.MaxChanges).
+const MaxChanges = 100
+
 // changeRequest is one write of POST /v1/changesets.
 type changeRequest struct {
 	Kind       string          `json:"kind"`
@@ -314,6 +317,9 @@ field on a line.
 				return err
 			}
 			cs := changeSet(plan)
+			if len(cs.Changes) > MaxChanges {
+				return fmt.Errorf("applying %s: %d objects change, and a change set holds at most %d: split the file", file, len(cs.Changes), MaxChanges)
+			}
 			var c committed
 			if len(cs.Changes) > 0 {
 				if _, err := o.call(cmd.Context(), request{method: "POST", path: "/v1/changesets", body: cs, what: "applying " + file}, &c); err != nil {

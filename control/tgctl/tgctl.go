@@ -136,7 +136,7 @@ func (o *options) rootCommand() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &UsageError{err} })
 	f := root.PersistentFlags()
 	f.StringVar(&o.api, "api", "", "controld's URL (env "+EnvAPI+"; default "+DefaultAPI+")")
-	f.StringVar(&o.token, "token", "", "API token (env "+EnvToken+")")
+	f.StringVar(&o.token, "token", "", "API token (env "+EnvToken+"; on the command line it shows in ps: prefer the environment or the config file)")
 	f.StringVar(&o.configFile, "config", "", "config file (default ~/.config/tiergate/tgctl.yaml)")
 	f.StringVar(&o.caFile, "ca-file", "", "PEM CA of an https API's certificate (default the system's roots)")
 	f.StringVarP(&o.output, "output", "o", FormatTable, "output format: table, json or yaml")
@@ -236,6 +236,9 @@ func (o *options) client() (*client, error) {
 	c, err := newClient(o.api, o.token, o.caFile, o.timeout)
 	if err != nil {
 		return nil, err
+	}
+	if c.clear() && c.token != "" {
+		fmt.Fprintf(o.env.Stderr, "tgctl: warning: %s is plain http to another host: the token crosses the network in clear\n", o.api)
 	}
 	o.cl = c
 	return c, nil

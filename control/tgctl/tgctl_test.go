@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -132,6 +133,9 @@ func TestKindsAreTheModels(t *testing.T) {
 	}
 	if !slices.Equal(Roles, roles) {
 		t.Errorf("Roles %v, the API's %v", Roles, roles)
+	}
+	if MaxChanges != store.MaxChanges {
+		t.Errorf("MaxChanges %d, the store's %d", MaxChanges, store.MaxChanges)
 	}
 }
 
@@ -452,5 +456,35 @@ func TestHTTPSWithCAFile(t *testing.T) {
 	}
 	if r := f.run(t, "--ca-file", ca, "get", "pools"); r.code != ExitUsage {
 		t.Fatalf("--ca-file with an http API: %d %s", r.code, r.stderr)
+	}
+}
+
+// TestClearTextRefusals: a private key is never sent to a plain http API on another
+// host, and a token sent there is warned about.
+func TestClearTextRefusals(t *testing.T) {
+	f := newFixture(t)
+	env := map[string]string{EnvAPI: "http://198.18.0.1:9", EnvToken: f.admin}
+	chain := f.file(t, "c.pem", "x")
+	r := f.runEnv(t, env, "", "--request-timeout", "1s", "cert", "upload", "--name", "a", "--cert", chain, "--key", chain)
+	if r.code != ExitError || !strings.Contains(r.stderr, "in clear") || strings.Contains(r.stderr, "out of reach") {
+		t.Fatalf("an upload to plain http elsewhere: %d %s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "warning: http://198.18.0.1:9 is plain http") {
+		t.Errorf("no warning about the token: %s", r.stderr)
+	}
+	if r := f.run(t, "get", "pools"); strings.Contains(r.stderr, "warning") {
+		t.Errorf("a warning for loopback: %s", r.stderr)
+	}
+}
+
+func TestApplyOverMaxChanges(t *testing.T) {
+	f := newFixture(t)
+	var b strings.Builder
+	for i := 0; i <= MaxChanges; i++ {
+		b.WriteString("---\nkind: pools\nname: p" + strconv.Itoa(i) + "\nmembers: [{addr: 198.18.1.1:80}]\n")
+	}
+	r := f.run(t, "apply", "-f", f.file(t, "many.yaml", b.String()))
+	if r.code != ExitError || !strings.Contains(r.stderr, "at most 100") {
+		t.Fatalf("an apply of %d objects: %d %s", MaxChanges+1, r.code, r.stderr)
 	}
 }
