@@ -35,6 +35,29 @@ func parseRevision(s string) (int64, error) {
 	return r, nil
 }
 
+// revisionCompletion offers the newest revisions, each with who made it and what
+// it changed.
+func (o *options) revisionCompletion(maxArgs int) cobra.CompletionFunc {
+	return func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+		if len(args) >= maxArgs {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		var ans revisionsAnswer
+		if _, err := o.call(cmd.Context(), request{method: "GET", path: "/v1/revisions?limit=20", what: "listing the revisions"}, &ans); err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		out := make([]string, 0, len(ans.Revisions))
+		for _, r := range ans.Revisions {
+			var ch []string
+			for _, c := range r.Changes {
+				ch = append(ch, c.Op+" "+c.Kind+"/"+c.Name)
+			}
+			out = append(out, strconv.FormatInt(r.Revision, 10)+"\t"+r.Who+": "+strings.Join(ch, ", "))
+		}
+		return out, cobra.ShellCompDirectiveNoFileComp | cobra.ShellCompDirectiveKeepOrder
+	}
+}
+
 func (o *options) revisionsCommand() *cobra.Command {
 	var limit int
 	cmd := &cobra.Command{
@@ -72,7 +95,8 @@ func (o *options) diffRevisionsCommand() *cobra.Command {
 		Long: `Show what changed between two revisions of the configuration, as a unified diff of
 each object's YAML; to is the current revision by default. Exit 0 whether or not
 there are differences.`,
-		Args: rangeArgs(1, 2, "one or two revisions"),
+		Args:              rangeArgs(1, 2, "one or two revisions"),
+		ValidArgsFunction: o.revisionCompletion(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			from, err := parseRevision(args[0])
 			if err != nil {
@@ -139,7 +163,8 @@ carries the current revision (read just before, or --expect-revision's): if the
 configuration moved on meanwhile, nothing is changed (exit 3). A revision older
 than the store's history (compacted) cannot be rolled back to. --dry-run checks
 the rollback and shows what it would change, storing nothing.`,
-		Args: exactArgs(1, "a revision"),
+		Args:              exactArgs(1, "a revision"),
+		ValidArgsFunction: o.revisionCompletion(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rev, err := parseRevision(args[0])
 			if err != nil {
@@ -216,7 +241,8 @@ Without --wait it prints the state once. With --wait it polls until no node is
 pending, or the time is up. Exit 0 when no node is pending and none refused, 1
 when a node refused the revision or (with --wait) some are still pending when the
 time is up.`,
-		Args: rangeArgs(0, 1, "an optional revision"),
+		Args:              rangeArgs(0, 1, "an optional revision"),
+		ValidArgsFunction: o.revisionCompletion(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var rev int64
 			var err error

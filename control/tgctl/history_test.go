@@ -129,6 +129,10 @@ func TestRevisionsDiffRevisionsRollback(t *testing.T) {
 		t.Fatalf("diff-revisions -o yaml: %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
+	// Completion offers the revisions, newest first, with who and what.
+	if r := f.run(t, "__complete", "rollback", ""); r.code != 0 || !strings.HasPrefix(r.stdout, strconv.FormatInt(r2, 10)+"\tadmin: put pools/app") {
+		t.Fatalf("completing a revision: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 	// A dry run shows the diff back to r1 and stores nothing.
 	head, _ := f.st.Head(context.Background())
 	r = f.run(t, "rollback", strconv.FormatInt(r1, 10), "--dry-run")
