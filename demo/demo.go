@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/tiergate/tiergate/internal/proc"
+	"github.com/tiergate/tiergate/internal/promtext"
 	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/keyserver/protocol"
 	"github.com/tiergate/tiergate/keyserver/softkey"
@@ -301,11 +302,35 @@ func (st *site) startKeyserverd(ctx context.Context, s *stack, ns *netNS, listen
 		return nil, err
 	}
 	// Its /healthz says 503 until it holds a key, which the upload brings: it is
-	// ready once its admin endpoint answers and its listener accepts.
+	// ready once its admin endpoint answers and controld is connected to it.
 	if err := ks.WaitHTTP(ctx, nsHTTP(ns, time.Second), "http://"+metrics+"/metrics", healthWait); err != nil {
 		return nil, err
 	}
-	return ks, waitTCP(ctx, ks, ns, listen)
+	return ks, waitConnected(ctx, ks, nsHTTP(ns, time.Second), "http://"+metrics+"/metrics")
+}
+
+// waitConnected waits until a client holds a connection to keyserverd (by its
+// tiergate_keyserver_connections): controld, started before it, whose keyserver
+// client retries with a growing backoff and must be connected for an upload to
+// import its key.
+func waitConnected(ctx context.Context, ks *proc.Process, hc *http.Client, metricsURL string) error {
+	deadline := time.Now().Add(healthWait)
+	for {
+		ss, err := promtext.Get(ctx, hc, metricsURL)
+		if err == nil && ss.Sum("tiergate_keyserver_connections") >= 1 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("controld did not connect to keyserverd within %v (logs controld.log, %s)", healthWait, ks.Log)
+		}
+		select {
+		case <-ks.Done():
+			return ks.Exited()
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // keyserverdConfig is keyserverd's configuration.
@@ -330,29 +355,6 @@ clients:
     admin: true
 %s`, listen, metrics, filepath.Join(st.dir, "keyserverd-state"), st.ksCert, st.ksKey, st.l7ClientCA, st.tok.Module, st.tok.Label, st.pinFile,
 		st.controlSection("keyserverd"))
-}
-
-// waitTCP waits until a connection to addr from ns succeeds, while p runs.
-func waitTCP(ctx context.Context, p *proc.Process, ns *netNS, addr string) error {
-	dial := nsDialer(ns)
-	deadline := time.Now().Add(healthWait)
-	for {
-		c, err := dial(ctx, "tcp", addr)
-		if err == nil {
-			c.Close()
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not accept connections at %s within %v: %w (log %s)", p.Name, addr, healthWait, err, p.Log)
-		}
-		select {
-		case <-p.Done():
-			return p.Exited()
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
 
 // l7Config is what differs between the demo's l7d configurations: the node's own
