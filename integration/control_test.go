@@ -71,7 +71,9 @@ func startControlCluster(t *testing.T, external bool) *controlCluster {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{Bin: bin, Dir: dir, ExternalEtcd: external, EtcdBin: etcdBin})
+	// On the embedded etcd the l7d nodes reach it by controld's -etcd-listen URL,
+	// the keyservers and l4d by its unix socket.
+	c, err := cluster.Start(ctx, cluster.Options{Bin: bin, Dir: dir, ExternalEtcd: external, EtcdBin: etcdBin, EtcdListen: !external})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -666,8 +668,7 @@ vhosts:
 	// restarted with the store still down serves its cached snapshot.
 	c.storeOutage(v2)
 
-	// The stopped keyserver shows as lost once its lease ran out.
-	c.Controld.Start(context.Background())
+	// The killed keyserver shows as lost once its lease ran out.
 	c.waitNodes(ks2.Node+" lost", func(n map[string]nodeRow) bool { return n[ks2.Node].State == "lost" })
 	t.Logf("%s killed: listed as lost %v later", ks2.Node, time.Since(killed).Round(100*time.Millisecond))
 	t.Logf("the whole test took %v", time.Since(start).Round(time.Millisecond))
@@ -735,7 +736,7 @@ func (c *controlCluster) objectRevision(kind, name string) int64 {
 
 // storeOutage stops controld (and the external etcd, if any): both l7d go on
 // serving s; then l7-a restarted with the store still down serves it from its
-// cache file.
+// cache file. Then the store comes back and both l7d report to it again.
 func (c *controlCluster) storeOutage(s *cluster.SiteCert) {
 	c.t.Helper()
 	if err := c.Controld.Stop(); err != nil {
@@ -766,6 +767,19 @@ func (c *controlCluster) storeOutage(s *cluster.SiteCert) {
 	c.checkRequests("l7-a restarted with the store down", true)
 	if !strings.Contains(l.LogTail(200), "cached snapshot") {
 		c.t.Errorf("%s's log does not say it applied its cached snapshot:\n%s", l.Name, l.LogTail(40))
+	}
+
+	// The store back: every l7d reports to it again.
+	if c.Etcd != nil {
+		if err := c.Etcd.Start(ctx); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+	if err := c.Controld.Start(ctx); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := c.WaitNodes(ctx, 20*time.Second, "l7-a", "l7-b"); err != nil {
+		c.t.Errorf("after the outage: %v", err)
 	}
 }
 

@@ -12,7 +12,8 @@
 // daemons' configuration files, state directories and logs, the store's data and
 // the tokens. A node reaches the store by the embedded etcd's unix socket path
 // (which works across network namespaces too) or by the external etcd's loopback
-// URL. Close stops every process the cluster started.
+// URL; with Options.EtcdListen the l7d nodes take controld's -etcd-listen URL
+// instead. Close stops every process the cluster started.
 //
 // l7d serves nothing until the configuration holds a listener and the certificates
 // it needs, so a caller starts the cluster (Start: the store, controld and the
@@ -57,6 +58,12 @@ type Options struct {
 	// false: the embedded one, nodes on its unix socket.
 	ExternalEtcd bool
 
+	// EtcdListen has controld's embedded etcd also serve a loopback URL
+	// (-etcd-listen), which the l7d nodes then use as their etcd_endpoints; the
+	// keyservers and l4d keep the unix socket. Only embedded. Default false: every
+	// node on the unix socket.
+	EtcdListen bool
+
 	// EtcdBin is the etcd binary of ExternalEtcd. Default "etcd" in $PATH.
 	EtcdBin string
 
@@ -94,7 +101,9 @@ type Cluster struct {
 	Token    string
 	// StoreEndpoint is what the nodes have as control.etcd_endpoints: the
 	// embedded etcd's unix socket (unix:///...) or the external etcd's URL.
-	StoreEndpoint string
+	// L7Endpoint is the l7d nodes': controld's -etcd-listen URL with EtcdListen,
+	// else StoreEndpoint.
+	StoreEndpoint, L7Endpoint string
 	// StoreDir is the store's data: the embedded etcd's or the external one's.
 	StoreDir string
 
@@ -422,6 +431,16 @@ keyservers:
 		c.StoreDir = filepath.Join(data, "store")
 		c.StoreEndpoint = c.storeEndpointFor()
 	}
+	c.L7Endpoint = c.StoreEndpoint
+	if c.Opts.EtcdListen && !c.Opts.ExternalEtcd {
+		// A fixed port, so that the URL stays the same across restarts of controld.
+		port, err := FreePort()
+		if err != nil {
+			return err
+		}
+		c.L7Endpoint = "http://" + port
+		cfg += fmt.Sprintf("etcd_listen: %q\n", c.L7Endpoint)
+	}
 	cfgPath := filepath.Join(dir, "controld.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return err
@@ -474,7 +493,7 @@ node_listeners:
 state_dir: %q
 admin_listen: %q
 log_level: debug
-`, node, c.StoreEndpoint, strings.Join(servers, ", "), c.l7ClientCert, c.l7ClientKey, c.KeyserverPKI.ServerCAFile,
+`, node, c.L7Endpoint, strings.Join(servers, ", "), c.l7ClientCert, c.l7ClientKey, c.KeyserverPKI.ServerCAFile,
 		c.Opts.Listener, l.Listen, l.StateDir, l.Admin)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
