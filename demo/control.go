@@ -145,6 +145,7 @@ func (st *site) tokenFile() string { return filepath.Join(st.controlDir(), "admi
 // is an error carrying that output.
 func (t *tgctl) run(ctx context.Context, args ...string) error {
 	fmt.Fprintf(t.out, "  $ tgctl %s\n", strings.Join(args, " "))
+	stop := ctx
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, t.bin, args...)
@@ -154,6 +155,9 @@ func (t *tgctl) run(ctx context.Context, args ...string) error {
 		if l != "" {
 			fmt.Fprintf(t.out, "    %s\n", l)
 		}
+	}
+	if err != nil && stop.Err() != nil {
+		return fmt.Errorf("tgctl %s: stopped: %w", strings.Join(args, " "), stop.Err())
 	}
 	if err != nil {
 		return fmt.Errorf("tgctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(b)))
