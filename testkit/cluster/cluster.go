@@ -519,6 +519,8 @@ type L4 struct {
 	Node, Admin string
 	// StateDir is its state_dir.
 	StateDir string
+	// runtimeDir is DPDK's runtime folder of its file prefix, removed by Close.
+	runtimeDir string
 }
 
 // AddL4 writes the configuration of an l4d node named node and starts it (l4d
@@ -533,7 +535,8 @@ func (c *Cluster) AddL4(ctx context.Context, node string) (*L4, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &L4{Node: node, Admin: admin, StateDir: filepath.Join(dir, "state")}
+	prefix := fmt.Sprintf("tg-%s-%d", node, os.Getpid())
+	l := &L4{Node: node, Admin: admin, StateDir: filepath.Join(dir, "state"), runtimeDir: filepath.Join("/var/run/dpdk", prefix)}
 	cfgPath := filepath.Join(dir, "l4d.yaml")
 	// A file prefix of its own: DPDK's runtime files of another process (another
 	// test's l4d) are not this one's.
@@ -541,7 +544,7 @@ func (c *Cluster) AddL4(ctx context.Context, node string) (*L4, error) {
 state_dir: %q
 log_level: debug
 dpdk:
-  eal_args: [--no-pci, --no-huge, -m, "256", --no-telemetry, "--file-prefix=tg-%s-%d", --vdev=net_null0, --vdev=net_null1]
+  eal_args: [--no-pci, --no-huge, -m, "256", --no-telemetry, "--file-prefix=%s", --vdev=net_null0, --vdev=net_null1]
 ports:
   external: {device: net_null0, addr: 198.18.0.2/24}
   internal: {device: net_null1, addr: 198.18.1.2/24}
@@ -550,7 +553,7 @@ control:
   node: %s
   etcd_endpoints: [%q]
   dial_timeout: 1s
-`, admin, l.StateDir, node, os.Getpid(), node, c.StoreEndpoint)
+`, admin, l.StateDir, prefix, node, c.StoreEndpoint)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
@@ -575,6 +578,9 @@ func (c *Cluster) Close() error {
 	}
 	for _, l := range c.L4 {
 		errs = append(errs, l.Stop())
+		if err := os.RemoveAll(l.runtimeDir); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, ks := range c.Keyservers {
 		errs = append(errs, ks.Stop())
