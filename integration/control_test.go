@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -646,12 +647,32 @@ vhosts:
 		return n["l7-a"].State == "ok" && n["l7-b"].State == "ok"
 	})
 
+	// A keyserver that hangs during an upload (frozen with SIGSTOP) is named once
+	// controld's time for it (3s) is up; nothing is stored.
+	ks1 := c.Keyservers[0]
+	if err := ks1.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	_, v4Cert, v4Key := c.site("v4", time.Time{}, time.Time{})
+	frozen := time.Now()
+	r = c.tg(c.Token, "cert", "upload", "--name", "www", "--cert", v4Cert, "--key", v4Key)
+	hung := time.Since(frozen)
+	if err := ks1.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if r.code == 0 || !strings.Contains(r.stderr, ks1.Addr) || !strings.Contains(r.stderr, "keyserver_failed") {
+		t.Errorf("upload with %s frozen: want keyserver_failed naming %s, got %v", ks1.Node, ks1.Addr, r)
+	}
+	t.Logf("upload with %s frozen refused after %v", ks1.Node, hung.Round(time.Millisecond))
+	if n := c.versions(); n != 2 {
+		t.Errorf("%d versions of www stored after the upload to a frozen keyserver, want 2", n)
+	}
+
 	// A keyserver down during an upload (killed, as a crash): nothing stored, the
 	// error names it.
 	ks2 := c.Keyservers[1]
 	ks2.Kill()
 	killed := time.Now()
-	_, v4Cert, v4Key := c.site("v4", time.Time{}, time.Time{})
 	r = c.tg(c.Token, "cert", "upload", "--name", "www", "--cert", v4Cert, "--key", v4Key)
 	if r.code == 0 || !strings.Contains(r.stderr, ks2.Addr) {
 		t.Errorf("upload with %s stopped: want a failure naming %s, got %v", ks2.Node, ks2.Addr, r)

@@ -643,5 +643,14 @@ func (p *Proc) Kill() {
 	p.p = nil
 }
 
+// Signal sends sig to the running process (SIGSTOP freezes it, SIGCONT lets it
+// go on).
+func (p *Proc) Signal(sig os.Signal) error {
+	if p == nil || p.p == nil {
+		return fmt.Errorf("%s is not running", p.Name)
+	}
+	return p.p.Signal(sig)
+}
+
 // LogTail returns the last n lines of the process's log.
 func (p *Proc) LogTail(n int) string { return proc.Tail(p.Log, n) }
