@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -14,6 +15,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/big"
 	"net/http"
@@ -278,9 +280,10 @@ func (c *controlCluster) curl(l *cluster.L7, path string) (echo, error) {
 	return e, nil
 }
 
-// checkRequests sends a request through each l7d with curl and, unless noH3, one
-// over HTTP/3 with quic-go's client; each must reach the backend.
-func (c *controlCluster) checkRequests(what string, h3 bool) {
+// checkRequests sends a request through each l7d with curl and, with h3, one over
+// HTTP/3 with quic-go's client, whose QUIC handshake must be served s; each must
+// reach the backend.
+func (c *controlCluster) checkRequests(what string, h3 bool, s *cluster.SiteCert) {
 	c.t.Helper()
 	for _, l := range c.L7 {
 		if !l.Running() {
@@ -313,6 +316,9 @@ func (c *controlCluster) checkRequests(what string, h3 bool) {
 		tr.Close()
 		if resp.ProtoMajor != 3 || resp.StatusCode != 200 || he.Path != "/h3-"+l.Node {
 			c.t.Errorf("%s: HTTP/3 through %s: %s %d, the backend saw %+v", what, l.Name, resp.Proto, resp.StatusCode, he)
+		}
+		if resp.TLS == nil || len(resp.TLS.PeerCertificates) == 0 || resp.TLS.PeerCertificates[0].SerialNumber.Cmp(s.Serial()) != 0 {
+			c.t.Errorf("%s: HTTP/3 through %s: the QUIC handshake was not served serial %x", what, l.Name, s.Serial())
 		}
 	}
 }
@@ -436,6 +442,22 @@ func (c *controlCluster) checkKeyNowhere(sites ...*cluster.SiteCert) {
 	}
 }
 
+// getOn sends GET / for controlSite over HTTP/1.1 on conn and returns the status.
+func getOn(t *testing.T, conn *tls.Conn) int {
+	t.Helper()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(conn, "GET /old HTTP/1.1\r\nHost: "+controlSite+"\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
 // leafSHA256 is the hex SHA-256 of s's leaf, as nodes report their certificates.
 func leafSHA256(s *cluster.SiteCert) string {
 	sum := sha256.Sum256(s.Leaf.Raw)
@@ -462,7 +484,7 @@ func (c *controlCluster) startSite() *cluster.SiteCert {
 	}
 	c.waitServed(v1)
 	c.checkServed(v1)
-	c.checkRequests("applied with tgctl", true)
+	c.checkRequests("applied with tgctl", true, v1)
 	return v1
 }
 
@@ -478,13 +500,29 @@ func TestControlPlaneEmbedded(t *testing.T) {
 	// An l4d too where DPDK runs: fed the L4 objects applied with tgctl.
 	l4 := c.startL4()
 
-	// A new version: both l7d serve it to new handshakes.
+	// A new version: both l7d serve it to new handshakes (over TCP and QUIC); a
+	// connection made before goes on with version 1.
+	old, err := tls.Dial("tcp", c.L7[0].Listen, &tls.Config{RootCAs: c.SiteCA.Pool(), ServerName: controlSite, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
 	v2, v2Cert, v2Key := c.site("v2", time.Time{}, time.Time{})
 	upAt := time.Now()
 	c.upload(v2Cert, v2Key)
 	took := c.waitServed(v2)
 	t.Logf("version 2 served by both l7d %v after tgctl cert upload returned (%v with the upload)", took.Round(time.Millisecond), time.Since(upAt).Round(time.Millisecond))
 	c.checkServed(v2)
+	c.checkRequests("version 2", true, v2)
+	if code := getOn(t, old); code != 200 || old.ConnectionState().PeerCertificates[0].SerialNumber.Cmp(v1.Serial()) != 0 {
+		t.Errorf("the connection made before version 2: %d, want 200 on version 1's handshake", code)
+	}
+
+	// A rollback to version 1 is served, then version 2 again.
+	c.admin(0, "cert", "rollback", "www", "1")
+	c.waitServed(v1)
+	c.admin(0, "cert", "rollback", "www", "2")
+	c.waitServed(v2)
 
 	// tgctl nodes: the l7d with their certificate, the keyservers, all applied.
 	want := leafSHA256(v2)
@@ -641,7 +679,7 @@ vhosts:
 		}
 	}
 	c.checkServed(v2)
-	c.checkRequests("after the refused snapshot", false)
+	c.checkRequests("after the refused snapshot", false, v2)
 	c.admin(0, "apply", "-f", c.file("web2.yaml", []byte(c.siteObjects(""))))
 	c.waitNodes("applying again", func(n map[string]nodeRow) bool {
 		return n["l7-a"].State == "ok" && n["l7-b"].State == "ok"
@@ -771,7 +809,7 @@ func (c *controlCluster) storeOutage(s *cluster.SiteCert) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	c.checkServed(s)
-	c.checkRequests("with the store stopped", false)
+	c.checkRequests("with the store stopped", false, s)
 	l := c.L7[0]
 	if err := l.Stop(); err != nil {
 		c.t.Fatal(err)
@@ -785,7 +823,7 @@ func (c *controlCluster) storeOutage(s *cluster.SiteCert) {
 		c.t.Fatalf("restarted with the store down: %v\n%s", err, l.LogTail(30))
 	}
 	c.checkServed(s)
-	c.checkRequests("l7-a restarted with the store down", true)
+	c.checkRequests("l7-a restarted with the store down", true, s)
 	if !strings.Contains(l.LogTail(200), "cached snapshot") {
 		c.t.Errorf("%s's log does not say it applied its cached snapshot:\n%s", l.Name, l.LogTail(40))
 	}
