@@ -9,7 +9,7 @@ GOBIN      := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(GOBIN)/staticcheck
 BIN        := bin
-DEB_PACKAGES := softhsm2 opensc libdpdk-dev pkg-config openssl iproute2 curl procps nginx haproxy tshark ethtool etcd-server
+DEB_PACKAGES := softhsm2 opensc libdpdk-dev pkg-config openssl iproute2 curl procps nginx haproxy tshark ethtool etcd-server crowdsec
 DEMO_DIR   ?= $(CURDIR)/.demo
 # More tgdemo flags: make demo DEMO_FLAGS="-duration 30s"
 DEMO_FLAGS ?=
@@ -33,17 +33,21 @@ all: build
 
 # Debian packages (apt-get only when one is missing), staticcheck and Go modules. The
 # services some packages bring (nginx, haproxy: peers for the benchmarks; etcd: the
-# external store the control-plane tests start themselves) are not started: policy-rc.d
-# refuses that during the install, and they are disabled so a reboot does not start them.
+# external store the control-plane tests start themselves; crowdsec: the risk engine whose
+# Local API the crowdsec tests run themselves) are not started: policy-rc.d refuses that
+# during the install, and they are disabled so a reboot does not start them. crowdsec's
+# install registers with its online API unless that credentials file is already there, so
+# one saying it is not used is put there first (the machine may have no way out).
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "deps: installing $$missing"; \
 		if [ "$$(id -u)" != 0 ]; then echo "deps: must run as root to install: $$missing" >&2; exit 1; fi; \
 		guard=; if [ ! -e /usr/sbin/policy-rc.d ]; then guard=1; printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; fi; \
+		case " $$missing " in *" crowdsec "*) mkdir -p /etc/crowdsec; [ -s /etc/crowdsec/online_api_credentials.yaml ] || echo '# not registered with the online API' > /etc/crowdsec/online_api_credentials.yaml;; esac; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; rc=$$?; \
 		[ -n "$$guard" ] && rm -f /usr/sbin/policy-rc.d; \
-		if [ $$rc = 0 ] && command -v systemctl >/dev/null; then systemctl disable -q nginx haproxy etcd 2>/dev/null || true; fi; exit $$rc; \
+		if [ $$rc = 0 ] && command -v systemctl >/dev/null; then systemctl disable -q nginx haproxy etcd crowdsec 2>/dev/null || true; systemctl stop crowdsec 2>/dev/null || true; fi; exit $$rc; \
 	fi
 	@[ -x $(STATICCHECK) ] && $(STATICCHECK) -version 2>/dev/null | grep -q "$(STATICCHECK_VERSION:v%=%)" || { echo "deps: installing staticcheck $(STATICCHECK_VERSION)"; $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); }
 	@$(GO) mod download
