@@ -7,6 +7,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -382,17 +383,26 @@ func (c *controlCluster) checkKeyNowhere(sites ...*cluster.SiteCert) {
 	for i, s := range sites {
 		block, _ := pem.Decode(s.KeyPEM)
 		b64 := base64.StdEncoding.EncodeToString(block.Bytes)
-		scalar, err := s.Key.(*ecdsa.PrivateKey).Bytes()
-		if err != nil {
-			c.t.Fatal(err)
+		// The secret itself: an ECDSA key's scalar, an RSA key's first prime.
+		var secret []byte
+		switch k := s.Key.(type) {
+		case *ecdsa.PrivateKey:
+			var err error
+			if secret, err = k.Bytes(); err != nil {
+				c.t.Fatal(err)
+			}
+		case *rsa.PrivateKey:
+			secret = k.Primes[0].Bytes()
+		default:
+			c.t.Fatalf("key %d: a %T", i, s.Key)
 		}
 		needles = append(needles,
-			// The PEM's second line: the first is the same for every P-256 key.
+			// The PEM's second line: the first is the same for every key of a type.
 			needle{fmt.Sprintf("key %d PEM", i), []byte(b64[64:112])},
 			needle{fmt.Sprintf("key %d PKCS #8 DER", i), block.Bytes},
-			needle{fmt.Sprintf("key %d scalar", i), scalar},
-			needle{fmt.Sprintf("key %d scalar, hex", i), []byte(hex.EncodeToString(scalar))},
-			needle{fmt.Sprintf("key %d scalar, base64", i), []byte(base64.StdEncoding.EncodeToString(scalar)[:40])})
+			needle{fmt.Sprintf("key %d secret", i), secret},
+			needle{fmt.Sprintf("key %d secret, hex", i), []byte(hex.EncodeToString(secret))},
+			needle{fmt.Sprintf("key %d secret, base64", i), []byte(base64.StdEncoding.EncodeToString(secret)[:40])})
 	}
 	roots := []string{c.StoreDir, c.Controld.Dir}
 	for _, l := range c.L7 {
@@ -844,8 +854,9 @@ func (c *controlCluster) storeOutage(s *cluster.SiteCert) {
 
 // TestControlPlaneExternalEtcd runs the cluster on an external etcd (Debian's
 // etcd-server) that controld and every node reach: an upload served by both l7d
-// with its key nowhere but the tokens, the routing applied with tgctl serving, and
-// controld and etcd stopped while the l7d keep serving.
+// with its key nowhere but the tokens, the routing applied with tgctl serving, an
+// RSA certificate beside the ECDSA one of the same binding, and controld and etcd
+// stopped while the l7d keep serving.
 func TestControlPlaneExternalEtcd(t *testing.T) {
 	start := time.Now()
 	c := startControlCluster(t, true)
@@ -866,7 +877,43 @@ func TestControlPlaneExternalEtcd(t *testing.T) {
 	if nodes["l7-b"].Role != "l7d" || nodes["ks-1"].Role != "keyserverd" {
 		t.Errorf("tgctl nodes: %+v", nodes)
 	}
-	c.checkKeyNowhere(v1, v2)
+
+	// An RSA certificate of the same name beside the ECDSA one, in the same
+	// binding: each l7d serves a client the one it supports.
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsaSite, err := c.IssueSite(rsaKey, time.Time{}, time.Time{}, controlSite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.admin(0, "cert", "upload", "--name", "www-rsa", "--cert", c.file("rsa.pem", rsaSite.ChainPEM), "--key", c.file("rsa.key", rsaSite.KeyPEM))
+	both := strings.Replace(c.siteObjects(""), "certificates: [www]", "certificates: [www, www-rsa]", 1)
+	c.admin(0, "apply", "-f", c.file("both.yaml", []byte(both)))
+	suites := map[string]uint16{"ecdsa": tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, "rsa": tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256}
+	want := map[string]*big.Int{"ecdsa": v2.Serial(), "rsa": rsaSite.Serial()}
+	for _, l := range c.L7 {
+		for _, kt := range []string{"rsa", "ecdsa"} {
+			var got *big.Int
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				conn, err := tls.Dial("tcp", l.Listen, &tls.Config{RootCAs: c.SiteCA.Pool(), ServerName: controlSite,
+					MaxVersion: tls.VersionTLS12, CipherSuites: []uint16{suites[kt]}})
+				if err == nil {
+					got = conn.ConnectionState().PeerCertificates[0].SerialNumber
+					conn.Close()
+					if got.Cmp(want[kt]) == 0 {
+						break
+					}
+				}
+			}
+			if got == nil || got.Cmp(want[kt]) != 0 {
+				t.Errorf("%s: a TLS 1.2 client of %s suites only was served serial %x, want %x", l.Name, kt, got, want[kt])
+			}
+		}
+	}
+
+	c.checkKeyNowhere(v1, v2, rsaSite)
 	c.storeOutage(v2)
 	t.Logf("the whole test took %v", time.Since(start).Round(time.Millisecond))
 }
