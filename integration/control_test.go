@@ -356,16 +356,17 @@ func (c *controlCluster) nodes() map[string]nodeRow {
 	return out
 }
 
-// waitNodes polls tgctl nodes until ok holds, at most 20s.
+// waitNodes polls tgctl nodes until ok holds, at most 30s (a lease is 10s, and
+// renewed when the store restarts).
 func (c *controlCluster) waitNodes(what string, ok func(map[string]nodeRow) bool) map[string]nodeRow {
 	c.t.Helper()
 	var n map[string]nodeRow
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		if n = c.nodes(); ok(n) {
 			return n
 		}
 	}
-	c.t.Fatalf("tgctl nodes: still not %s after 20s: %+v", what, n)
+	c.t.Fatalf("tgctl nodes: still not %s after 30s: %+v", what, n)
 	return nil
 }
 
