@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -77,6 +78,9 @@ type Status struct {
 	Started time.Time `json:"started"`
 	// Certificates are the certificates the node serves (Config.Certificates).
 	Certificates []CertInUse `json:"certificates,omitempty"`
+	// Blacklists are the versions of the blacklists the node enforces, by list
+	// name (Config.Blacklists, control/blsync's Follower.Versions).
+	Blacklists map[string]int64 `json:"blacklists,omitempty"`
 	// Updated is when the status last changed.
 	Updated time.Time `json:"updated"`
 }
@@ -111,6 +115,12 @@ type Config struct {
 	// certificates changed other than by an Apply, Agent.Report writes them. It
 	// must be safe to call from the agent's goroutines. Default none.
 	Certificates func() []CertInUse
+
+	// Blacklists returns the versions of the blacklists the node enforces, by list
+	// name (control/blsync's Follower.Versions), reported in its status. It is
+	// called at each write of the status; Agent.Report writes them after they
+	// changed. It must be safe to call from the agent's goroutines. Default none.
+	Blacklists func() map[string]int64
 
 	// CacheFile keeps the last snapshot applied, with its revision, so that a start
 	// while the store cannot be reached applies it. Default none: nothing is kept,
@@ -203,9 +213,27 @@ func (a *Agent) Status() Status {
 // changed since it was last written: for a node whose certificates change other
 // than by an Apply (a file reload). It returns at once; the write follows.
 func (a *Agent) Report() {
-	if a.refreshCertificates() {
+	certs := a.refreshCertificates()
+	if a.refreshBlacklists() || certs {
 		a.signal()
 	}
+}
+
+// refreshBlacklists takes the versions from Config.Blacklists into the status and
+// reports whether they changed.
+func (a *Agent) refreshBlacklists() bool {
+	if a.cfg.Blacklists == nil {
+		return false
+	}
+	bl := a.cfg.Blacklists()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if maps.Equal(bl, a.status.Blacklists) {
+		return false
+	}
+	a.status.Blacklists = maps.Clone(bl)
+	a.status.Updated = time.Now()
+	return true
 }
 
 // refreshCertificates takes the certificates from Config.Certificates into the
@@ -696,6 +724,7 @@ func (a *Agent) reportLease(ctx context.Context, cli *clientv3.Client) error {
 	key, seen := StatusKey(a.cfg.Node), SeenKey(a.cfg.Node)
 	put := func() error {
 		a.refreshCertificates()
+		a.refreshBlacklists()
 		data, err := json.Marshal(a.Status())
 		if err != nil {
 			return err
