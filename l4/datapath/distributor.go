@@ -16,6 +16,7 @@ import (
 	"github.com/tiergate/tiergate/l4/conntrack"
 	"github.com/tiergate/tiergate/l4/packet"
 	"github.com/tiergate/tiergate/l4/port"
+	"github.com/tiergate/tiergate/policy/blacklist"
 )
 
 // Options are how a Distributor runs, as opposed to what it forwards (Config).
@@ -60,6 +61,9 @@ type Distributor struct {
 	log     *slog.Logger
 	snap    atomic.Pointer[snapshot]
 	workers []*worker
+	// bl is the blacklists in force (SetBlacklists), nil for none; the workers
+	// read it for every packet to a VIP.
+	bl atomic.Pointer[[]*blacklist.List]
 
 	ctlFrames  chan ctlFrame // from workers to the control goroutine
 	ctlTx      chan ctlFrame // from the control goroutine to worker 0, to transmit
@@ -293,4 +297,36 @@ func (d *Distributor) Config() Config {
 	var cfg Config
 	_ = d.do(func(c *control) { cfg = c.cfg })
 	return cfg
+}
+
+// SetBlacklists puts lists in force: every packet to a VIP whose source is on one of
+// them is dropped, counted as blacklisted (and as a packet hit of the list that has
+// it, blacklist.SourcePacket), before anything else is done with it: no rule lookup,
+// no connection-table entry, nothing tunnelled, so a listed client never costs a
+// member a handshake. The check is made for every packet, not only for new flows, so
+// an established flow of a source listed later is cut at its next packet (its entry is
+// left to time out, and the flow resumes if the source is taken off the list before).
+// Replies from members are not checked. A list's contents change under it
+// (blacklist.List swaps its Set); lists stay in force until the next call. No lists
+// (or only nil ones) means no check.
+func (d *Distributor) SetBlacklists(lists ...*blacklist.List) {
+	var in []*blacklist.List
+	for _, l := range lists {
+		if l != nil {
+			in = append(in, l)
+		}
+	}
+	if len(in) == 0 {
+		d.bl.Store(nil)
+		return
+	}
+	d.bl.Store(&in)
+}
+
+// Blacklists returns the lists SetBlacklists put in force.
+func (d *Distributor) Blacklists() []*blacklist.List {
+	if p := d.bl.Load(); p != nil {
+		return append([]*blacklist.List(nil), *p...)
+	}
+	return nil
 }

@@ -24,6 +24,13 @@
 //     tunnelled untouched (GRE or IPIP, over IPv4 or IPv6; GRE with the tunnel key
 //     when one is configured) to the member, except the MSS of a SYN, clamped so that
 //     full segments fit the internal MTU once encapsulated.
+//   - Blacklists (Distributor.SetBlacklists, policy/blacklist Lists): a packet to a
+//     VIP whose source is on one is dropped before anything else (blacklisted, and a
+//     packet hit of the list), so a listed client never costs a member a handshake.
+//     Every packet is checked, not only a flow's first: an established flow of a
+//     source listed later is cut at its next packet, and resumes if the source is
+//     taken off before its entry times out. A lookup reads the list's Set in force
+//     without a lock (one atomic load, an index entry and a short search).
 //   - A packet that does not fit the tunnel is dropped (too_big); when it may not be
 //     fragmented (IPv4 DF, IPv6) the LD answers it, as a router does, with
 //     fragmentation needed or packet too big from its external address, carrying

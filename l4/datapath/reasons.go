@@ -34,6 +34,7 @@ const (
 	resReturnBadKey    // without the configured GRE key, or with another
 	resReturnNoFlow    // a reply to no flow in the connection table
 	resV4Mapped        // an IPv6 packet with an IPv4-mapped address (::ffff:a.b.c.d)
+	resBlacklisted     // to a VIP from a source on a blacklist (Distributor.SetBlacklists)
 	numResults
 )
 
@@ -61,6 +62,7 @@ var resultNames = [numResults]string{
 	resReturnBadKey:    "return_bad_key",
 	resReturnNoFlow:    "return_no_flow",
 	resV4Mapped:        "v4mapped",
+	resBlacklisted:     "blacklisted",
 }
 
 func (r result) String() string { return resultNames[r] }

@@ -10,6 +10,7 @@ import (
 	"github.com/tiergate/tiergate/l4/packet"
 	"github.com/tiergate/tiergate/l4/port"
 	"github.com/tiergate/tiergate/l4/sched"
+	"github.com/tiergate/tiergate/policy/blacklist"
 	"github.com/tiergate/tiergate/wire"
 )
 
@@ -338,6 +339,10 @@ func (w *worker) handle(s *snapshot, b *port.Buf, p *packet.Packet, perr error, 
 // toVIP handles a packet addressed to a VIP: it finds the flow's member and
 // tunnels the packet to it.
 func (w *worker) toVIP(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet, dst [16]byte, h uint64) verdict {
+	if bl := w.d.bl.Load(); bl != nil && blocked(*bl, p.Src) {
+		w.count(dirIn, resBlacklisted)
+		return vDrop
+	}
 	if p.Fragment {
 		r := s.fragRules[ruleKey{addr: dst, proto: p.Proto}]
 		if r == nil {
@@ -383,6 +388,18 @@ func (w *worker) toVIP(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet,
 		return vDrop
 	}
 	return w.forward(s, b, p, r, id)
+}
+
+// blocked reports whether src is on one of the lists, and counts the hit on the
+// first list that has it.
+func blocked(lists []*blacklist.List, src netip.Addr) bool {
+	for _, l := range lists {
+		if l.Contains(src) {
+			l.Hit(blacklist.SourcePacket)
+			return true
+		}
+	}
+	return false
 }
 
 // flowMember finds the flow (client, clientPort) of rule r in the table, or

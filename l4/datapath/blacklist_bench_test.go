@@ -1,0 +1,58 @@
+package datapath
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/tiergate/tiergate/policy/blacklist"
+)
+
+// randomList is a list of n random IPv4 addresses, none in 10.0.0.0/8 (where the
+// benchmarks' clients are).
+func randomList(n int, seed uint64) *blacklist.List {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	var bld blacklist.Builder
+	for bld.Len() < n {
+		v := rng.Uint32()
+		if v>>24 == 10 {
+			continue
+		}
+		bld.AddAddr(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), time.Time{})
+	}
+	l := blacklist.NewList(blacklist.GlobalName, blacklist.Options{})
+	l.Replace(bld.Build())
+	return l
+}
+
+// BenchmarkPollEstablishedBlacklist1M is BenchmarkPollEstablished with a 1M-entry
+// IPv4 list in force that none of the sources is on: every packet is looked up.
+func BenchmarkPollEstablishedBlacklist1M(b *testing.B) {
+	const flows = 1 << 20
+	w, _ := benchWorker(b, 2*flows)
+	w.d.SetBlacklists(randomList(1_000_000, 7))
+	t := &testing.T{}
+	syn := newGenPort(tcp4(t, vip, 40000, vip, 443, true, false, nil), flows, 32)
+	sink := newGenPort(nil, 0, 0)
+	w.ext, w.int, w.onePort = syn, sink, false
+	for range flows / 32 {
+		w.poll(syn, vExt)
+	}
+	if got := w.table.Len(); got != flows {
+		b.Fatalf("%d flows in the table, want %d", got, flows)
+	}
+	ack := newGenPort(tcp4(t, vip, 40000, vip, 443, false, true, nil), flows, 32)
+	runtime.GC()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N / 32 {
+		w.poll(ack, vExt)
+	}
+	b.StopTimer()
+	if sink.sent < uint64(b.N/32*32) {
+		b.Fatalf("forwarded %d of %d", sink.sent, b.N)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds()/1e6, "Mpps")
+}
