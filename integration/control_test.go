@@ -646,6 +646,26 @@ vhosts:
 		t.Errorf("a viewer listing nodes: %v", r)
 	}
 
+	// The history says who wrote the newest revision, and what.
+	var revs struct {
+		Revisions []struct {
+			Revision int64  `json:"revision"`
+			Who      string `json:"who"`
+			Changes  []struct {
+				Op, Kind, Name string
+			} `json:"changes"`
+		} `json:"revisions"`
+	}
+	r = c.admin(0, "revisions", "--limit", "1", "-o", "json")
+	if err := json.Unmarshal([]byte(r.stdout), &revs); err != nil || len(revs.Revisions) != 1 {
+		t.Fatalf("revisions -o json: %v\n%s", err, r)
+	}
+	before := revs.Revisions[0]
+	adminName, _, _ := strings.Cut(c.Token, ".")
+	if before.Who != adminName || len(before.Changes) == 0 || before.Changes[0].Kind != "pools" || before.Changes[0].Name != "spare" {
+		t.Errorf("the newest revision is %+v, want the admin token's (%s) write of pools/spare", before, adminName)
+	}
+
 	// A snapshot the nodes refuse (a listener change that takes a restart): each
 	// l7d reports why, the rollout says refused, and the old one keeps serving.
 	r = c.admin(0, "apply", "-f", c.file("restart.yaml", []byte(c.siteObjects("max_conns: 7\n"))), "-o", "json")
@@ -691,10 +711,19 @@ vhosts:
 	}
 	c.checkServed(v2)
 	c.checkRequests("after the refused snapshot", false, v2)
-	c.admin(0, "apply", "-f", c.file("web2.yaml", []byte(c.siteObjects(""))))
+	// tgctl diff sees the listener's change; a rollback to the revision before it
+	// is applied by both l7d, after which the file no longer differs.
+	web := filepath.Join(c.dir, "web.yaml")
+	if r := c.tg(c.Token, "diff", "-f", web); r.code != 1 || !strings.Contains(r.stdout, "max_conns") {
+		t.Errorf("diff -f web.yaml with the listener changed: want exit 1 showing max_conns, got %v", r)
+	}
+	c.admin(0, "rollback", fmt.Sprint(before.Revision))
 	c.waitNodes("applying again", func(n map[string]nodeRow) bool {
 		return n["l7-a"].State == "ok" && n["l7-b"].State == "ok"
 	})
+	if r := c.tg(c.Token, "diff", "-f", web); r.code != 0 {
+		t.Errorf("diff -f web.yaml after the rollback: want exit 0, got %v", r)
+	}
 
 	// A keyserver that hangs during an upload (frozen with SIGSTOP) is named once
 	// controld's time for it (3s) is up; nothing is stored.
