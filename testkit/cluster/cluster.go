@@ -45,12 +45,14 @@ import (
 // Options say what Start starts. The zero value of every optional field means its
 // documented default.
 type Options struct {
-	// Bin is the directory holding controld, keyserverd and l7d. Required.
+	// Bin is the directory holding controld, keyserverd and l7d (and l4d for
+	// AddL4). Required.
 	Bin string
 
 	// Dir is where everything is written (configuration, state, logs, the store's
 	// data); the caller removes it. Its path must leave room for the embedded
-	// etcd's unix socket (Dir/controld/store/etcd.sock within 107 bytes). Required.
+	// etcd's unix socket (Dir/controld/data/store/etcd.sock within 107 bytes).
+	// Required.
 	Dir string
 
 	// ExternalEtcd starts an etcd process (EtcdBin) on loopback and points
@@ -87,7 +89,7 @@ type Cluster struct {
 	// 127.0.0.1), the CA the clients trust, and the client CA that issues the l7d
 	// nodes' ("l7-node") and controld's ("tiergate-controld") certificates.
 	KeyserverPKI *testpki.MutualTLS
-	// SiteCA issues the certificates a caller uploads (Site); SiteCAFile is its
+	// SiteCA issues the certificates a caller uploads (IssueSite); SiteCAFile is its
 	// certificate (PEM), for curl and openssl.
 	SiteCA     *testpki.CA
 	SiteCAFile string
