@@ -28,6 +28,7 @@ import (
 	"github.com/tiergate/tiergate/control/api"
 	"github.com/tiergate/tiergate/control/certupload"
 	"github.com/tiergate/tiergate/control/store"
+	"github.com/tiergate/tiergate/control/ui"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 )
@@ -57,6 +58,9 @@ flags (both commands; each overrides the -config file's setting):
                          http://127.0.0.1:2379; default none (its unix socket only)
   -log-level LEVEL       debug, info, warn or error; default info
   -lame-duck DURATION    on SIGTERM, answer /healthz 503 this long before stopping; default 0
+  -prometheus URL        the /ui dashboard's figures from this Prometheus server (PromQL over
+                         its HTTP API) instead of scraping the nodes; default none
+  -ui-scrape-interval D  the /ui dashboard's scrape interval of the nodes; default 2s
 `
 
 // DefaultListen is the API's address unless -listen says otherwise.
@@ -101,6 +105,12 @@ type Config struct {
 	// keyserver/client's timeouts; certupload.KeyserversConfig). Default none:
 	// uploads are refused.
 	Keyservers *certupload.KeyserversConfig `yaml:"keyservers" json:"keyservers,omitempty"`
+	// Prometheus is a Prometheus server's URL the /ui dashboard queries (control/ui)
+	// instead of scraping the nodes' metrics itself. Default none.
+	Prometheus string `yaml:"prometheus,omitempty" json:"prometheus,omitempty"`
+	// UIScrapeInterval is how often the /ui dashboard scrapes the nodes ("2s").
+	// Default 2s (ui.DefaultInterval).
+	UIScrapeInterval config.Duration `yaml:"ui_scrape_interval,omitempty" json:"ui_scrape_interval,omitempty"`
 }
 
 // Defaults fills in the default of every field left zero.
@@ -274,6 +284,8 @@ func flagSet(command string, c *Config, file *string, out io.Writer) (*flag.Flag
 	fs.StringVar(&c.EtcdListen, "etcd-listen", c.EtcdListen, "loopback `URL` the embedded etcd also serves, for nodes")
 	fs.StringVar(&c.LogLevel, "log-level", level, "log `level`")
 	fs.TextVar(&c.LameDuck, "lame-duck", c.LameDuck, "lame-duck `duration`")
+	fs.StringVar(&c.Prometheus, "prometheus", c.Prometheus, "Prometheus server `URL` for the /ui dashboard")
+	fs.TextVar(&c.UIScrapeInterval, "ui-scrape-interval", c.UIScrapeInterval, "/ui scrape `interval`")
 	return fs, func() {
 		c.Endpoints = nil
 		for _, e := range strings.Split(endpoints, ",") {
@@ -426,6 +438,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		io.WriteString(w, "ok\n")
 	})
 	mux.Handle("/", srv)
+	if err := ui.Mount(ctx, mux, ui.Config{Tokens: srv.Tokens(), Store: st, Prometheus: d.Config.Prometheus, Interval: d.Config.UIScrapeInterval.D(), Logger: d.Log}); err != nil {
+		return fmt.Errorf("the /ui dashboard: %w", err)
+	}
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsConf}
 	served := make(chan error, 1)
 	if tlsConf != nil {
