@@ -147,7 +147,7 @@ func (o *options) rootCommand() *cobra.Command {
 	root.AddCommand(
 		o.getCommand(), o.deleteCommand(), o.applyCommand(), o.diffCommand(),
 		o.revisionsCommand(), o.diffRevisionsCommand(), o.rollbackCommand(), o.rolloutCommand(),
-		o.nodesCommand(), o.certCommand(), o.tokenCommand(),
+		o.nodesCommand(), o.certCommand(), o.tokenCommand(), o.topCommand(),
 	)
 	return root
 }
