@@ -9,7 +9,7 @@ GOBIN      := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(GOBIN)/staticcheck
 BIN        := bin
-DEB_PACKAGES := softhsm2 opensc libdpdk-dev pkg-config openssl iproute2 curl procps nginx haproxy tshark ethtool etcd-server crowdsec
+DEB_PACKAGES := softhsm2 opensc libdpdk-dev pkg-config openssl iproute2 curl procps nginx haproxy tshark ethtool etcd-server crowdsec prometheus chromium
 DEMO_DIR   ?= $(CURDIR)/.demo
 # More tgdemo flags: make demo DEMO_FLAGS="-duration 30s"
 DEMO_FLAGS ?=
@@ -27,7 +27,7 @@ ifneq ($(STDPATCH_OVERLAY),)
 export GOFLAGS := $(strip $(GOFLAGS) -overlay=$(STDPATCH_OVERLAY) -tags=tiergate_stdpatch)
 endif
 
-.PHONY: all build deps test stdpatch-check vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 bench-control demo clean vuln
+.PHONY: all build deps ui-assets test stdpatch-check vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 bench-control demo clean vuln
 
 all: build
 
@@ -47,10 +47,26 @@ deps:
 		case " $$missing " in *" crowdsec "*) mkdir -p /etc/crowdsec; [ -s /etc/crowdsec/online_api_credentials.yaml ] || echo '# not registered with the online API' > /etc/crowdsec/online_api_credentials.yaml;; esac; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; rc=$$?; \
 		[ -n "$$guard" ] && rm -f /usr/sbin/policy-rc.d; \
-		if [ $$rc = 0 ] && command -v systemctl >/dev/null; then systemctl disable -q nginx haproxy etcd crowdsec 2>/dev/null || true; systemctl stop crowdsec 2>/dev/null || true; fi; exit $$rc; \
+		if [ $$rc = 0 ] && command -v systemctl >/dev/null; then systemctl disable -q nginx haproxy etcd crowdsec prometheus 2>/dev/null || true; systemctl stop crowdsec prometheus 2>/dev/null || true; fi; exit $$rc; \
 	fi
 	@[ -x $(STATICCHECK) ] && $(STATICCHECK) -version 2>/dev/null | grep -q "$(STATICCHECK_VERSION:v%=%)" || { echo "deps: installing staticcheck $(STATICCHECK_VERSION)"; $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); }
 	@$(GO) mod download
+
+# controld's /ui page draws with uPlot, vendored in control/ui/assets so that go build
+# needs neither npm nor a network. This fetches the same npm package again from the
+# registry (npm pack), checks the tarball against the integrity control/ui/server.go
+# records (UPlotIntegrity) and its files against their SHA-256 (TestAssetsPinned).
+UPLOT_VERSION = $(shell sed -n 's/.*UPlotVersion *= *"\(.*\)"/\1/p' control/ui/server.go)
+ui-assets:
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cd "$$tmp" && \
+	npm pack --silent uplot@$(UPLOT_VERSION) >/dev/null && \
+	want=$$(sed -n 's/.*UPlotIntegrity *= *"\(.*\)"/\1/p' $(CURDIR)/control/ui/server.go) && \
+	got="sha512-$$(openssl dgst -sha512 -binary uplot-$(UPLOT_VERSION).tgz | base64 -w0)" && \
+	if [ "$$got" != "$$want" ]; then echo "ui-assets: uplot $(UPLOT_VERSION) from npm is $$got, not $$want" >&2; exit 1; fi && \
+	tar xzf uplot-$(UPLOT_VERSION).tgz && \
+	cp package/dist/uPlot.iife.min.js package/dist/uPlot.min.css $(CURDIR)/control/ui/assets/ && \
+	cp package/LICENSE $(CURDIR)/control/ui/assets/uPlot.LICENSE
+	$(GO) test -count=1 -run TestAssetsPinned ./control/ui
 
 build:
 	@mkdir -p $(BIN)
