@@ -27,6 +27,7 @@ import (
 
 	"github.com/tiergate/tiergate/control/api"
 	"github.com/tiergate/tiergate/control/certupload"
+	"github.com/tiergate/tiergate/control/crowdsec"
 	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/control/ui"
 	"github.com/tiergate/tiergate/internal/config"
@@ -42,7 +43,8 @@ commands:
 flags (both commands; each overrides the -config file's setting):
   -config FILE           a YAML file of these settings (data_dir, listen, tls_cert_file,
                          tls_key_file, etcd_endpoints, etcd_cert_file, etcd_key_file,
-                         etcd_ca_file, etcd_listen, log_level, lame_duck, keyservers)
+                         etcd_ca_file, etcd_listen, log_level, lame_duck, keyservers,
+                         crowdsec)
   -data-dir DIR          state: the embedded etcd (DIR/store) and the first admin token
                          (DIR/admin.token); default /var/lib/tiergate/controld
   -listen ADDR           the API's address; default 127.0.0.1:7443. Not loopback: only
@@ -105,6 +107,12 @@ type Config struct {
 	// keyserver/client's timeouts; certupload.KeyserversConfig). Default none:
 	// uploads are refused.
 	Keyservers *certupload.KeyserversConfig `yaml:"keyservers" json:"keyservers,omitempty"`
+	// CrowdSec makes controld a bouncer of CrowdSec's Local API keeping a
+	// blacklist in step with its decisions (the crowdsec section: lapi_url,
+	// api_key_file, list, poll_interval, types, origins, scenarios_containing,
+	// scenarios_not_containing, ca_file, timeout, max_answer_bytes;
+	// crowdsec.Config). Default none.
+	CrowdSec *crowdsec.Config `yaml:"crowdsec" json:"crowdsec,omitempty"`
 	// Prometheus is a Prometheus server's URL the /ui dashboard queries (control/ui)
 	// instead of scraping the nodes' metrics itself. Default none.
 	Prometheus string `yaml:"prometheus,omitempty" json:"prometheus,omitempty"`
@@ -123,6 +131,9 @@ func (c *Config) Defaults() {
 	}
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
+	}
+	if c.CrowdSec != nil {
+		c.CrowdSec.Defaults()
 	}
 }
 
@@ -183,6 +194,13 @@ func (c *Config) Validate() error {
 	if c.Keyservers != nil {
 		if err := c.Keyservers.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("keyservers: %w", err))
+		}
+	}
+	if c.CrowdSec != nil {
+		var ck config.Checker
+		ck.Nest("crowdsec", c.CrowdSec.Validate())
+		if err := ck.Err(); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
@@ -306,6 +324,7 @@ type Daemon struct {
 	daemon.Base
 	addr          net.Addr
 	nodeEndpoints []string
+	crowdsec      *crowdsec.Bouncer
 }
 
 // nodeEndpoints returns the URLs of the store nodes use: an external cluster's
@@ -360,6 +379,10 @@ func (d *Daemon) Check(stdout io.Writer) error {
 		fmt.Fprintf(stdout, "keyservers (a certificate's key is imported into each): %s\n", strings.Join(ks.Servers, ", "))
 	} else {
 		fmt.Fprintf(stdout, "keyservers: none (certificate uploads are refused)\n")
+	}
+	if cs := d.Config.CrowdSec; cs != nil {
+		fmt.Fprintf(stdout, "crowdsec: a bouncer of %s keeping blacklist %s in step with its %s decisions, pulled every %s\n",
+			cs.LAPIURL, cs.List, strings.Join(cs.Types, ", "), cs.PollInterval)
 	}
 	return nil
 }
@@ -422,6 +445,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return fmt.Errorf("writing the first admin token: %w", err)
 		}
 		d.Log.Warn("generated the first admin token (role admin); keep it, it is not stored in clear anywhere else", "path", path)
+	}
+	if d.Config.CrowdSec != nil {
+		stop, err := d.startCrowdSec(ctx, st)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	ln, err := net.Listen("tcp", d.Config.Listen)
 	if err != nil {

@@ -33,7 +33,9 @@ type Config struct {
 	// listens by default (https with CAFile or the system's roots). Required.
 	LAPIURL string `yaml:"lapi_url" json:"lapi_url"`
 	// APIKeyFile holds the bouncer's API key, the line `cscli bouncers add
-	// tiergate` prints. Required.
+	// tiergate` prints. Required. The Local API remembers each key's last pull
+	// and sends the next changes once: several controld need a key each
+	// (tiergate-<host>), each then writing the same changes, which is harmless.
 	APIKeyFile string `yaml:"api_key_file" json:"api_key_file"`
 	// CAFile is the CA the Local API's certificate chains to, for an https
 	// LAPIURL. Default the system's roots.
