@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/policy/blacklist"
 )
 
@@ -115,6 +116,66 @@ func decodeStream(data []byte) (*Stream, error) {
 		return nil, &AnswerError{Status: 200, Reason: fmt.Sprintf("more than %d decisions", MaxDecisions)}
 	}
 	return &s, nil
+}
+
+// DecodePush reads decisions pushed to Tiergate's API: a stream as the Local
+// API answers it ({"new":[…],"deleted":[…]}) or a JSON array of decisions, taken
+// as new ones; at most limit bytes (≤ 0: DefaultMaxAnswerBytes). Errors are
+// *AnswerError, as DecodeStream's.
+func DecodePush(r io.Reader, limit int64) (*Stream, error) {
+	if limit <= 0 {
+		limit = DefaultMaxAnswerBytes
+	}
+	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, &AnswerError{Reason: "reading the body: " + err.Error()}
+	}
+	if int64(len(data)) > limit {
+		return nil, &AnswerError{Reason: fmt.Sprintf("the body is over %d bytes", limit)}
+	}
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 || data[0] != '[' {
+		return decodeStream(data)
+	}
+	var ds []Decision
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&ds); err != nil {
+		return nil, &AnswerError{Reason: "decoding the decisions: " + err.Error()}
+	}
+	if dec.More() {
+		return nil, &AnswerError{Reason: "more than one JSON value in the body"}
+	}
+	if len(ds) > MaxDecisions {
+		return nil, &AnswerError{Reason: fmt.Sprintf("more than %d decisions", MaxDecisions)}
+	}
+	return &Stream{New: ds}, nil
+}
+
+// Check returns the problems of the decisions of scope Ip or Range in s, each
+// by its place ("new[3].value: …"), joined; nil when there is none. Decisions of
+// other scopes are not checked: they are skipped, as the Local API's are.
+func Check(s *Stream) error {
+	var ck config.Checker
+	for _, part := range []struct {
+		name string
+		ds   []Decision
+	}{{"new", s.New}, {"deleted", s.Deleted}} {
+		for i := range part.ds {
+			d := &part.ds[i]
+			_, _, err := d.Target(time.Time{})
+			switch err {
+			case errValue:
+				what := "an address"
+				if strings.EqualFold(d.Scope, "range") {
+					what = "a CIDR prefix"
+				}
+				ck.Addf(config.At(config.Index(part.name, i), "value"), "%q is not %s", d.Value, what)
+			case errDuration:
+				ck.Addf(config.At(config.Index(part.name, i), "duration"), "%q is not a duration (\"4h\", \"90s\")", d.Duration)
+			}
+		}
+	}
+	return ck.Err()
 }
 
 // snippet is the start of a body, for an error.
@@ -250,10 +311,11 @@ func (s Skipped) Total() int {
 // enforced by f is added with its expiry (at + its duration). A target both
 // deleted and new is therefore in the list after it. What is skipped is counted
 // in the returned Skipped; a deleted decision is never filtered by type or origin,
-// since removing what is not listed does nothing.
-func ToDelta(s *Stream, f *Filter, at time.Time) (*blacklist.Delta, Skipped) {
-	d := &blacklist.Delta{}
-	skipped := Skipped{}
+// since removing what is not listed does nothing. The reasons are the additions'
+// scenarios, one for each.
+func ToDelta(s *Stream, f *Filter, at time.Time) (d *blacklist.Delta, reasons []string, skipped Skipped) {
+	d = &blacklist.Delta{}
+	skipped = Skipped{}
 	for i := range s.Deleted {
 		p, _, err := s.Deleted[i].Target(at)
 		if err != nil && err != errDuration {
@@ -278,6 +340,7 @@ func ToDelta(s *Stream, f *Filter, at time.Time) (*blacklist.Delta, Skipped) {
 			continue
 		}
 		d.Add = append(d.Add, blacklist.Entry{Prefix: p, Expires: exp})
+		reasons = append(reasons, dec.Scenario)
 	}
-	return d, skipped
+	return d, reasons, skipped
 }

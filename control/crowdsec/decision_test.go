@@ -108,7 +108,7 @@ func TestToDelta(t *testing.T) {
 		Decision{ID: 7, Scope: "Ip", Value: "198.51.100.9", Type: "Ban", Origin: "CAPI"},
 	)
 	at := time.Now()
-	d, skipped := ToDelta(s, &Filter{}, at)
+	d, reasons, skipped := ToDelta(s, &Filter{}, at)
 	if len(d.Remove) != 1 || d.Remove[0] != netip.MustParsePrefix("198.51.100.7/32") {
 		t.Errorf("removals %v, want [198.51.100.7/32]", d.Remove)
 	}
@@ -117,6 +117,9 @@ func TestToDelta(t *testing.T) {
 	}
 	if got := d.Add[0].Expires.Sub(at); got != 2*time.Hour-979324614 {
 		t.Errorf("203.0.113.0/24 ends in %v, want its duration", got)
+	}
+	if len(reasons) != 2 || reasons[0] != "manual 'ban' from 'x'" || reasons[1] != "" {
+		t.Errorf("reasons %q, want the additions' scenarios", reasons)
 	}
 	if !d.Add[1].Expires.IsZero() {
 		t.Errorf("a decision without duration ends at %v, want never", d.Add[1].Expires)
@@ -131,15 +134,15 @@ func TestToDelta(t *testing.T) {
 		}
 	}
 	// Filters: origins and scenarios.
-	_, skipped = ToDelta(s, &Filter{Types: []string{"ban", "captcha"}, Origins: []string{"crowdsec"}}, at)
+	_, _, skipped = ToDelta(s, &Filter{Types: []string{"ban", "captcha"}, Origins: []string{"crowdsec"}}, at)
 	if skipped[SkipFilter] != 6 {
 		t.Errorf("origins crowdsec: skipped %v, want all 6 new filtered", skipped)
 	}
-	d, _ = ToDelta(s, &Filter{Types: []string{"captcha"}, ScenariosNotContaining: []string{"ban"}}, at)
+	d, _, _ = ToDelta(s, &Filter{Types: []string{"captcha"}, ScenariosNotContaining: []string{"ban"}}, at)
 	if len(d.Add) != 1 || d.Add[0].Prefix.String() != "2001:db8::5/128" {
 		t.Errorf("captcha only: additions %v, want 2001:db8::5/128", d.Add)
 	}
-	d, _ = ToDelta(s, &Filter{ScenariosContaining: []string{"nothing"}}, at)
+	d, _, _ = ToDelta(s, &Filter{ScenariosContaining: []string{"nothing"}}, at)
 	if len(d.Add) != 0 {
 		t.Errorf("scenarios containing nothing: additions %v", d.Add)
 	}
@@ -152,7 +155,7 @@ func TestToDeltaDeletionsFirst(t *testing.T) {
 		New:     []Decision{{ID: 2, Scope: "Ip", Value: "198.51.100.7", Type: "ban", Duration: "1h"}},
 		Deleted: []Decision{{ID: 1, Scope: "Ip", Value: "198.51.100.7", Type: "ban", Duration: "-1s"}},
 	}
-	d, _ := ToDelta(s, &Filter{}, time.Now())
+	d, _, _ := ToDelta(s, &Filter{}, time.Now())
 	l := blacklist.NewList("t", blacklist.Options{})
 	if err := l.Apply(d); err != nil {
 		t.Fatal(err)
@@ -184,7 +187,10 @@ func FuzzDecodeStream(f *testing.F) {
 			}
 			return
 		}
-		d, skipped := ToDelta(s, &Filter{Types: []string{"ban", "captcha"}}, at)
+		d, reasons, skipped := ToDelta(s, &Filter{Types: []string{"ban", "captcha"}}, at)
+		if len(reasons) != len(d.Add) {
+			t.Fatalf("%d reasons for %d additions", len(reasons), len(d.Add))
+		}
 		if len(d.Add)+skipped.Total() > len(s.New)+len(s.Deleted) {
 			t.Fatalf("%d added and %d skipped of %d decisions", len(d.Add), skipped.Total(), len(s.New)+len(s.Deleted))
 		}
@@ -210,6 +216,84 @@ func FuzzDecodeStream(f *testing.F) {
 			if !set.ContainsAt(e.Prefix.Addr(), at) {
 				t.Fatalf("addition %v not in the set built of the additions", e.Prefix)
 			}
+		}
+	})
+}
+
+func TestDecodePushAndCheck(t *testing.T) {
+	s, err := DecodePush(strings.NewReader(` [{"value":"198.51.100.7","scope":"Ip","type":"ban","duration":"4h"}] `), 0)
+	if err != nil || len(s.New) != 1 || len(s.Deleted) != 0 || s.New[0].Value != "198.51.100.7" {
+		t.Fatalf("an array: %+v, %v", s, err)
+	}
+	s, err = DecodePush(strings.NewReader(lapiAnswer), 0)
+	if err != nil || len(s.New) != 3 || len(s.Deleted) != 1 {
+		t.Fatalf("a stream: %+v, %v", s, err)
+	}
+	if err := Check(s); err != nil {
+		t.Errorf("Check of the Local API's answer: %v", err)
+	}
+	for _, bad := range []struct{ body, says string }{
+		{`[{"value":1}]`, "decoding the decisions"},
+		{`[] []`, "more than one JSON value"},
+		{`"x"`, "not a JSON object"},
+	} {
+		_, err := DecodePush(strings.NewReader(bad.body), 0)
+		var ae *AnswerError
+		if !errors.As(err, &ae) || !strings.Contains(err.Error(), bad.says) {
+			t.Errorf("DecodePush(%q) = %v; want an *AnswerError saying %q", bad.body, err, bad.says)
+		}
+	}
+	s = &Stream{
+		New: []Decision{
+			{Scope: "Ip", Value: "198.51.100.7", Duration: "4h"},
+			{Scope: "Ip", Value: "198.51.100.0/24"},
+			{Scope: "Range", Value: "nope"},
+			{Scope: "Country", Value: "nope"},
+			{Scope: "Ip", Value: "198.51.100.8", Duration: "soon"},
+		},
+		Deleted: []Decision{{Scope: "ip", Value: "x"}},
+	}
+	err = Check(s)
+	want := []string{
+		`new[1].value: "198.51.100.0/24" is not an address`,
+		`new[2].value: "nope" is not a CIDR prefix`,
+		`new[4].duration: "soon" is not a duration`,
+		`deleted[0].value: "x" is not an address`,
+	}
+	if err == nil || strings.Count(err.Error(), "\n") != len(want)-1 {
+		t.Fatalf("Check = %v; want %d problems", err, len(want))
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("Check = %v; want %q", err, w)
+		}
+	}
+}
+
+func FuzzDecodePush(f *testing.F) {
+	for _, seed := range []string{lapiAnswer, `[]`, `[{"value":"2001:db8::1","scope":"Ip","type":"ban"}]`, `[{"value":"x","scope":"Range"}]`, `[`, `null`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := DecodePush(strings.NewReader(string(data)), 1<<20)
+		if err != nil {
+			var ae *AnswerError
+			if !errors.As(err, &ae) {
+				t.Fatalf("error %v is not an *AnswerError", err)
+			}
+			return
+		}
+		// Check passes exactly when no Ip or Range decision is skipped for its
+		// value or duration.
+		checked := Check(&Stream{New: s.New}) == nil
+		bad := 0
+		for i := range s.New {
+			if _, _, err := s.New[i].Target(time.Time{}); err == errValue || err == errDuration {
+				bad++
+			}
+		}
+		if checked != (bad == 0) {
+			t.Fatalf("Check passed %v with %d bad decisions", checked, bad)
 		}
 	})
 }

@@ -22,5 +22,8 @@
 // A Bouncer turns its first pull into one Replace of the list and each later
 // pull into one Delta (none when nothing changed) through a Sink, controld's
 // blacklist writer; after any failure it starts over with startup=true.
-// ToDelta turns a pushed stream into one Delta with no memory of earlier ones.
+// For pushes to Tiergate's API, DecodePush reads the same stream or an array of
+// new decisions, Check names each bad value or duration by its place
+// ("new[3].value"), and ToDelta turns the stream into one Delta, with no memory
+// of earlier ones, and the additions' scenarios as their reasons.
 package crowdsec
