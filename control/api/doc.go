@@ -51,6 +51,20 @@
 //	DELETE /v1/nodes/{name}          admin: forget a lost node (its seen record); 409
 //	                                 "exists" while it reports
 //
+// Blacklists (blacklists.go, stored by control/blsync outside the objects'
+// prefix), written by admin or risk-engine, read by any token:
+//
+//	PUT  /v1/blacklists/{name}        a whole list: text, binary, gzip, or NDJSON
+//	                                  (application/x-ndjson); over AsyncEntries
+//	                                  entries 202 with an operation, else 200 stored
+//	POST /v1/blacklists/{name}/delta  NDJSON lines {ip|cidr, expires|duration,
+//	                                  reason, op} or text delta lines (+/-)
+//	GET  /v1/blacklists[/{name}]      version, size, and each node's version
+//	GET  /v1/operations/{id}          pending, applied on N of M nodes, failed: why
+//
+// Bad lines are refused 422 "bad_lines", each by its number, and nothing changes;
+// an Idempotency-Key makes a retried push answer as the first did.
+//
 // Who and what of each write are recorded by the store in the head key of the
 // write's own transaction (control/store), the token's name as who. Nodes report
 // under a lease and leave a seen record (control/agent): a node with a seen

@@ -94,6 +94,7 @@ func New(st *store.Store, log *slog.Logger) *Server {
 	)
 	s.routes = append(s.routes, s.historyRoutes()...)
 	s.routes = append(s.routes, s.nodeRoutes()...)
+	s.routes = append(s.routes, s.blacklistRoutes()...)
 	s.routes = s.certRoutes(s.routes)
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.guard(rt))
