@@ -77,6 +77,8 @@ type blUpdate struct {
 	StallUs *float64 `json:"max_stall_us,omitempty"`
 	Over1ms *int     `json:"lookups_over_1ms,omitempty"`
 	Probes  *int64   `json:"lookups,omitempty"`
+	// Garbage collections that ran while the update ran beside the lookups.
+	GCs *uint32 `json:"gc_cycles,omitempty"`
 }
 
 type blacklistResults struct {
@@ -182,6 +184,7 @@ func genData(kind string, n int) *blData {
 // build adds every entry to a Builder and builds the Set.
 func (d *blData) build() *blacklist.Set {
 	var bld blacklist.Builder
+	defer bld.Reset()
 	for _, a := range d.v4 {
 		bld.AddAddr(addr4(a), time.Time{})
 	}
@@ -525,6 +528,7 @@ func (b *bench) measureUpdates(ctx context.Context, d *blData, ref *blacklist.Se
 	for i, u := range updates {
 		l.Replace(ref)
 		runtime.GC()
+		gc0 := numGC()
 		pr := startProbe(l, p.mixed)
 		for j := range b.o.updateRuns {
 			if err := u.run(j); err != nil {
@@ -535,6 +539,7 @@ func (b *bench) measureUpdates(ctx context.Context, d *blData, ref *blacklist.Se
 		pr.stop()
 		r := res.updates[i]
 		r.StallUs, r.Over1ms, r.Probes = ptr(round(float64(pr.worst)/float64(time.Microsecond), 1)), ptr(pr.over), ptr(pr.count)
+		r.GCs = ptr(numGC() - gc0)
 		if pr.count == 0 {
 			return fmt.Errorf("%s: the lookup goroutine made no lookup", u.name)
 		}
@@ -550,11 +555,13 @@ func (b *bench) measureUpdates(ctx context.Context, d *blData, ref *blacklist.Se
 			busy += time.Duration(v * float64(time.Millisecond))
 		}
 	}
+	gc0 := numGC()
 	pr := startProbe(l, p.mixed)
 	spin(busy)
 	pr.stop()
 	res.control = &blUpdate{Name: updControl, RunsMs: []float64{round(benchkit.Ms(busy), 2)}, MedianMs: round(benchkit.Ms(busy), 2),
-		StallUs: ptr(round(float64(pr.worst)/float64(time.Microsecond), 1)), Over1ms: ptr(pr.over), Probes: ptr(pr.count)}
+		StallUs: ptr(round(float64(pr.worst)/float64(time.Microsecond), 1)), Over1ms: ptr(pr.over), Probes: ptr(pr.count),
+		GCs: ptr(numGC() - gc0)}
 
 	l.Replace(nil)
 	worst := blacklist.MeasureSwapStall(l, ref, 1<<20)
@@ -564,7 +571,7 @@ func (b *bench) measureUpdates(ctx context.Context, d *blData, ref *blacklist.Se
 	}
 	res.updateOther = round(others.cores(), 2)
 	for _, u := range res.updates {
-		b.Progress("  %s: median %.1f ms of %v; longest lookup beside it %.1f µs", u.Name, u.MedianMs, u.RunsMs, *u.StallUs)
+		b.Progress("  %s: median %.1f ms of %v; longest lookup beside it %.1f µs, %d collections meanwhile", u.Name, u.MedianMs, u.RunsMs, *u.StallUs, *u.GCs)
 	}
 	b.Progress("  MeasureSwapStall: longest lookup %.1f µs; control (no update): %.1f µs; others %.2f cores",
 		*res.swapStallUs, *res.control.StallUs, res.updateOther)
@@ -611,6 +618,13 @@ func checkDelta(l *blacklist.List, ref *blacklist.Set, fwd, back *blacklist.Delt
 		return fmt.Errorf("after a delta and its inverse the list holds %d entries, want %d", l.Len(), ref.Len())
 	}
 	return nil
+}
+
+// numGC is the number of garbage collections completed so far.
+func numGC() uint32 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.NumGC
 }
 
 // maxProbeLookups bounds a probe goroutine's loop.

@@ -71,6 +71,8 @@ func WriteBinary(w io.Writer, s *Set) error {
 	if s == nil {
 		s = emptySet
 	}
+	var sc scratch
+	defer sc.free()
 	crc := crc32.New(castagnoli)
 	bw := bufio.NewWriterSize(io.MultiWriter(w, crc), 64<<10)
 	var hdr [headerLen]byte
@@ -90,7 +92,7 @@ func WriteBinary(w io.Writer, s *Set) error {
 	}{{s4: &s.p4}, {r4: &s.pr4}, {s6: &s.p6}, {r6: &s.pr6}, {s4: &s.e4}, {r4: &s.er4}, {s6: &s.e6}, {r6: &s.er6}} {
 		switch {
 		case tab.s4 != nil:
-			keys := tab.s4.t.appendKeys(nil)
+			keys := tab.s4.t.appendKeys(grab[a4](&sc, tab.s4.t.n))
 			buf = binary.AppendUvarint(buf, uint64(len(keys)))
 			for i, k := range keys {
 				if i == 0 {
@@ -104,7 +106,7 @@ func WriteBinary(w io.Writer, s *Set) error {
 				}
 			}
 		case tab.r4 != nil:
-			starts := tab.r4.start.appendKeys(nil)
+			starts := tab.r4.start.appendKeys(grab[a4](&sc, tab.r4.start.n))
 			buf = binary.AppendUvarint(buf, uint64(len(starts)))
 			for i, k := range starts {
 				if i == 0 {
@@ -187,6 +189,8 @@ func decodeBinary(data []byte, now time.Time) (*Set, error) {
 func readBinary(r io.Reader, now time.Time, lim limits) (*Set, error) {
 	t := &tailReader{r: r, buf: make([]byte, 32<<10)}
 	d := decoder{r: bufio.NewReaderSize(t, 64<<10), t: t, max: lim.maxEntries(), lim: lim}
+	d.b.init()
+	defer d.b.Reset()
 	if err := d.decode(); err != nil {
 		return nil, err
 	}

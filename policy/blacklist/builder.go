@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"time"
 )
 
@@ -31,21 +32,33 @@ type Delta struct {
 }
 
 // A Builder collects entries for a Set. The zero Builder is ready to use; it is not
-// safe for concurrent use.
+// safe for concurrent use. A large Builder keeps its entries off the Go heap (about
+// 12 bytes per IPv4 entry, 40 per IPv6 one); Reset releases them at once, else they
+// are released when the Builder is collected.
 //
 // Entries are normalized as they are added: host bits are masked, a zone is dropped,
 // an IPv4-mapped IPv6 prefix (::ffff:0:0/96 and longer) is taken as the IPv4 prefix
 // it maps, and an IPv6 prefix covering all of ::ffff:0:0/96 also covers all of IPv4.
 type Builder struct {
-	v4 chunks[span[a4]]
-	v6 chunks[span[a6]]
+	mem *builderMem // nil until the first entry
+	v4  chunks[span[a4]]
+	v6  chunks[span[a6]]
 }
 
 // Add adds a prefix with an expiry (zero for never). An invalid prefix is ignored.
 func (b *Builder) Add(p netip.Prefix, expires time.Time) { b.add(p, expSeconds(expires)) }
 
 func (b *Builder) add(p netip.Prefix, exp uint32) bool {
+	b.init()
 	return addSpans(p, exp, b.v4.add, b.v6.add)
+}
+
+// init gives b its memory, before its first entry.
+func (b *Builder) init() {
+	if b.mem == nil {
+		b.mem = newBuilderMem()
+		b.v4.sc, b.v6.sc = b.mem.sc, b.mem.sc
+	}
 }
 
 // AddAddr adds a single address.
@@ -57,10 +70,13 @@ func (b *Builder) AddAddr(a netip.Addr, expires time.Time) {
 // ::ffff:0:0/96 counts twice.
 func (b *Builder) Len() int { return b.v4.n + b.v6.n }
 
-// Reset empties the builder.
+// Reset empties the builder and releases its memory.
 func (b *Builder) Reset() {
 	b.v4.reset()
 	b.v6.reset()
+	if b.mem != nil {
+		b.mem.sc.free()
+	}
 }
 
 // Build returns a Set of the entries added; entries already expired by the wall clock
@@ -70,10 +86,14 @@ func (b *Builder) Build() *Set { return b.BuildAt(time.Now()) }
 // BuildAt is Build with expiry judged at t.
 func (b *Builder) BuildAt(t time.Time) *Set {
 	now := nowSeconds(t)
+	var sc scratch
+	defer sc.free()
 	v4, v6 := b.v4.all(), b.v6.all()
-	sort4(v4)
+	sort4(&sc, v4)
 	sort6(v6)
-	return newSet(normalize(v4, now), normalize(v6, now))
+	s := newSet(&sc, normalize(&sc, v4, now), normalize(&sc, v6, now))
+	runtime.KeepAlive(b.mem) // its mappings hold v4 and v6
+	return s
 }
 
 var mapped6 = span[a6]{lo: a6{0, 0xffff << 32}, hi: a6{0, 0xffff_ffff_ffff}}
@@ -114,6 +134,10 @@ func (s *Set) apply(d *Delta, now uint32) (*Set, error) {
 		return nil, ErrTooManyEntries
 	}
 	var rm, add Builder
+	defer rm.Reset()
+	defer add.Reset()
+	var sc scratch
+	defer sc.free()
 	for i, p := range d.Remove {
 		if !rm.add(p, expPermanent) {
 			return nil, fmt.Errorf("removal %d: %w", i, ErrInvalidPrefix)
@@ -125,11 +149,11 @@ func (s *Set) apply(d *Delta, now uint32) (*Set, error) {
 		}
 	}
 	rm4, rm6, add4, add6 := rm.v4.all(), rm.v6.all(), add.v4.all(), add.v6.all()
-	sort4(rm4)
-	sort4(add4)
+	sort4(&sc, rm4)
+	sort4(&sc, add4)
 	sort6(rm6)
 	sort6(add6)
-	cur4 := subtract(s.spans4(), normalize(rm4, 0))
-	cur6 := subtract(s.spans6(), normalize(rm6, 0))
-	return newSet(normalize(merge(cur4, add4), now), normalize(merge(cur6, add6), now)), nil
+	cur4 := subtract(&sc, s.spans4(&sc), normalize(&sc, rm4, 0))
+	cur6 := subtract(&sc, s.spans6(&sc), normalize(&sc, rm6, 0))
+	return newSet(&sc, normalize(&sc, merge(&sc, cur4, add4), now), normalize(&sc, merge(&sc, cur6, add6), now)), nil
 }

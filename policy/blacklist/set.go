@@ -196,10 +196,12 @@ func (s *Set) All() iter.Seq[Entry] {
 		if s == nil {
 			return
 		}
-		if !yieldSpans(s.spans4(), yield) {
+		var sc scratch
+		defer sc.free()
+		if !yieldSpans(s.spans4(&sc), yield) {
 			return
 		}
-		yieldSpans(s.spans6(), yield)
+		yieldSpans(s.spans6(&sc), yield)
 	}
 }
 
@@ -216,16 +218,17 @@ func yieldSpans[K key[K]](spans []span[K], yield func(Entry) bool) bool {
 	return true
 }
 
-// newSet builds a Set from normalized spans.
-func newSet(s4 []span[a4], s6 []span[a6]) *Set {
+// newSet builds a Set from normalized spans. Its tables are allocated on the heap;
+// sc holds what is needed only while building.
+func newSet(sc *scratch, s4 []span[a4], s6 []span[a6]) *Set {
 	s := &Set{}
-	p, e, pr, er := splitTables(s4)
+	p, e, pr, er := splitTables(s4, sc)
 	s.p4 = singles4{t: newT4(p.keys)}
 	s.e4 = singles4{t: newT4(e.keys), exp: e.exp}
 	s.pr4 = ranges4{start: newT4(pr.start), end: pr.end}
 	s.er4 = ranges4{start: newT4(er.start), end: er.end, exp: er.exp}
 	s.others4 = s.pr4.start.n + s.e4.t.n + s.er4.start.n
-	p6, e6, pr6, er6 := splitTables(s6)
+	p6, e6, pr6, er6 := splitTables(s6, nil)
 	s.p6 = singles6{t: newT6(p6.keys)}
 	s.e6 = singles6{t: newT6(e6.keys), exp: e6.exp}
 	s.pr6 = ranges6{start: newT6(pr6.start), end: pr6.end}
@@ -255,8 +258,10 @@ type rangesData[K key[K]] struct {
 	exp        []uint32
 }
 
-// splitTables sorts normalized spans into the four tables of a family.
-func splitTables[K key[K]](spans []span[K]) (p, e singlesData[K], pr, er rangesData[K]) {
+// splitTables sorts normalized spans into the four tables of a family. The arrays
+// of keys (singles and range starts) are taken from keys, which is nil when they
+// are the tables' own, or a scratch when the tables copy them (IPv4: newT4).
+func splitTables[K key[K]](spans []span[K], keys *scratch) (p, e singlesData[K], pr, er rangesData[K]) {
 	var np, ne, npr, ner int
 	for _, sp := range spans {
 		c, perm := single(sp), sp.exp == expPermanent
@@ -271,10 +276,10 @@ func splitTables[K key[K]](spans []span[K]) (p, e singlesData[K], pr, er rangesD
 			ner++
 		}
 	}
-	p.keys = make([]K, 0, np)
-	e.keys, e.exp = make([]K, 0, ne), make([]uint32, 0, ne)
-	pr.start, pr.end = make([]K, 0, npr), make([]K, 0, npr)
-	er.start, er.end, er.exp = make([]K, 0, ner), make([]K, 0, ner), make([]uint32, 0, ner)
+	p.keys = grab[K](keys, np)
+	e.keys, e.exp = grab[K](keys, ne), make([]uint32, 0, ne)
+	pr.start, pr.end = grab[K](keys, npr), make([]K, 0, npr)
+	er.start, er.end, er.exp = grab[K](keys, ner), make([]K, 0, ner), make([]uint32, 0, ner)
 	for _, sp := range spans {
 		c, perm := single(sp), sp.exp == expPermanent
 		switch {
@@ -303,32 +308,32 @@ func splitTables[K key[K]](spans []span[K]) (p, e singlesData[K], pr, er rangesD
 	return p, e, pr, er
 }
 
-// spans4 returns the IPv4 part of the set as normalized spans.
-func (s *Set) spans4() []span[a4] {
+// spans4 returns the IPv4 part of the set as normalized spans, taken from sc.
+func (s *Set) spans4(sc *scratch) []span[a4] {
 	if s == nil {
 		return nil
 	}
-	p := singleSpans(s.p4.t.appendKeys(nil), nil)
-	e := singleSpans(s.e4.t.appendKeys(nil), s.e4.exp)
-	pr := rangeSpans(s.pr4.start.appendKeys(nil), s.pr4.end, nil)
-	er := rangeSpans(s.er4.start.appendKeys(nil), s.er4.end, s.er4.exp)
-	return coalesce(merge(merge(p, pr), merge(e, er)))
+	p := singleSpans(sc, s.p4.t.appendKeys(grab[a4](sc, s.p4.t.n)), nil)
+	e := singleSpans(sc, s.e4.t.appendKeys(grab[a4](sc, s.e4.t.n)), s.e4.exp)
+	pr := rangeSpans(sc, s.pr4.start.appendKeys(grab[a4](sc, s.pr4.start.n)), s.pr4.end, nil)
+	er := rangeSpans(sc, s.er4.start.appendKeys(grab[a4](sc, s.er4.start.n)), s.er4.end, s.er4.exp)
+	return coalesce(merge(sc, merge(sc, p, pr), merge(sc, e, er)))
 }
 
-// spans6 returns the IPv6 part of the set as normalized spans.
-func (s *Set) spans6() []span[a6] {
+// spans6 returns the IPv6 part of the set as normalized spans, taken from sc.
+func (s *Set) spans6(sc *scratch) []span[a6] {
 	if s == nil {
 		return nil
 	}
-	p := singleSpans(s.p6.t.keys, nil)
-	e := singleSpans(s.e6.t.keys, s.e6.exp)
-	pr := rangeSpans(s.pr6.start.keys, s.pr6.end, nil)
-	er := rangeSpans(s.er6.start.keys, s.er6.end, s.er6.exp)
-	return coalesce(merge(merge(p, pr), merge(e, er)))
+	p := singleSpans(sc, s.p6.t.keys, nil)
+	e := singleSpans(sc, s.e6.t.keys, s.e6.exp)
+	pr := rangeSpans(sc, s.pr6.start.keys, s.pr6.end, nil)
+	er := rangeSpans(sc, s.er6.start.keys, s.er6.end, s.er6.exp)
+	return coalesce(merge(sc, merge(sc, p, pr), merge(sc, e, er)))
 }
 
-func singleSpans[K key[K]](keys []K, exp []uint32) []span[K] {
-	out := make([]span[K], len(keys))
+func singleSpans[K key[K]](sc *scratch, keys []K, exp []uint32) []span[K] {
+	out := grab[span[K]](sc, len(keys))[:len(keys)]
 	for i, k := range keys {
 		out[i] = span[K]{k, k, expPermanent}
 		if exp != nil {
@@ -338,8 +343,8 @@ func singleSpans[K key[K]](keys []K, exp []uint32) []span[K] {
 	return out
 }
 
-func rangeSpans[K key[K]](start, end []K, exp []uint32) []span[K] {
-	out := make([]span[K], len(start))
+func rangeSpans[K key[K]](sc *scratch, start, end []K, exp []uint32) []span[K] {
+	out := grab[span[K]](sc, len(start))[:len(start)]
 	for i := range start {
 		out[i] = span[K]{start[i], end[i], expPermanent}
 		if exp != nil {

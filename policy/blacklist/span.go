@@ -15,8 +15,8 @@ type span[K key[K]] struct {
 // normalize turns spans sorted by lo, which may overlap, into a normalized list: every
 // address covered gets the latest expiry of the spans covering it, spans expired at
 // now are dropped, and neighbours with equal expiry are merged. The result may reuse
-// in's memory, when in has no overlaps.
-func normalize[K key[K]](in []span[K], now uint32) []span[K] {
+// in's memory, when in has no overlaps; else it is taken from sc.
+func normalize[K key[K]](sc *scratch, in []span[K], now uint32) []span[K] {
 	if disjoint(in) {
 		out := in[:0]
 		for _, s := range in {
@@ -31,7 +31,7 @@ func normalize[K key[K]](in []span[K], now uint32) []span[K] {
 		}
 		return out
 	}
-	out := make([]span[K], 0, len(in))
+	out := grab[span[K]](sc, len(in))
 	var h expHeap[K]
 	var pos K
 	i, n := 0, len(in)
@@ -124,11 +124,12 @@ func (h *expHeap[K]) pop() {
 }
 
 // subtract returns the parts of a not covered by b; both are sorted and disjoint.
-func subtract[K key[K]](a, b []span[K]) []span[K] {
+// The result is a, or taken from sc.
+func subtract[K key[K]](sc *scratch, a, b []span[K]) []span[K] {
 	if len(b) == 0 {
 		return a
 	}
-	out := make([]span[K], 0, len(a)+len(b))
+	out := grab[span[K]](sc, len(a)+len(b))
 	j := 0
 	for _, s := range a {
 		for j < len(b) && b[j].hi.less(s.lo) {
@@ -152,15 +153,16 @@ func subtract[K key[K]](a, b []span[K]) []span[K] {
 	return out
 }
 
-// merge returns the spans of a and b, both sorted by lo, in one list sorted by lo.
-func merge[K key[K]](a, b []span[K]) []span[K] {
+// merge returns the spans of a and b, both sorted by lo, in one list sorted by lo:
+// a or b if the other is empty, else taken from sc.
+func merge[K key[K]](sc *scratch, a, b []span[K]) []span[K] {
 	switch {
 	case len(a) == 0:
 		return b
 	case len(b) == 0:
 		return a
 	}
-	out := make([]span[K], 0, len(a)+len(b))
+	out := grab[span[K]](sc, len(a)+len(b))
 	i, j := 0, 0
 	for i < len(a) && j < len(b) {
 		if b[j].lo.less(a[i].lo) {
@@ -175,8 +177,9 @@ func merge[K key[K]](a, b []span[K]) []span[K] {
 	return append(out, b[j:]...)
 }
 
-// sort4 sorts IPv4 spans by lo: an LSD radix sort for long lists.
-func sort4(s []span[a4]) {
+// sort4 sorts IPv4 spans by lo: an LSD radix sort for long lists, whose buffer is
+// taken from sc.
+func sort4(sc *scratch, s []span[a4]) {
 	if len(s) < 1<<12 {
 		slices.SortFunc(s, func(x, y span[a4]) int {
 			switch {
@@ -189,7 +192,7 @@ func sort4(s []span[a4]) {
 		})
 		return
 	}
-	buf := make([]span[a4], len(s))
+	buf := grab[span[a4]](sc, len(s))[:len(s)]
 	src, dst := s, buf
 	var count [256]int
 	for shift := uint(0); shift < 32; shift += 8 {
@@ -251,8 +254,9 @@ func prefixes[K key[K]](s span[K], yield func(netip.Prefix) bool) bool {
 
 // chunks collects values in chunks of growing size, so that collecting n values
 // allocates about 2n (the chunks, then one slice holding them all) where append
-// would allocate about 5n for large n.
+// would allocate about 5n for large n. The chunks are taken from sc (nil: the heap).
 type chunks[T any] struct {
+	sc   *scratch
 	full [][]T
 	cur  []T
 	n    int
@@ -267,7 +271,7 @@ func (c *chunks[T]) add(v T) {
 			c.full = append(c.full, c.cur)
 			size = min(2*cap(c.cur), maxChunk)
 		}
-		c.cur = make([]T, 0, size)
+		c.cur = grab[T](c.sc, size)
 	}
 	c.cur = append(c.cur, v)
 	c.n++
@@ -278,7 +282,7 @@ func (c *chunks[T]) all() []T {
 	if len(c.full) == 0 {
 		return c.cur
 	}
-	out := make([]T, 0, c.n)
+	out := grab[T](c.sc, c.n)
 	for _, ch := range c.full {
 		out = append(out, ch...)
 	}
@@ -287,6 +291,7 @@ func (c *chunks[T]) all() []T {
 	return out
 }
 
+// reset empties c; the memory of its chunks is the caller's to free.
 func (c *chunks[T]) reset() {
-	c.full, c.cur, c.n = nil, c.cur[:0], 0
+	c.full, c.cur, c.n = nil, nil, 0
 }

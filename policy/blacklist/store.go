@@ -378,6 +378,7 @@ func readListFiles(name string, files []string) ([][]byte, Source, error) {
 // parseListFiles parses the files readListFiles read and merges their entries.
 func parseListFiles(name string, files []string, data [][]byte) (*Set, error) {
 	var b Builder
+	defer b.Reset()
 	for i, f := range files {
 		s, err := Read(bytes.NewReader(data[i]))
 		if err != nil {
@@ -410,6 +411,7 @@ func Unexpired(s *Set, now time.Time) *Set {
 		return s
 	}
 	var b Builder
+	defer b.Reset()
 	for e := range s.All() {
 		b.Add(e.Prefix, e.Expires)
 	}

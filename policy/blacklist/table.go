@@ -2,6 +2,7 @@ package blacklist
 
 import (
 	"math/bits"
+	"slices"
 	"unsafe"
 )
 
@@ -33,6 +34,7 @@ type t4 struct {
 	k32   []a4
 }
 
+// newT4 indexes keys, which it copies.
 func newT4(keys []a4) t4 {
 	n := len(keys)
 	if n == 0 {
@@ -58,7 +60,7 @@ func newT4(keys []a4) t4 {
 			t.k16[i] = uint16(key)
 		}
 	} else {
-		t.k32 = keys
+		t.k32 = slices.Clone(keys)
 	}
 	return t
 }

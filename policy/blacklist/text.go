@@ -94,6 +94,7 @@ func ParseText(r io.Reader) (*Set, error) { return parseText(r, time.Now(), file
 
 func parseText(r io.Reader, now time.Time, lim limits) (*Set, error) {
 	p := textParser{now: now, lim: lim}
+	defer p.b.Reset()
 	if err := p.run(r); err != nil {
 		return nil, err
 	}
