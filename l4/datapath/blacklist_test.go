@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -30,6 +31,18 @@ func noFrames(t *testing.T, p interface{ Drain() [][]byte }, what string) {
 	}
 }
 
+// waitSweep waits until the workers' sweeps completed exceed before.
+func (r *rig) waitSweep(before uint64) {
+	r.t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for r.d.Status().Blacklist.Sweeps <= before {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("no sweep of the connection table completed after the blacklist changed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // TestBlacklistDropsSources: a listed client's SYN is dropped (in/blacklisted, a hit
 // of the list that has it, no entry) while an unlisted one's is tunnelled; an
 // established flow of a client listed afterwards is cut at its next packet and
@@ -42,6 +55,9 @@ func TestBlacklistDropsSources(t *testing.T) {
 	other := listOf("other", netip.MustParseAddr("198.51.100.9"))
 	global := listOf(blacklist.GlobalName, listed)
 	r.d.SetBlacklists(other, nil, global)
+	if st := r.d.Status().Blacklist; !slices.Equal(st.Lists, []string{"other", "global"}) || !slices.Equal(st.Entries, []int{1, 1}) {
+		t.Fatalf("status: lists %q of %v entries, want other and global of 1", st.Lists, st.Entries)
+	}
 
 	r.ext.Inject(tcp4(t, listed, 40000, vip, 443, true, false, nil))
 	r.waitCount(dirIn, resBlacklisted, 1)
@@ -67,7 +83,12 @@ func TestBlacklistDropsSources(t *testing.T) {
 	var b blacklist.Builder
 	b.AddAddr(listed, time.Time{})
 	b.AddAddr(client, time.Time{})
+	sweeps := r.d.Status().Blacklist.Sweeps
 	global.Replace(b.Build())
+	r.waitSweep(sweeps)
+	if st := r.d.Status().Blacklist; st.FlowsRemoved != 1 {
+		t.Fatalf("after the sweep: %+v, want 1 flow removed", st)
+	}
 	r.ext.Inject(tcp4(t, client, 40001, vip, 443, false, true, []byte("GET /")))
 	r.waitCount(dirIn, resBlacklisted, 3)
 	noFrames(t, r.int, "an established flow of a client listed since")
@@ -89,7 +110,10 @@ func TestBlacklistDropsSources(t *testing.T) {
 	r.ext.Inject(tcp4(t, listed, 40002, vip, 443, true, false, nil))
 	waitSent(t, r.int, 1)
 
-	waitMetrics(t, reg, map[string]float64{`tiergate_l4_packets_total{dir=in,result=blacklisted}`: 3})
+	waitMetrics(t, reg, map[string]float64{
+		`tiergate_l4_packets_total{dir=in,result=blacklisted}`: 3,
+		`tiergate_l4_blacklist_flows_removed_total`:            1,
+	})
 	if n := r.d.Status().Packets["in/blacklisted"]; n != 3 {
 		t.Errorf("status: in/blacklisted = %d, want 3", n)
 	}

@@ -299,13 +299,16 @@ func (d *Distributor) Config() Config {
 	return cfg
 }
 
-// SetBlacklists puts lists in force: every packet to a VIP whose source is on one of
-// them is dropped, counted as blacklisted (and as a packet hit of the list that has
-// it, blacklist.SourcePacket), before anything else is done with it: no rule lookup,
-// no connection-table entry, nothing tunnelled, so a listed client never costs a
-// member a handshake. The check is made for every packet, not only for new flows, so
-// an established flow of a source listed later is cut at its next packet (its entry is
-// left to time out, and the flow resumes if the source is taken off the list before).
+// SetBlacklists puts lists in force: a packet to a VIP whose source is on one of them
+// is dropped, counted as blacklisted (and as a packet hit of the list that has it,
+// blacklist.SourcePacket): no connection-table entry, nothing tunnelled, so a listed
+// client never costs a member a handshake. A TCP or UDP packet is looked up when it
+// would make a new flow (a SYN, or any packet of a flow not in the table) and when it
+// is routed by its QUIC connection ID; fragments and ICMP every time. Packets of flows
+// in the table are not looked up, which keeps the established-flow rate: instead,
+// when the lists or what they hold change, each worker sweeps its table (a few dozen
+// entries per loop, about a second for a million flows under load) and removes the
+// flows whose client is now listed, so that their next packet is a new flow, dropped.
 // Replies from members are not checked. A list's contents change under it
 // (blacklist.List swaps its Set); lists stay in force until the next call. No lists
 // (or only nil ones) means no check.

@@ -25,12 +25,15 @@
 //     when one is configured) to the member, except the MSS of a SYN, clamped so that
 //     full segments fit the internal MTU once encapsulated.
 //   - Blacklists (Distributor.SetBlacklists, policy/blacklist Lists): a packet to a
-//     VIP whose source is on one is dropped before anything else (blacklisted, and a
-//     packet hit of the list), so a listed client never costs a member a handshake.
-//     Every packet is checked, not only a flow's first: an established flow of a
-//     source listed later is cut at its next packet, and resumes if the source is
-//     taken off before its entry times out. A lookup reads the list's Set in force
-//     without a lock (one atomic load, an index entry and a short search).
+//     VIP from a listed source is dropped (blacklisted, and a packet hit of the list)
+//     and makes no entry, so a listed client never costs a member a handshake. A TCP
+//     or UDP packet is looked up when it would make a new flow and when it is routed
+//     by its QUIC connection ID; fragments and ICMP every time. Packets of flows in
+//     the table are not looked up, so the established-flow rate does not depend on
+//     the lists: when a list changes (its Set is swapped), each worker sweeps its
+//     table a few dozen entries per loop and removes the flows of clients now
+//     listed, whose next packets are then new flows, dropped. A lookup reads the
+//     Set in force without a lock.
 //   - A packet that does not fit the tunnel is dropped (too_big); when it may not be
 //     fragmented (IPv4 DF, IPv6) the LD answers it, as a router does, with
 //     fragmentation needed or packet too big from its external address, carrying

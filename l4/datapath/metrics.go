@@ -26,6 +26,10 @@ var (
 		"On-link destinations not resolved because the neighbour table was full of pinned entries (gateways, members).", nil, nil)
 	descExpired = prometheus.NewDesc("tiergate_l4_conntrack_expired_total",
 		"Connection-table entries reclaimed after their timeout.", nil, nil)
+	descBlSweeps = prometheus.NewDesc("tiergate_l4_blacklist_sweeps_total",
+		"Sweeps of the workers' connection tables completed after the blacklists changed (each removes the flows of clients now listed).", nil, nil)
+	descBlRemoved = prometheus.NewDesc("tiergate_l4_blacklist_flows_removed_total",
+		"Flows removed from the connection tables because their client was put on a blacklist.", nil, nil)
 	descRulePackets = prometheus.NewDesc("tiergate_l4_rule_packets_total",
 		"Packets tunnelled to members, by rule.", []string{"rule"}, nil)
 	descRuleFlows = prometheus.NewDesc("tiergate_l4_rule_new_flows_total",
@@ -45,7 +49,7 @@ type collector struct{ d *Distributor }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPackets, descConns, descHalfOpen, descUnconfirmed, descEvictions, descExpired,
-		descICMPErrors, descNeighbours, descNeighEvictions, descNeighRefused,
+		descICMPErrors, descNeighbours, descNeighEvictions, descNeighRefused, descBlSweeps, descBlRemoved,
 		descRulePackets, descRuleFlows, descMemberPackets, descMemberConns, descMemberUp, descMemberDrained} {
 		ch <- d
 	}
@@ -65,8 +69,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	var conns, half, unconf int64
-	var ev, ex, sent, supp uint64
+	var ev, ex, sent, supp, sweeps, removed uint64
 	for _, w := range ws {
+		sweeps += w.pub.blSweeps.Load()
+		removed += w.pub.blRemoved.Load()
 		conns += w.pub.tableLen.Load()
 		half += w.pub.halfOpen.Load()
 		unconf += w.pub.unconf.Load()
@@ -83,6 +89,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descNeighbours, prometheus.GaugeValue, float64(c.d.neighCount.Load()))
 	ch <- prometheus.MustNewConstMetric(descNeighEvictions, prometheus.CounterValue, float64(c.d.neighEvictions.Load()))
 	ch <- prometheus.MustNewConstMetric(descNeighRefused, prometheus.CounterValue, float64(c.d.neighRefused.Load()))
+	ch <- prometheus.MustNewConstMetric(descBlSweeps, prometheus.CounterValue, float64(sweeps))
+	ch <- prometheus.MustNewConstMetric(descBlRemoved, prometheus.CounterValue, float64(removed))
 	ch <- prometheus.MustNewConstMetric(descEvictions, prometheus.CounterValue, float64(ev))
 	ch <- prometheus.MustNewConstMetric(descExpired, prometheus.CounterValue, float64(ex))
 
@@ -132,6 +140,21 @@ type Status struct {
 	Packets map[string]uint64 `json:"packets"` // "dir/result" → count
 	Conns   int64             `json:"connections"`
 	Neigh   map[string]string `json:"neighbours"`
+	// Blacklist is what the workers did for the blacklists (SetBlacklists).
+	Blacklist BlacklistStatus `json:"blacklist"`
+}
+
+// BlacklistStatus is the blacklists' view: the lists in force and the sweeps of the
+// connection tables their changes caused. Packets dropped are in Status.Packets, as
+// in/blacklisted.
+type BlacklistStatus struct {
+	// Lists are the names of the lists in force, and Entries their sizes.
+	Lists   []string `json:"lists"`
+	Entries []int    `json:"entries"`
+	// Sweeps counts the workers' sweeps completed (one per worker per change), and
+	// FlowsRemoved the flows they removed because their client was listed.
+	Sweeps       uint64 `json:"sweeps"`
+	FlowsRemoved uint64 `json:"flows_removed"`
 }
 
 // RuleStatus is one rule's view.
@@ -177,6 +200,13 @@ func (d *Distributor) Status() Status {
 	}
 	for _, w := range ws {
 		st.Conns += w.pub.tableLen.Load()
+		st.Blacklist.Sweeps += w.pub.blSweeps.Load()
+		st.Blacklist.FlowsRemoved += w.pub.blRemoved.Load()
+	}
+	st.Blacklist.Lists, st.Blacklist.Entries = []string{}, []int{}
+	for _, l := range d.Blacklists() {
+		st.Blacklist.Lists = append(st.Blacklist.Lists, l.Name())
+		st.Blacklist.Entries = append(st.Blacklist.Entries, l.Len())
 	}
 	s := d.snap.Load()
 	for id, r := range s.ruleByID {

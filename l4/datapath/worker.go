@@ -75,6 +75,14 @@ type worker struct {
 
 	icmp tokenBucket // ICMP errors sent
 
+	// The blacklists as this worker applies them (see blSync): the lists in force,
+	// nil for none; their Sets when the last sweep of the table began; the position of
+	// the sweep under way, 0 when none is.
+	bl      *[]*blacklist.List
+	blSeen  []*blacklist.Set
+	blSweep uint32
+	blDrop  func(*conntrack.Key) bool // w.sweepDrop, made once
+
 	c   counters // written only by this worker
 	pub *published
 }
@@ -123,6 +131,8 @@ func (b *tokenBucket) take() { b.avail -= b.interval }
 // published (atomics) every publishEvery, which is what metrics read.
 type counters struct {
 	packets        [numDirs][numResults]uint64
+	blSweeps       uint64 // sweeps of the table for a blacklist change, completed
+	blRemoved      uint64 // entries they removed
 	rule           [maxRules]uint64
 	newFlows       [maxRules]uint64
 	member         [maxMembers]uint64
@@ -142,6 +152,8 @@ type published struct {
 	evictions atomic.Uint64
 	icmpSent  atomic.Uint64
 	icmpSupp  atomic.Uint64
+	blSweeps  atomic.Uint64
+	blRemoved atomic.Uint64
 	expired   atomic.Uint64
 	insertErr atomic.Uint64
 }
@@ -171,6 +183,10 @@ func (w *worker) run(stop *atomic.Bool, idleSleep time.Duration) {
 			n += w.poll(w.int, vInt)
 		}
 		w.table.Expire(w.now, 64)
+		w.blSync()
+		if w.blSweep != 0 {
+			w.sweepStep()
+		}
 		if w.id == 0 {
 			n += w.sendControl()
 		}
@@ -209,6 +225,7 @@ func (w *worker) poll(p port.Port, self verdict) int {
 	// First pass: parse the burst and start loading the connection-table lines
 	// of its flows, so that the cache misses of the burst overlap instead of being
 	// taken one packet at a time.
+	w.blSync()
 	for i := range n {
 		b := &w.rx[i]
 		pk := &w.pk[i]
@@ -290,6 +307,7 @@ func (w *worker) resync(s *snapshot) {
 func (w *worker) handleFrame(s *snapshot, b *port.Buf, fromExt bool) verdict {
 	var p packet.Packet
 	err := packet.Parse(b.Data[b.Off:b.Off+b.Len], &p)
+	w.blSync()
 	return w.handle(s, b, &p, err, 0, fromExt)
 }
 
@@ -339,7 +357,10 @@ func (w *worker) handle(s *snapshot, b *port.Buf, p *packet.Packet, perr error, 
 // toVIP handles a packet addressed to a VIP: it finds the flow's member and
 // tunnels the packet to it.
 func (w *worker) toVIP(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet, dst [16]byte, h uint64) verdict {
-	if bl := w.d.bl.Load(); bl != nil && blocked(*bl, p.Src) {
+	// Blacklists: a TCP or UDP packet is checked when it makes a new flow
+	// (flowMember) or is routed by its QUIC connection ID; anything else (fragments,
+	// ICMP) every time.
+	if w.bl != nil && (p.Fragment || p.Proto != packet.ProtoTCP && p.Proto != packet.ProtoUDP) && blocked(*w.bl, p.Src) {
 		w.count(dirIn, resBlacklisted)
 		return vDrop
 	}
@@ -378,6 +399,10 @@ func (w *worker) toVIP(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet,
 	}
 	if r.quic {
 		if id, ok := w.quicMember(s, r, frame, p); ok {
+			if w.bl != nil && blocked(*w.bl, p.Src) {
+				w.count(dirIn, resBlacklisted)
+				return vDrop
+			}
 			w.quicFlow(r, p, h, id)
 			return w.forward(s, b, p, r, id)
 		}
@@ -388,6 +413,67 @@ func (w *worker) toVIP(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet,
 		return vDrop
 	}
 	return w.forward(s, b, p, r, id)
+}
+
+// sweepBudget is how many positions of the connection table a worker's sweep visits
+// per loop (one or two lookups per packet of a full burst).
+const sweepBudget = 32
+
+// blSync picks up the blacklists in force and, when they or what one of them holds
+// changed since the last sweep began, starts a sweep of the table: flows whose client
+// is now listed are removed, so that their next packet is a new flow, checked and
+// dropped. A change during a sweep starts it again.
+func (w *worker) blSync() {
+	bl := w.d.bl.Load()
+	if bl == w.bl {
+		if bl == nil {
+			return
+		}
+		same := true
+		for i, l := range *bl {
+			if l.Snapshot() != w.blSeen[i] {
+				same = false
+				break
+			}
+		}
+		if same {
+			return
+		}
+	}
+	w.bl = bl
+	w.blSeen = w.blSeen[:0]
+	w.blSweep = 0
+	if bl == nil {
+		return
+	}
+	for _, l := range *bl {
+		w.blSeen = append(w.blSeen, l.Snapshot())
+	}
+	w.blSweep = 1
+}
+
+// sweepStep does one step of the sweep under way.
+func (w *worker) sweepStep() {
+	if w.blDrop == nil {
+		w.blDrop = w.sweepDrop
+	}
+	next, removed := w.table.Sweep(w.blSweep, sweepBudget, w.blDrop)
+	w.c.blRemoved += uint64(removed)
+	w.blSweep = next
+	if next == 0 {
+		w.c.blSweeps++
+	}
+}
+
+// sweepDrop reports whether the client of a flow is on a blacklist.
+func (w *worker) sweepDrop(k *conntrack.Key) bool {
+	a := netip.AddrFrom16(k.Client)
+	for _, l := range *w.bl {
+		if l.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // blocked reports whether src is on one of the lists, and counts the hit on the
@@ -423,6 +509,9 @@ func (w *worker) flowMember(s *snapshot, r *rule, p *packet.Packet, client netip
 		// The member failed its health check: the flow is rescheduled, so that
 		// the client hears from a live member at once.
 		w.table.Delete(&k, h)
+	}
+	if w.bl != nil && blocked(*w.bl, client) {
+		return 0, resBlacklisted
 	}
 	id, ok = w.schedule(r, h)
 	if !ok {
@@ -825,6 +914,8 @@ func (w *worker) publish() {
 	pub.tableLen.Store(int64(w.table.Len()))
 	pub.halfOpen.Store(int64(w.table.HalfOpen()))
 	pub.unconf.Store(int64(w.table.Unconfirmed()))
+	pub.blSweeps.Store(w.c.blSweeps)
+	pub.blRemoved.Store(w.c.blRemoved)
 	pub.icmpSent.Store(w.c.icmpSent)
 	pub.icmpSupp.Store(w.c.icmpSuppressed)
 	st := w.table.Stats()
