@@ -260,7 +260,7 @@ func (e *dpdkEnv) runRing(ctx context.Context, o *options, syn, ack *frameSet, l
 	if err != nil {
 		return nil, err
 	}
-	res, err = runForward(ctx, r, syn, ack, o.duration)
+	res, err = runForward(ctx, r, syn, ack, o.duration, o.blPlan)
 	if serr := r.stop(); err == nil {
 		err = serr
 	}

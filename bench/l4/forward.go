@@ -140,6 +140,8 @@ type forwardResults struct {
 	// established phase: the source (the DPDK feeder), not the worker, set the pace,
 	// and the figure is a lower bound.
 	SourceBound bool `json:"source_bound"`
+	// Blacklist is the established-flow rate with and without a blacklist in force.
+	Blacklist *blacklistResults `json:"blacklist,omitempty"`
 }
 
 // rig is a distributor with metered ports, running.
@@ -264,21 +266,26 @@ func (r *rig) counted(ctx context.Context, set *frameSet, count int) (*phaseResu
 }
 
 // timed sends frames of set for a settling time and then d, and counts what is
-// forwarded during d.
-func (r *rig) timed(ctx context.Context, set *frameSet, d time.Duration) (*phaseResult, error) {
+// forwarded during d; with dropsOK, what is received (handled) during d, some of it
+// being dropped (blacklisted).
+func (r *rig) timed(ctx context.Context, set *frameSet, d time.Duration, dropsOK bool) (*phaseResult, error) {
 	r.ext.arm(0)
 	r.int.arm(0)
 	rx0, tx0 := r.ext.rx.Load(), r.int.tx.Load()
 	r.int.takeSample()
+	handled := &r.int.tx
+	if dropsOK {
+		handled = &r.ext.rx
+	}
 	f := r.src.feed(set, -1)
 	err := sleepCtx(ctx, settle)
 	probe := startProbe()
-	t0, c0, cpu0 := nanotime(), r.int.tx.Load(), threadCPU(int(r.tid.Load()))
+	t0, c0, cpu0 := nanotime(), handled.Load(), threadCPU(int(r.tid.Load()))
 	polls0, empty0, idle0, allocs0 := r.ext.polls.Load(), r.ext.empty.Load(), r.ext.idle.Load(), heapAllocs()
 	if err == nil {
 		err = sleepCtx(ctx, d)
 	}
-	t1, c1, cpu1 := nanotime(), r.int.tx.Load(), threadCPU(int(r.tid.Load()))
+	t1, c1, cpu1 := nanotime(), handled.Load(), threadCPU(int(r.tid.Load()))
 	polls1, empty1, idle1, allocs1 := r.ext.polls.Load(), r.ext.empty.Load(), r.ext.idle.Load(), heapAllocs()
 	others := probe.others()
 	st := f.stop()
@@ -289,12 +296,17 @@ func (r *rig) timed(ctx context.Context, set *frameSet, d time.Duration) (*phase
 		// Once the source has stopped, the worker receives what was sent and forwards
 		// all of it.
 		deadline := time.Now().Add(2 * time.Second)
-		for r.ext.rx.Load()-rx0 != st.sent || r.int.tx.Load()-tx0 != st.sent {
+		for r.ext.rx.Load()-rx0 != st.sent || !dropsOK && r.int.tx.Load()-tx0 != st.sent {
 			if err = r.wait(ctx, deadline); err != nil {
 				err = fmt.Errorf("after the source stopped: %d frames sent, %d received, %d forwarded: %w",
 					st.sent, r.ext.rx.Load()-rx0, r.int.tx.Load()-tx0, err)
 				break
 			}
+		}
+		// Packets are counted as received before they are handled: two more polls
+		// and the last burst has been transmitted (or dropped).
+		for p := r.ext.polls.Load(); err == nil && dropsOK && r.ext.polls.Load() < p+2; {
+			err = r.wait(ctx, deadline)
 		}
 	}
 	if err != nil {
@@ -444,8 +456,9 @@ func (r *rig) checkStatus(ctx context.Context, forwarded uint64, conns int64) er
 
 // runForward runs the phases on a started rig: new flows (one SYN per flow), one ACK
 // per flow (entries become established, not timed as the headline), then ACKs over the
-// established flows for d. Status is checked after each phase.
-func runForward(ctx context.Context, r *rig, syn, ack *frameSet, d time.Duration) (*forwardResults, error) {
+// established flows for d. Status is checked after each phase. With bl, the
+// blacklist rows follow (runBlacklist).
+func runForward(ctx context.Context, r *rig, syn, ack *frameSet, d time.Duration, bl *blacklistPlan) (*forwardResults, error) {
 	res := &forwardResults{}
 	n := r.flows
 	var err error
@@ -458,12 +471,25 @@ func runForward(ctx context.Context, r *rig, syn, ack *frameSet, d time.Duration
 	if res.FirstACK, err = r.counted(ctx, ack, n); err != nil {
 		return res, err
 	}
-	if res.Established, err = r.timed(ctx, ack, d); err != nil {
+	if res.Established, err = r.timed(ctx, ack, d, false); err != nil {
 		return res, err
 	}
 	res.SourceBound = res.Established.starved()
 	if err := r.checkStatus(ctx, r.int.tx.Load(), int64(n)); err != nil {
 		return res, fmt.Errorf("after the established flows: %w", err)
 	}
+	if bl != nil && bl.sets != nil {
+		if res.Blacklist, err = runBlacklist(ctx, r, ack, bl.sets, bl.rounds, bl.duration); err != nil {
+			return res, fmt.Errorf("blacklist rows: %w", err)
+		}
+	}
 	return res, nil
+}
+
+// blacklistPlan is what the blacklist rows need: the lists, how many rounds of the
+// three rows, and how long each row is measured.
+type blacklistPlan struct {
+	sets     *blacklistSets
+	rounds   int
+	duration time.Duration
 }

@@ -57,9 +57,17 @@ func (f *frameSet) frame(j int) []byte {
 	return f.data[off : off+f.length : off+f.length]
 }
 
+// clientFunc gives the client address and port of flow i.
+type clientFunc func(i int) (netip.Addr, uint16)
+
 // buildFrames builds one client → VIP TCP frame per flow (a SYN when syn is set, else
-// an ACK), to dstMAC from srcMAC, shuffled with seed.
+// an ACK), to dstMAC from srcMAC, shuffled with seed, the clients from flowClient.
 func buildFrames(flows int, syn bool, dstMAC, srcMAC [6]byte, seed uint64) *frameSet {
+	return buildFramesOf(flows, syn, dstMAC, srcMAC, seed, flowClient)
+}
+
+// buildFramesOf is buildFrames with the clients from client.
+func buildFramesOf(flows int, syn bool, dstMAC, srcMAC [6]byte, seed uint64, client clientFunc) *frameSet {
 	f := &frameSet{kind: "ACK", data: make([]byte, flows*frameStride), n: flows, length: ackFrameLen}
 	if syn {
 		f.kind, f.length = "SYN", synFrameLen
@@ -71,15 +79,15 @@ func buildFrames(flows int, syn bool, dstMAC, srcMAC [6]byte, seed uint64) *fram
 	rng := rand.New(rand.NewPCG(seed, 0x6c34))
 	rng.Shuffle(flows, func(a, b int) { order[a], order[b] = order[b], order[a] })
 	for j, i := range order {
-		writeTCPFrame(f.frame(j), int(i), syn, dstMAC, srcMAC)
+		writeTCPFrame(f.frame(j), int(i), client, syn, dstMAC, srcMAC)
 	}
 	return f
 }
 
 // writeTCPFrame writes flow i's SYN or ACK into b (synFrameLen or ackFrameLen bytes),
 // checksums included.
-func writeTCPFrame(b []byte, i int, syn bool, dstMAC, srcMAC [6]byte) {
-	client, cport := flowClient(i)
+func writeTCPFrame(b []byte, i int, clientOf clientFunc, syn bool, dstMAC, srcMAC [6]byte) {
+	client, cport := clientOf(i)
 	copy(b[0:6], dstMAC[:])
 	copy(b[6:12], srcMAC[:])
 	binary.BigEndian.PutUint16(b[12:], packet.EtherTypeIPv4)

@@ -49,7 +49,7 @@ func runInMem(ctx context.Context, o *options, syn, ack *frameSet, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	res, err := runForward(ctx, r, syn, ack, o.duration)
+	res, err := runForward(ctx, r, syn, ack, o.duration, o.blPlan)
 	if serr := r.stop(); err == nil {
 		err = serr
 	}

@@ -10,6 +10,10 @@
 //     polls, and the worker transmits to net_null0;
 //   - the connection table's bytes per entry, and the memory of a table holding
 //     10,000,000 connections (its own count, the Go heap and the resident set);
+//   - the established-flow rate with a blacklist of 1,000,000 IPv4 addresses in force
+//     (every packet's source looked up; none listed, then 1% of the clients listed)
+//     against none, in rounds of the three rows on the same flows, in memory and over
+//     net_ring; the clients of those two set-ups are spread over the IPv4 space;
 //   - end-to-end packets per second through veth pairs with net_af_packet, from a raw
 //     socket in a client namespace to a sink namespace (kernel-bound; for context).
 //
@@ -19,7 +23,7 @@
 // leaves the namespaces it makes, which it removes at the end, on SIGINT and SIGTERM,
 // and (left by a killed run) at the next start.
 //
-//	go run ./bench/l4 [-flows 1000000] [-duration 3s] [-skip-dpdk] [-skip-veth]
+//	go run ./bench/l4 [-flows 1000000] [-duration 3s] [-blacklist 1000000] [-skip-dpdk] [-skip-veth]
 package main
 
 import (
@@ -51,6 +55,13 @@ type options struct {
 	quietCores   float64
 	quietWait    time.Duration
 	ealLogLevel  string
+	// blacklist rows: entries of the list (0: none), rounds, the time of each row,
+	// and the share of the flows whose clients are listed in the third row.
+	blEntries  int
+	blRounds   int
+	blDuration time.Duration
+	blListed   float64
+	blPlan     *blacklistPlan // built by run
 }
 
 // Main runs the benchmark and returns the exit status: 0 when every measurement ran
@@ -71,6 +82,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.ealLogLevel, "eal-log-level", "error", "DPDK EAL log `level` (error, warning, info, debug)")
 	fs.Float64Var(&o.quietCores, "quiet-cores", 0.2, "before each forwarding measurement, wait for other processes to use fewer `cores` than this (the machines are shared)")
 	fs.DurationVar(&o.quietWait, "quiet-wait", 10*time.Second, "how long to wait for that before measuring anyway (0: do not wait)")
+	fs.IntVar(&o.blEntries, "blacklist", 1_000_000, "IPv4 `entries` of the blacklist of the blacklist rows (0: no blacklist rows)")
+	fs.IntVar(&o.blRounds, "blacklist-rounds", 3, "rounds of the blacklist rows (without, with, with some clients listed)")
+	fs.DurationVar(&o.blDuration, "blacklist-duration", time.Second, "measured time of each blacklist row")
+	fs.Float64Var(&o.blListed, "blacklist-listed", 0.01, "share of the flows whose clients are on the list in the third blacklist row")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -85,6 +100,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case o.tableSize < 1 || o.tableSize > maxTable:
 		fmt.Fprintf(stderr, "bench-l4: -table %d: want 1 to %d\n", o.tableSize, maxTable)
 		return 2
+	case o.blEntries < 0 || o.blEntries > maxBlacklist || o.blRounds < 1 || o.blDuration <= 0 || o.blListed < 0 || o.blListed > 1:
+		fmt.Fprintf(stderr, "bench-l4: -blacklist wants 0 to %d, -blacklist-rounds at least 1, -blacklist-duration positive, -blacklist-listed 0 to 1\n", maxBlacklist)
+		return 2
 	case o.duration <= 0 || o.vethDuration <= 0 || o.vethFrames < 1 || o.quietWait < 0:
 		fmt.Fprintln(stderr, "bench-l4: -duration, -veth-duration and -veth-frames must be positive, -quiet-wait not negative")
 		return 2
@@ -92,6 +110,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 
 	return benchkit.Main("bench-l4", stderr, func(ctx context.Context) error { return run(ctx, &o) })
 }
+
+// maxBlacklist bounds -blacklist.
+const maxBlacklist = 10_000_000
 
 // maxTable bounds -table: 64 bytes per entry must fit this machine's memory easily.
 const maxTable = 50_000_000

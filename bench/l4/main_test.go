@@ -21,7 +21,8 @@ import (
 // JSON summary.
 func TestMainInMemory(t *testing.T) {
 	var out, errb bytes.Buffer
-	code := Main([]string{"-skip-dpdk", "-flows", "10000", "-duration", "200ms", "-table", "10000", "-quiet-wait", "0"}, &out, &errb)
+	code := Main([]string{"-skip-dpdk", "-flows", "10000", "-duration", "200ms", "-table", "10000", "-quiet-wait", "0",
+		"-blacklist", "20000", "-blacklist-rounds", "2", "-blacklist-duration", "100ms"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
 	}
@@ -34,10 +35,14 @@ func TestMainInMemory(t *testing.T) {
 		BytesPerConn     *float64 `json:"l4_bytes_per_conn"`
 		Table10M         *float64 `json:"l4_table_10m_mib"`
 		Failures         []string `json:"failures"`
+		BlacklistRatio   *float64 `json:"l4_mpps_with_1m_blacklist_ratio"`
+		BlacklistInMem   *float64 `json:"l4_blacklist_ratio_inmem"`
+		BlacklistEntries int      `json:"l4_blacklist_entries"`
 		InMem            struct {
-			NewFlows    phaseResult `json:"new_flows"`
-			FirstACK    phaseResult `json:"first_ack_pass"`
-			Established phaseResult `json:"established"`
+			NewFlows    phaseResult       `json:"new_flows"`
+			FirstACK    phaseResult       `json:"first_ack_pass"`
+			Established phaseResult       `json:"established"`
+			Blacklist   *blacklistResults `json:"blacklist"`
 		} `json:"inmem"`
 		Table tableResult `json:"table"`
 	}
@@ -57,10 +62,26 @@ func TestMainInMemory(t *testing.T) {
 		t.Errorf("forwarded: %d new flows, %d first ACKs, %d established", s.InMem.NewFlows.Packets,
 			s.InMem.FirstACK.Packets, s.InMem.Established.Packets)
 	}
+	// The blacklist rows: two rounds of three, 100 of the 10,000 clients listed in the
+	// third row, their flows cut by the sweep and their packets dropped.
+	if s.BlacklistRatio != nil || s.BlacklistInMem == nil || *s.BlacklistInMem <= 0 || s.BlacklistEntries != 20000 {
+		t.Errorf("blacklist figures: 1M ratio %v (want null for a 20,000-entry list), in-memory ratio %v, entries %d",
+			s.BlacklistRatio, s.BlacklistInMem, s.BlacklistEntries)
+	}
+	if bl := s.InMem.Blacklist; bl == nil || len(bl.Rounds) != 2 || bl.Listed != 100 || bl.Dropped == 0 {
+		t.Errorf("blacklist rows: %+v", bl)
+	} else {
+		for i, rd := range bl.Rounds {
+			if rd.Without == nil || rd.With == nil || rd.Listed == nil || rd.FlowsRemoved != 100 || rd.Ratio <= 0 {
+				t.Errorf("blacklist round %d: %+v", i+1, rd)
+			}
+		}
+	}
 	if s.Table.Entries != 10000 || s.Table.EntrySize == 0 || s.BytesPerConn == nil || *s.BytesPerConn < float64(s.Table.EntrySize) {
 		t.Errorf("table: %+v, bytes per connection %v", s.Table, s.BytesPerConn)
 	}
-	for _, want := range []string{"in-memory: established (ACK)", "target (issue 5)", "DPVS", "stands for the NIC's DMA"} {
+	for _, want := range []string{"in-memory: established (ACK)", "target (issue 5)", "DPVS", "stands for the NIC's DMA",
+		"in-memory: 20,000 entries, 100 clients listed", "(issue 14)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the report lacks %q", want)
 		}
@@ -75,6 +96,9 @@ func TestMainRejectsBadFlags(t *testing.T) {
 		{"-duration", "0s"},
 		{"-veth-frames", "0"},
 		{"-quiet-wait", "-1s"},
+		{"-blacklist", "-1"},
+		{"-blacklist-rounds", "0"},
+		{"-blacklist-listed", "1.5"},
 		{"-bogus"},
 		{"extra"},
 	} {

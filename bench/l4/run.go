@@ -18,13 +18,14 @@ var errNoCgo = errors.New("built without cgo: the DPDK measurements need cgo and
 
 // results is everything the report shows.
 type results struct {
-	table    *tableResult
-	inmem    *forwardResults
-	ring     *forwardResults
-	veth     *vethResult
-	eal      []string // EAL arguments, when DPDK ran
-	buildDur time.Duration
-	skipped  []string
+	table     *tableResult
+	inmem     *forwardResults
+	ring      *forwardResults
+	veth      *vethResult
+	eal       []string // EAL arguments, when DPDK ran
+	buildDur  time.Duration
+	blacklist *blacklistSets
+	skipped   []string
 	benchkit.Bench
 }
 
@@ -60,9 +61,17 @@ func run(ctx context.Context, o *options) error {
 	if ctx.Err() == nil {
 		res.Progress("building %d SYN and %d ACK frames", o.flows, o.flows)
 		start := time.Now()
-		syn := buildFrames(o.flows, true, extMAC, [6]byte(gwMAC), 1)
-		ack := buildFrames(o.flows, false, extMAC, [6]byte(gwMAC), 2)
+		clients := newSpreadClients(o.flows)
+		syn := buildFramesOf(o.flows, true, extMAC, [6]byte(gwMAC), 1, clients.client)
+		ack := buildFramesOf(o.flows, false, extMAC, [6]byte(gwMAC), 2, clients.client)
 		res.buildDur = time.Since(start)
+		if o.blEntries > 0 {
+			res.Progress("building a blacklist of %d IPv4 addresses", o.blEntries)
+			res.blacklist = newBlacklistSets(o.blEntries, clients, o.blListed)
+			o.blPlan = &blacklistPlan{sets: res.blacklist, rounds: o.blRounds, duration: o.blDuration}
+		} else {
+			res.skipped = append(res.skipped, "blacklist rows (-blacklist 0)")
+		}
 
 		res.Progress("in-memory ports")
 		waitQuiet(ctx, res)
