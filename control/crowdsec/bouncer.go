@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tiergate/tiergate/control/blsync"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/policy/blacklist"
 )
@@ -95,8 +96,8 @@ func (c *Config) Validate() error {
 	if c.APIKeyFile == "" {
 		ck.Addf("api_key_file", "required (a file holding the key `cscli bouncers add tiergate` prints)")
 	}
-	if !validListName(c.List) {
-		ck.Addf("list", "%q: a list name is 1 to 64 of a-z, 0-9, '-', '_' and '.'", c.List)
+	if err := blsync.CheckName(c.List); err != nil {
+		ck.Add("list", err)
 	}
 	if c.PollInterval < config.Duration(100*time.Millisecond) {
 		ck.Addf("poll_interval", "%s: at least 100ms", c.PollInterval)
@@ -113,18 +114,6 @@ func (c *Config) Validate() error {
 		}
 	}
 	return ck.Err()
-}
-
-func validListName(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
-			return false
-		}
-	}
-	return s != "." && s != ".."
 }
 
 func (c *Config) filter() *Filter {

@@ -229,7 +229,7 @@ func TestConfigValidate(t *testing.T) {
 		{crowdsec.Config{APIKeyFile: "k"}, "lapi_url: required"},
 		{crowdsec.Config{LAPIURL: "127.0.0.1:8080", APIKeyFile: "k"}, "lapi_url: \"127.0.0.1:8080\" is not an http or https URL"},
 		{crowdsec.Config{LAPIURL: "http://127.0.0.1:8080"}, "api_key_file: required"},
-		{crowdsec.Config{LAPIURL: "http://127.0.0.1:8080", APIKeyFile: "k", List: "Bad/Name"}, "list: \"Bad/Name\""},
+		{crowdsec.Config{LAPIURL: "http://127.0.0.1:8080", APIKeyFile: "k", List: "bad/name"}, "list: blacklist name: name \"bad/name\""},
 		{crowdsec.Config{LAPIURL: "http://127.0.0.1:8080", APIKeyFile: "k", PollInterval: 1}, "poll_interval: 1ns: at least 100ms"},
 		{crowdsec.Config{LAPIURL: "http://127.0.0.1:8080", APIKeyFile: "k", Types: []string{"ban", " "}}, "types[1]: empty"},
 	} {
