@@ -148,6 +148,7 @@ func (o *options) rootCommand() *cobra.Command {
 		o.getCommand(), o.deleteCommand(), o.applyCommand(), o.diffCommand(),
 		o.revisionsCommand(), o.diffRevisionsCommand(), o.rollbackCommand(), o.rolloutCommand(),
 		o.nodesCommand(), o.certCommand(), o.tokenCommand(), o.topCommand(),
+		o.blacklistCommand(),
 	)
 	return root
 }
