@@ -59,6 +59,11 @@
 //	                                  entries 202 with an operation, else 200 stored
 //	POST /v1/blacklists/{name}/delta  NDJSON lines {ip|cidr, expires|duration,
 //	                                  reason, op} or text delta lines (+/-)
+//	POST /v1/blacklists/{name}/decisions  CrowdSec's decisions (decisions.go,
+//	                                  control/crowdsec): {"new":[…],"deleted":[…]} as
+//	                                  its Local API streams them, or an array of new
+//	                                  ones; deletions first, a duration the expiry,
+//	                                  ban only unless ?types=, other scopes skipped
 //	GET  /v1/blacklists[/{name}]      version, size, and each node's version
 //	GET  /v1/operations/{id}          pending, applied on N of M nodes, failed: why
 //
