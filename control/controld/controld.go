@@ -10,6 +10,7 @@
 package controld
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -186,6 +187,14 @@ func (c *Config) Validate() error {
 	}
 	if c.LameDuck < 0 {
 		errs = append(errs, fmt.Errorf("-lame-duck: must not be negative"))
+	}
+	if c.Prometheus != "" {
+		if _, err := ui.NewPrometheus(ui.PrometheusConfig{URL: c.Prometheus}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.UIScrapeInterval < 0 || (c.UIScrapeInterval > 0 && c.UIScrapeInterval.D() < 100*time.Millisecond) {
+		errs = append(errs, fmt.Errorf("-ui-scrape-interval %s: at least 100ms", c.UIScrapeInterval.D()))
 	}
 	sc := c.StoreConfig()
 	if err := sc.Validate(); err != nil {
@@ -379,6 +388,11 @@ func (d *Daemon) Check(stdout io.Writer) error {
 		fmt.Fprintf(stdout, "keyservers (a certificate's key is imported into each): %s\n", strings.Join(ks.Servers, ", "))
 	} else {
 		fmt.Fprintf(stdout, "keyservers: none (certificate uploads are refused)\n")
+	}
+	if d.Config.Prometheus != "" {
+		fmt.Fprintf(stdout, "/ui dashboard: figures from Prometheus at %s\n", d.Config.Prometheus)
+	} else {
+		fmt.Fprintf(stdout, "/ui dashboard: the nodes' metrics scraped every %s\n", cmp.Or(d.Config.UIScrapeInterval.D(), ui.DefaultInterval))
 	}
 	if cs := d.Config.CrowdSec; cs != nil {
 		fmt.Fprintf(stdout, "crowdsec: a bouncer of %s keeping blacklist %s in step with its %s decisions, pulled every %s\n",
