@@ -107,8 +107,18 @@ func TestCrowdSecSection(t *testing.T) {
 		t.Error("a captcha decision is listed (only ban is enforced)")
 	}
 
-	lapi.Cscli("decisions", "add", "--ip", "2001:db8::8", "-d", "1m")
+	lapi.Cscli("decisions", "add", "--ip", "2001:db8::8", "-d", "1m", "-R", "tiergate test")
 	waitFor("a decision added", func() bool { return has("2001:db8::8") })
+	// The delta in the store says who wrote it and why: the decision's scenario.
+	v := f.Versions()["risk"]
+	resp, err := st.Client().Get(ctx, blsync.DeltaKey("risk", v))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the delta of version %d: %v %v", v, resp, err)
+	}
+	_, rec, err := blsync.DecodeDelta(v, resp.Kvs[0].Value)
+	if err != nil || rec.Who != "crowdsec" || len(rec.Add) != 1 || rec.Add[0].Prefix != "2001:db8::8/128" || rec.Add[0].Reason != "tiergate test" {
+		t.Errorf("the delta of version %d: %+v, %v; want who crowdsec adding 2001:db8::8/128 for \"tiergate test\"", v, rec, err)
+	}
 	var ends time.Time
 	for e := range list.Snapshot().All() {
 		if e.Prefix == netip.MustParsePrefix("2001:db8::8/128") {

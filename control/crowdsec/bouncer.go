@@ -129,6 +129,18 @@ type Sink interface {
 	Delta(ctx context.Context, list string, d *blacklist.Delta, who string) (int64, error)
 }
 
+// A ReasonSink is a Sink that also records why each addition is made
+// (blsync.Writer): the bouncer gives the scenario of each.
+type ReasonSink interface {
+	DeltaMeta(ctx context.Context, list string, d *blacklist.Delta, meta blsync.Meta) (int64, error)
+}
+
+// held is one decision holding a prefix.
+type held struct {
+	end      time.Time // zero: never
+	scenario string
+}
+
 // Who is the writer the bouncer's writes are recorded as.
 const Who = "crowdsec"
 
@@ -152,8 +164,8 @@ type Bouncer struct {
 	log    *slog.Logger
 
 	synced bool
-	active map[netip.Prefix]map[int64]time.Time // prefix → decision ID → end (zero: never)
-	ranges map[netip.Prefix]struct{}            // the active prefixes wider than one address
+	active map[netip.Prefix]map[int64]held // prefix → decision ID → its end and scenario
+	ranges map[netip.Prefix]struct{}       // the active prefixes wider than one address
 
 	mu    sync.Mutex
 	stats Stats
@@ -288,14 +300,15 @@ func (b *Bouncer) poll(ctx context.Context, startup bool) error {
 	}
 	skipped := Skipped{}
 	if startup {
-		b.active = map[netip.Prefix]map[int64]time.Time{}
+		b.active = map[netip.Prefix]map[int64]held{}
 		b.ranges = map[netip.Prefix]struct{}{}
 		for i := range s.New {
 			b.add(&s.New[i], at, skipped, nil)
 		}
 		var bl blacklist.Builder
 		for p, ids := range b.active {
-			bl.Add(p, end(ids))
+			e, _ := end(ids)
+			bl.Add(p, e)
 		}
 		set := bl.BuildAt(at)
 		v, err := b.sink.Replace(ctx, b.cfg.List, set, Who)
@@ -307,12 +320,17 @@ func (b *Bouncer) poll(ctx context.Context, startup bool) error {
 		b.log.Info("crowdsec: list made from the active decisions", "entries", len(b.active), "version", v, "skipped", skipped.Total())
 		return nil
 	}
-	d := b.change(s, at, skipped)
+	d, reasons := b.change(s, at, skipped)
 	if len(d.Add) == 0 && len(d.Remove) == 0 {
 		b.count(skipped)
 		return nil
 	}
-	v, err := b.sink.Delta(ctx, b.cfg.List, d, Who)
+	var v int64
+	if rs, ok := b.sink.(ReasonSink); ok {
+		v, err = rs.DeltaMeta(ctx, b.cfg.List, d, blsync.Meta{Who: Who, Reasons: reasons})
+	} else {
+		v, err = b.sink.Delta(ctx, b.cfg.List, d, Who)
+	}
 	if err != nil {
 		return fmt.Errorf("crowdsec: changing list %s (%d added, %d removed): %w", b.cfg.List, len(d.Add), len(d.Remove), err)
 	}
@@ -341,18 +359,16 @@ func (b *Bouncer) count(skipped Skipped) {
 }
 
 // end is when a prefix's decisions end: the latest, zero (never) if any never
-// ends.
-func end(ids map[int64]time.Time) time.Time {
-	var e time.Time
-	for _, t := range ids {
-		if t.IsZero() {
-			return time.Time{}
-		}
-		if t.After(e) {
-			e = t
+// ends; and the scenario of the decision ending last.
+func end(ids map[int64]held) (time.Time, string) {
+	var last held
+	first := true
+	for _, h := range ids {
+		if first || !earlier(h.end, last.end) && (!h.end.Equal(last.end) || h.scenario < last.scenario) {
+			last, first = h, false
 		}
 	}
-	return e
+	return last.end, last.scenario
 }
 
 // earlier reports whether end a comes before end b (zero: never).
@@ -385,17 +401,18 @@ func (b *Bouncer) add(d *Decision, at time.Time, skipped Skipped, touched map[ne
 	ids := b.active[p]
 	if touched != nil {
 		if _, ok := touched[p]; !ok {
-			touched[p] = before{listed: ids != nil, end: end(ids)}
+			e, _ := end(ids)
+			touched[p] = before{listed: ids != nil, end: e}
 		}
 	}
 	if ids == nil {
-		ids = map[int64]time.Time{}
+		ids = map[int64]held{}
 		b.active[p] = ids
 		if p.Bits() < p.Addr().BitLen() {
 			b.ranges[p] = struct{}{}
 		}
 	}
-	ids[d.ID] = exp
+	ids[d.ID] = held{end: exp, scenario: d.Scenario}
 }
 
 type before struct {
@@ -407,8 +424,8 @@ type before struct {
 // decisions, and returns the list's change: the prefixes to remove (those no
 // longer listed, or whose end moved earlier) and to add (those new or changed,
 // and every listed prefix overlapping one removed, since a removal takes out
-// every address it covers).
-func (b *Bouncer) change(s *Stream, at time.Time, skipped Skipped) *blacklist.Delta {
+// every address it covers), with the additions' scenarios.
+func (b *Bouncer) change(s *Stream, at time.Time, skipped Skipped) (*blacklist.Delta, []string) {
 	touched := map[netip.Prefix]before{}
 	for i := range s.Deleted {
 		d := &s.Deleted[i]
@@ -425,7 +442,8 @@ func (b *Bouncer) change(s *Stream, at time.Time, skipped Skipped) *blacklist.De
 			continue
 		}
 		if _, ok := touched[p]; !ok {
-			touched[p] = before{listed: true, end: end(ids)}
+			e, _ := end(ids)
+			touched[p] = before{listed: true, end: e}
 		}
 		delete(ids, d.ID)
 		if len(ids) == 0 {
@@ -440,13 +458,14 @@ func (b *Bouncer) change(s *Stream, at time.Time, skipped Skipped) *blacklist.De
 	readd := map[netip.Prefix]bool{}
 	for p, was := range touched {
 		ids := b.active[p]
+		now, _ := end(ids)
 		switch {
 		case ids == nil:
 			// Gone: remove it, unless it has already ended in the list.
 			if was.listed && (was.end.IsZero() || was.end.After(at)) {
 				delta.Remove = append(delta.Remove, p)
 			}
-		case was.listed && earlier(end(ids), was.end):
+		case was.listed && earlier(now, was.end):
 			delta.Remove = append(delta.Remove, p)
 			readd[p] = true
 		default:
@@ -468,12 +487,15 @@ func (b *Bouncer) change(s *Stream, at time.Time, skipped Skipped) *blacklist.De
 			}
 		}
 	}
+	var reasons []string
 	for p := range readd {
 		if ids := b.active[p]; ids != nil {
-			delta.Add = append(delta.Add, blacklist.Entry{Prefix: p, Expires: end(ids)})
+			e, why := end(ids)
+			delta.Add = append(delta.Add, blacklist.Entry{Prefix: p, Expires: e})
+			reasons = append(reasons, why)
 		}
 	}
-	return delta
+	return delta, reasons
 }
 
 // fetch pulls the decision stream and returns it with the time of its answer.
