@@ -16,6 +16,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/policy/blacklist"
 )
@@ -390,7 +393,8 @@ func TestCorruptChunk(t *testing.T) {
 		t.Fatal(err)
 	}
 	ls2 := &listSet{}
-	f2, _ := runFollower(t, FollowerConfig{Store: st, Dir: dir, List: ls2.get})
+	reg := prometheus.NewRegistry()
+	f2, _ := runFollower(t, FollowerConfig{Store: st, Dir: dir, List: ls2.get, Registerer: reg})
 	deadline := time.Now().Add(10 * time.Second)
 	for f2.Errors()["global"] == "" {
 		if time.Now().After(deadline) {
@@ -403,6 +407,12 @@ func TestCorruptChunk(t *testing.T) {
 	}
 	if f2.Versions()["global"] != 1 || !same(ls2.get("global").Snapshot(), s1) {
 		t.Fatalf("version %d in force after a corrupt chunk, want 1 kept", f2.Versions()["global"])
+	}
+	if n := testutil.ToFloat64(f2.refused.WithLabelValues("global")); n != 1 {
+		t.Fatalf("tiergate_blsync_refused_total %v, want 1", n)
+	}
+	if v := testutil.ToFloat64(f2.version.WithLabelValues("global")); v != 1 {
+		t.Fatalf("tiergate_blsync_version %v, want 1", v)
 	}
 	if _, err := st.Client().Put(ctx, key, string(good)); err != nil {
 		t.Fatal(err)
@@ -430,5 +440,64 @@ func TestDiskCacheCorrupt(t *testing.T) {
 	os.WriteFile(p, data, 0o600)
 	if _, _, err := readCache(dir, "global"); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("readCache of a changed file: %v", err)
+	}
+}
+
+// TestFollowerBehindCompaction: a node whose version is older than the base (its
+// deltas compacted away) fetches the base and the deltas after it; when the
+// store it was given is closed, Run returns.
+func TestFollowerBehindCompaction(t *testing.T) {
+	st := openStore(t)
+	w := NewWriter(st, WriterConfig{Logger: quiet(), CompactDeltas: 5})
+	dir := t.TempDir()
+	s := randomSet(11, 5000)
+	if _, err := w.Replace(ctx, "global", s, "a"); err != nil {
+		t.Fatal(err)
+	}
+	ls := &listSet{}
+	f, stop := runFollower(t, FollowerConfig{Store: st, Dir: dir, List: ls.get})
+	waitVersion(t, f, "global", 1)
+	stop()
+	want := s
+	for i := 0; i < 7; i++ {
+		d := &blacklist.Delta{Add: []blacklist.Entry{{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), 32)}}}
+		if _, err := w.Delta(ctx, "global", d, "a"); err != nil {
+			t.Fatal(err)
+		}
+		want = apply(t, want, d)
+		if i == 4 {
+			w.Wait()
+		}
+	}
+	m, _ := w.Show(ctx, "global")
+	if m.Base.Version != 6 || m.Deltas.From != 7 || m.Deltas.To != 8 {
+		t.Fatalf("manifest %+v: want a base at 6 and deltas 7 and 8", m)
+	}
+	var logs strings.Builder
+	var mu sync.Mutex
+	ls2 := &listSet{}
+	f2, err := NewFollower(FollowerConfig{Store: st, Dir: dir, List: ls2.get, Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f2.Run(context.Background()) }()
+	waitVersion(t, f2, "global", 8)
+	if !same(ls2.get("global").Snapshot(), want) {
+		t.Fatal("the list built from the new base and deltas differs")
+	}
+	mu.Lock()
+	if !strings.Contains(logs.String(), "from=1 by=base") {
+		t.Errorf("not caught up by the base:\n%s", logs.String())
+	}
+	mu.Unlock()
+	st.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, store.ErrClosed) {
+			t.Fatalf("Run after the store closed: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after the store was closed")
 	}
 }

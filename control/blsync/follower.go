@@ -16,10 +16,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/internal/daemon"
+	"github.com/tiergate/tiergate/internal/promreg"
 	"github.com/tiergate/tiergate/policy/blacklist"
 )
 
@@ -52,6 +54,12 @@ type FollowerConfig struct {
 
 	// Logger receives the follower's logs. Default slog.Default().
 	Logger *slog.Logger
+
+	// Registerer receives the follower's metrics: tiergate_blsync_version{list}
+	// (the version in force) and tiergate_blsync_refused_total{list} (versions
+	// refused: a corrupt chunk or delta, a list that does not build). Default
+	// none: not registered.
+	Registerer prometheus.Registerer
 }
 
 // Follower keeps a node's lists in step with the store: it fetches only what
@@ -73,6 +81,9 @@ type Follower struct {
 	saveMu  sync.Mutex
 	saving  map[string]saveReq
 	saveSig chan struct{}
+
+	version *prometheus.GaugeVec
+	refused *prometheus.CounterVec
 }
 
 type saveReq struct {
@@ -91,8 +102,23 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Follower{cfg: cfg, log: cfg.Logger, versions: map[string]int64{}, errs: map[string]string{},
-		seen: map[string][]byte{}, saving: map[string]saveReq{}, saveSig: make(chan struct{}, 1)}, nil
+	f := &Follower{cfg: cfg, log: cfg.Logger, versions: map[string]int64{}, errs: map[string]string{},
+		seen: map[string][]byte{}, saving: map[string]saveReq{}, saveSig: make(chan struct{}, 1),
+		version: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tiergate_blsync_version",
+			Help: "The version of each blacklist of the store the node enforces."}, []string{"list"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tiergate_blsync_refused_total",
+			Help: "Versions of a blacklist of the store refused (a corrupt chunk or delta, a list that does not build); the version before stays in force."}, []string{"list"}),
+	}
+	if cfg.Registerer != nil {
+		var err error
+		if f.version, err = promreg.Register(cfg.Registerer, f.version); err != nil {
+			return nil, fmt.Errorf("blsync: registering the metrics: %w", err)
+		}
+		if f.refused, err = promreg.Register(cfg.Registerer, f.refused); err != nil {
+			return nil, fmt.Errorf("blsync: registering the metrics: %w", err)
+		}
+	}
+	return f, nil
 }
 
 // Versions returns the version of each list in force, by name: what the node
@@ -144,10 +170,10 @@ func (f *Follower) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
-		f.log.Warn("blsync: following the blacklists", "err", err)
-		if errors.Is(err, store.ErrClosed) && f.cfg.Store != nil {
-			return err
+		if f.cfg.Store != nil && f.cfg.Store.Client().Ctx().Err() != nil {
+			return fmt.Errorf("blsync: %w", store.ErrClosed)
 		}
+		f.log.Warn("blsync: following the blacklists", "err", err)
 		if sleep(ctx, &wait) != nil {
 			break
 		}
@@ -256,6 +282,7 @@ func (f *Follower) syncNow(ctx context.Context, cli *clientv3.Client, name strin
 	f.mu.Unlock()
 	switch {
 	case err != nil && ctx.Err() == nil && old != err.Error():
+		f.refused.WithLabelValues(name).Inc()
 		f.log.Error("blsync: a blacklist version is refused; the one in force stays", "list", name, "version_in_force", f.Versions()[name], "err", err)
 	case err == nil && had:
 		f.log.Info("blsync: blacklist in step again", "list", name, "version", f.Versions()[name])
@@ -325,6 +352,7 @@ func (f *Follower) sync(ctx context.Context, cli *clientv3.Client, name string, 
 	f.mu.Lock()
 	f.versions[name] = m.Version
 	f.mu.Unlock()
+	f.version.WithLabelValues(name).Set(float64(m.Version))
 	f.forget(name)
 	f.log.Info("blsync: blacklist in force", "list", name, "version", m.Version, "from", have, "by", how, "entries", next.Len(), "took", time.Since(start).Round(time.Millisecond))
 	f.save(name, m.Version, next)
@@ -536,6 +564,7 @@ func (f *Follower) loadDir() {
 		f.mu.Lock()
 		f.versions[name] = v
 		f.mu.Unlock()
+		f.version.WithLabelValues(name).Set(float64(v))
 		loaded = true
 		f.log.Info("blsync: blacklist loaded from disk", "list", name, "version", v, "entries", s.Len())
 	}
