@@ -74,8 +74,8 @@ func TestDecisionsPush(t *testing.T) {
 		t.Fatalf("a deletion: %+v", r)
 	}
 	s, v = read()
-	if has(s, "198.51.100.7") || !has(s, "2001:db8::7") || !has(s, "203.0.113.9") {
-		t.Fatal("after the deletion: 198.51.100.7 still listed, or the others gone")
+	if has(s, "198.51.100.7") || !has(s, "2001:db8::7") || !has(s, "203.0.113.9") || v != r.Version {
+		t.Fatalf("after the deletion (version %d, answered %d): 198.51.100.7 still listed, or the others gone", v, r.Version)
 	}
 
 	// ?types= enforces other types.
