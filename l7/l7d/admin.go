@@ -122,6 +122,9 @@ func (d *Daemon) adminHandler() http.Handler {
 		if err != nil {
 			return err
 		}
+		if err := d.fromControl(l); err != nil {
+			return err
+		}
 		lim := d.current().AdminBlacklistUploads
 		release, err := uploads.Acquire(r.Context(), lim)
 		if err != nil {
@@ -146,6 +149,9 @@ func (d *Daemon) adminHandler() http.Handler {
 	handle("POST /blacklists/{name}/delta", func(w http.ResponseWriter, r *http.Request) error {
 		l, err := d.list(r)
 		if err != nil {
+			return err
+		}
+		if err := d.fromControl(l); err != nil {
 			return err
 		}
 		lim := d.current().AdminBlacklistUploads
@@ -177,6 +183,9 @@ func (d *Daemon) adminHandler() http.Handler {
 	handle("DELETE /blacklists/{name}/state", func(w http.ResponseWriter, r *http.Request) error {
 		l, err := d.list(r)
 		if err != nil {
+			return err
+		}
+		if err := d.fromControl(l); err != nil {
 			return err
 		}
 		var info listInfo

@@ -242,6 +242,13 @@ func (c *control) start(cfg *FileConfig) error {
 	if err != nil {
 		return err
 	}
+	if d.blsync != nil {
+		var ls []string
+		for _, l := range cfg.Listeners {
+			ls = append(ls, l.Name)
+		}
+		d.blsync.start(ls)
+	}
 	srv, err := l7.NewServer(d.l7Config(cfg, pol))
 	if err != nil {
 		return err
@@ -282,12 +289,18 @@ func (d *Daemon) runAgent(ctx context.Context, cfg *FileConfig) (stop func(), er
 	if addr == "off" {
 		addr = ""
 	}
+	sl, err := d.newStoreLists(nc, cfg.admin().StateDir)
+	if err != nil {
+		return nil, err
+	}
+	d.blsync = sl
 	a, err := agent.New(agent.Config{
 		Open:         nc.OpenWith(d.Log.With("component", "store")),
 		Node:         nc.Node,
 		Role:         Role,
 		Address:      addr, // the admin endpoint's, none when it is off
 		Certificates: d.certificatesInUse,
+		Blacklists:   sl.versions,
 		CacheFile:    nc.CacheFile,
 		Apply:        d.applySnapshot,
 		Logger:       d.Log,
@@ -298,12 +311,13 @@ func (d *Daemon) runAgent(ctx context.Context, cfg *FileConfig) (stop func(), er
 	}
 	d.agent = a
 	actx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
+	done, slDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := a.Run(actx); err != nil && !errors.Is(err, context.Canceled) {
 			d.Log.Error("node agent stopped", "err", err)
 		}
 	}()
-	return func() { cancel(); <-done }, nil
+	go func() { defer close(slDone); sl.run(actx) }()
+	return func() { cancel(); <-done; <-slDone }, nil
 }

@@ -89,6 +89,8 @@ type Daemon struct {
 	// agent is the node agent with control, nil without; set before the first
 	// snapshot is applied.
 	agent *agent.Agent
+	// blsync feeds the lists from the store with control, nil without; set with agent.
+	blsync *storeLists
 }
 
 // DefaultTokenDir is where l7d generates its admin token (admin.token) when neither
