@@ -15,8 +15,12 @@
   const setState = (s) => { document.body.dataset.state = s; };
   const fmt = (v, unit) => {
     if (v === null || v === undefined || Number.isNaN(v)) return "–";
-    if (unit === "s") return v < 1 ? (v * 1000).toFixed(v < 0.01 ? 2 : 1) + " ms" : v.toFixed(2) + " s";
-    return Math.abs(v) >= 100 ? v.toFixed(0) : v.toFixed(1);
+    if (unit === "s") return v < 1 ? (v * 1000).toFixed(v < 0.01 ? 2 : 1) + "ms" : v.toFixed(2) + "s";
+    const a = Math.abs(v);
+    if (a >= 1e9) return (v / 1e9).toFixed(1) + "G";
+    if (a >= 1e6) return (v / 1e6).toFixed(1) + "M";
+    if (a >= 1e4) return (v / 1e3).toFixed(1) + "k";
+    return a >= 100 ? v.toFixed(0) : v.toFixed(1);
   };
 
   function login(msg) {
@@ -141,7 +145,7 @@
         label: s.name, stroke: colors[i % colors.length], width: 1.5, spanGaps: false,
         value: (u, v) => fmt(v, p.unit),
       }))),
-      axes: [{}, { size: 60, values: (u, vals) => vals.map((v) => fmt(v, p.unit)) }],
+      axes: [{}, { size: 70, values: (u, vals) => vals.map((v) => fmt(v, p.unit)) }],
       scales: { x: { time: true } },
     };
     const el = document.createElement("div");
