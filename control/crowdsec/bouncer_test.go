@@ -13,6 +13,7 @@ import (
 
 	"github.com/tiergate/tiergate/control/crowdsec"
 	"github.com/tiergate/tiergate/control/crowdsec/crowdsectest"
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/policy/blacklist"
 )
 
@@ -197,6 +198,57 @@ func TestBouncerWithCrowdSec(t *testing.T) {
 	}
 	if st := b.Stats(); st.Errors != 1 || st.LastError != "" {
 		t.Errorf("stats %+v: want one error, none now", st)
+	}
+}
+
+// TestBouncerRunThroughOutage: Run pulls on its interval; while the Local API
+// is down the pulls fail and are counted, and once it is back the whole list is
+// made again (a replace), with what changed meanwhile.
+func TestBouncerRunThroughOutage(t *testing.T) {
+	lapi := crowdsectest.Start(t)
+	lapi.Cscli("decisions", "add", "--ip", "198.51.100.1", "-d", "1h")
+	lapi.Cscli("decisions", "add", "--ip", "198.51.100.2", "-d", "1h")
+	sink := newListSink()
+	b, err := crowdsec.New(crowdsec.Config{LAPIURL: lapi.URL, APIKeyFile: lapi.KeyFile, PollInterval: config.Duration(200 * time.Millisecond)}, sink, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 20s; stats %+v\ncrowdsec's log:\n%s", what, b.Stats(), lapi.Log())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("the startup list", func() bool { return sink.has("198.51.100.1") && sink.has("198.51.100.2") })
+	lapi.Stop()
+	waitFor("a failed pull", func() bool { st := b.Stats(); return st.Errors > 0 && st.LastError != "" })
+	lapi.Restart()
+	lapi.Cscli("decisions", "delete", "--ip", "198.51.100.2")
+	lapi.Cscli("decisions", "add", "--ip", "198.51.100.3", "-d", "1h")
+	waitFor("the list after the outage", func() bool {
+		return sink.has("198.51.100.1") && !sink.has("198.51.100.2") && sink.has("198.51.100.3")
+	})
+	sink.mu.Lock()
+	replaces := sink.replaces
+	sink.mu.Unlock()
+	if replaces < 2 {
+		t.Errorf("%d replaces: the list was not made again after the failed pulls", replaces)
+	}
+	if st := b.Stats(); st.LastError != "" {
+		t.Errorf("after the outage: last error %q", st.LastError)
 	}
 }
 

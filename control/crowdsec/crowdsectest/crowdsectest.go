@@ -30,9 +30,10 @@ type LAPI struct {
 	// Config is its configuration file, for cscli -c.
 	Config string
 
-	t     testing.TB
-	cscli string
-	p     *proc.Process
+	t          testing.TB
+	bin, cscli string
+	dir, addr  string
+	p          *proc.Process
 }
 
 // Start starts a Local API for t, or skips t (fails it under
@@ -41,6 +42,24 @@ func Start(t testing.TB) *LAPI {
 	t.Helper()
 	bin := testenv.RequireCommand(t, "crowdsec", "crowdsec")
 	cscli := testenv.RequireCommand(t, "cscli", "crowdsec")
+	for attempt := 1; ; attempt++ {
+		l := setUp(t, bin, cscli)
+		err := l.start()
+		if err == nil {
+			t.Cleanup(l.Stop)
+			return l
+		}
+		// The free port found may be taken before crowdsec binds it.
+		if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			t.Fatal(err)
+		}
+	}
+}
+
+// setUp writes a Local API's configuration in a new directory, on a free port,
+// with a machine and the bouncer registered.
+func setUp(t testing.TB, bin, cscli string) *LAPI {
+	t.Helper()
 	dir := t.TempDir()
 	for _, d := range []string{"etc", "data", "hub"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
@@ -52,43 +71,58 @@ func Start(t testing.TB) *LAPI {
 	write(t, conf, fmt.Sprintf(configYAML, dir, addr))
 	write(t, filepath.Join(dir, "etc", "profiles.yaml"), profilesYAML)
 	write(t, filepath.Join(dir, "etc", "simulation.yaml"), "simulation: false\n")
-	l := &LAPI{URL: "http://" + addr, KeyFile: filepath.Join(dir, "bouncer.key"), Config: conf, t: t, cscli: cscli}
+	l := &LAPI{URL: "http://" + addr, KeyFile: filepath.Join(dir, "bouncer.key"), Config: conf, t: t, bin: bin, cscli: cscli, dir: dir, addr: addr}
 	l.Cscli("machines", "add", "--auto", "--force", "-f", filepath.Join(dir, "etc", "local_api_credentials.yaml"))
 	key := strings.TrimSpace(l.Cscli("bouncers", "add", "tiergate", "-o", "raw"))
 	if key == "" || strings.ContainsAny(key, " \n") {
 		t.Fatalf("cscli bouncers add printed %q, not one key", key)
 	}
 	write(t, l.KeyFile, key+"\n")
-	cmd := exec.Command(bin, "-c", conf, "-no-cs", "-no-capi")
-	cmd.Dir = dir
-	p, err := proc.Start("crowdsec", filepath.Join(dir, "crowdsec.log"), cmd)
+	return l
+}
+
+// start starts crowdsec and waits until it listens.
+func (l *LAPI) start() error {
+	cmd := exec.Command(l.bin, "-c", l.Config, "-no-cs", "-no-capi")
+	cmd.Dir = l.dir
+	p, err := proc.Start("crowdsec", filepath.Join(l.dir, "crowdsec.log"), cmd, proc.AppendLog())
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	l.p = p
-	t.Cleanup(func() {
-		// crowdsec ends on SIGTERM by the signal: not a failure.
-		if err := p.Stop(10 * time.Second); err != nil && !strings.Contains(err.Error(), "signal: terminated") {
-			t.Logf("stopping crowdsec: %v", err)
-		}
-	})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
+		c, err := net.DialTimeout("tcp", l.addr, time.Second)
 		if err == nil {
 			c.Close()
-			break
+			return nil
 		}
 		select {
 		case <-p.Done():
-			t.Fatalf("crowdsec's Local API did not start: %v", p.Exited())
+			return fmt.Errorf("crowdsec's Local API did not start: %v", p.Exited())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("crowdsec's Local API did not listen on %s within 30s; its log:\n%s", addr, p.LogTail(30))
+			l.Stop()
+			return fmt.Errorf("crowdsec's Local API did not listen on %s within 30s; its log:\n%s", l.addr, p.LogTail(30))
 		}
 	}
-	return l
+}
+
+// Stop stops the Local API (its database stays); the test's end stops it too.
+func (l *LAPI) Stop() {
+	// crowdsec ends on SIGTERM by the signal: not a failure.
+	if err := l.p.Stop(10 * time.Second); err != nil && !strings.Contains(err.Error(), "signal: terminated") {
+		l.t.Logf("stopping crowdsec: %v", err)
+	}
+}
+
+// Restart starts the Local API again after Stop, on the same port and database.
+func (l *LAPI) Restart() {
+	l.t.Helper()
+	if err := l.start(); err != nil {
+		l.t.Fatal(err)
+	}
 }
 
 // Cscli runs cscli with args on this Local API's configuration and returns its
