@@ -3,6 +3,7 @@ package crowdsec_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -252,7 +253,8 @@ func TestBouncerRunThroughOutage(t *testing.T) {
 	}
 }
 
-// A bouncer whose key is not a bouncer's is answered 403: an *AnswerError.
+// A bouncer whose key is not a bouncer's is answered 403, and an answer over
+// max_answer_bytes is refused: each an *AnswerError.
 func TestBouncerRefusedKey(t *testing.T) {
 	lapi := crowdsectest.Start(t)
 	bad := filepath.Join(t.TempDir(), "key")
@@ -270,6 +272,23 @@ func TestBouncerRefusedKey(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "0123456789abcdef") {
 		t.Errorf("the error shows the key: %v", err)
+	}
+
+	// An answer over max_answer_bytes is refused, and nothing is written.
+	for i := range 8 {
+		lapi.Cscli("decisions", "add", "--ip", fmt.Sprintf("198.51.100.%d", 10+i), "-d", "1h")
+	}
+	sink := newListSink()
+	b, err = crowdsec.New(crowdsec.Config{LAPIURL: lapi.URL, APIKeyFile: lapi.KeyFile, MaxAnswerBytes: 1024}, sink, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = b.Poll(context.Background())
+	if !errors.As(err, &ae) || ae.Status != 200 || !strings.Contains(err.Error(), "over 1024 bytes") || !strings.Contains(err.Error(), "startup=true") {
+		t.Fatalf("Poll of an answer over 1024 bytes = %v; want an *AnswerError naming the bound and the URL", err)
+	}
+	if sink.writes() != 0 {
+		t.Errorf("an answer over the bound wrote %d times", sink.writes())
 	}
 }
 
