@@ -7,15 +7,19 @@ package l4d
 
 import (
 	"errors"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/tiergate/tiergate/control/agent"
+	"github.com/tiergate/tiergate/control/blsync"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/l4/conntrack"
 	"github.com/tiergate/tiergate/l4/datapath"
 	"github.com/tiergate/tiergate/l4/dpdk"
+	"github.com/tiergate/tiergate/policy/blacklist"
 )
 
 // FileConfig is l4d's configuration file. Every field may be left out unless marked
@@ -78,6 +82,21 @@ type FileConfig struct {
 	// <state_dir>/control-snapshot.json), from which l4d starts when the store is
 	// out of reach. Fixed at start. Default none: rules and pools from this file.
 	Control *agent.NodeConfig `yaml:"control" json:"control,omitempty"`
+
+	// Blacklists names the control plane's blacklists (tgctl blacklist, stored by
+	// control/blsync) that l4d enforces, with a control section only: a packet to a
+	// VIP from a source on one of them is dropped before it is tunnelled (result
+	// blacklisted in tiergate_l4_packets_total and GET /status), so a listed client
+	// never costs an L7 node a handshake. The lists follow the store (only what
+	// changed is fetched), their versions are reported in the node's status, and the
+	// last version of each is kept in BlacklistDir. Fixed at start. Default [global]
+	// with a control section; [] enforces none.
+	Blacklists []string `yaml:"blacklists" json:"blacklists,omitempty"`
+
+	// BlacklistDir keeps the last version of each list in Blacklists, loaded at start
+	// so that l4d started while the store is out of reach drops what it dropped
+	// before. Fixed at start. Default <state_dir>/blacklists.
+	BlacklistDir string `yaml:"blacklist_dir" json:"blacklist_dir,omitempty"`
 
 	// DPDK sets the EAL, the workers and the packet buffers.
 	DPDK DPDKFile `yaml:"dpdk" json:"dpdk"`
@@ -232,6 +251,13 @@ func (c *FileConfig) validate() error {
 	}
 	if c.Control != nil {
 		c.controlled(&ck)
+	} else {
+		if c.Blacklists != nil {
+			bad("blacklists", "needs a control section: the blacklists come from the control plane")
+		}
+		if c.BlacklistDir != "" {
+			bad("blacklist_dir", "needs a control section: the blacklists come from the control plane")
+		}
 	}
 	for i, h := range c.AdminHosts {
 		if h == "" || strings.ContainsAny(h, "/ \t") {
@@ -405,5 +431,18 @@ func (c *FileConfig) controlled(ck *config.Checker) {
 	}
 	if c.StateFile != "" {
 		ck.Addf("state_file", "not with control: the rules and pools come from the control plane, whose last snapshot is kept in control.cache_file")
+	}
+	if c.Blacklists == nil {
+		c.Blacklists = []string{blacklist.GlobalName}
+	}
+	for i, n := range c.Blacklists {
+		if err := blsync.CheckName(n); err != nil {
+			ck.Add(config.Index("blacklists", i), err)
+		} else if slices.Index(c.Blacklists, n) < i {
+			ck.Addf(config.Index("blacklists", i), "%q is named twice", n)
+		}
+	}
+	if c.BlacklistDir == "" {
+		c.BlacklistDir = filepath.Join(c.StateDir, "blacklists")
 	}
 }

@@ -8,13 +8,16 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/tiergate/tiergate/control/agent"
+	"github.com/tiergate/tiergate/control/blsync"
 	"github.com/tiergate/tiergate/control/model"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/l4/datapath"
+	"github.com/tiergate/tiergate/policy/blacklist"
 )
 
 // codeControlPlane is the admin API's error when a change of rules or pools is asked
@@ -25,6 +28,8 @@ const codeControlPlane = "control_plane"
 // /control.
 type controlState struct {
 	agent atomic.Pointer[agent.Agent]
+	// follower keeps the blacklists in step with the store; nil without any.
+	follower atomic.Pointer[blsync.Follower]
 	// applied is the revision of the snapshot in force, 0 before the first.
 	applied atomic.Int64
 }
@@ -41,12 +46,21 @@ func (d *Daemon) startControl(ctx context.Context) (stop func(), err error) {
 	if a := d.AdminAddr(); a != nil {
 		addr = a.String()
 	}
+	fol, err := d.blacklistFollower(nc)
+	if err != nil {
+		return nil, fmt.Errorf("control: %w", err)
+	}
+	var versions func() map[string]int64
+	if fol != nil {
+		versions = fol.Versions
+	}
 	a, err := agent.New(agent.Config{
 		Open:    nc.OpenWith(d.Log),
 		Node:    nc.Node,
 		Role:    "l4d",
 		Address: addr,
 
+		Blacklists: versions,
 		CacheFile:  nc.CacheFile,
 		Apply:      d.applyControl,
 		Logger:     d.Log,
@@ -58,16 +72,59 @@ func (d *Daemon) startControl(ctx context.Context) (stop func(), err error) {
 	d.control.agent.Store(a)
 	// Not ctx's end but stop ends it: it reports through the lame-duck delay.
 	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Go(func() { a.Run(actx) })
+	if fol != nil {
+		wg.Go(func() { fol.Run(actx) })
+		d.Log.Info("blacklists from the control plane", "lists", d.file.Blacklists, "dir", d.file.BlacklistDir)
+	}
 	done := make(chan struct{})
 	go func() {
-		defer close(done)
-		a.Run(actx)
+		wg.Wait()
+		close(done)
 	}()
 	d.Log.Info("rules and pools from the control plane", "node", nc.Node, "etcd_endpoints", nc.EtcdEndpoints, "cache_file", nc.CacheFile)
 	return func() {
 		cancel()
 		<-done
 	}, nil
+}
+
+// blacklistFollower puts the lists the file names (blacklists) in force in the
+// datapath, empty until the follower it returns fills them from the store (or from
+// blacklist_dir, first). It returns nil when the file names none.
+func (d *Daemon) blacklistFollower(nc *agent.NodeConfig) (*blsync.Follower, error) {
+	names := d.file.Blacklists
+	if len(names) == 0 {
+		return nil, nil
+	}
+	byName := make(map[string]*blacklist.List, len(names))
+	lists := make([]*blacklist.List, 0, len(names))
+	for _, n := range names {
+		l := blacklist.NewList(n, blacklist.Options{Registerer: d.Reg})
+		if err := l.MetricsError(); err != nil {
+			return nil, err
+		}
+		byName[n] = l
+		lists = append(lists, l)
+	}
+	fol, err := blsync.NewFollower(blsync.FollowerConfig{
+		Open: nc.OpenWith(d.Log),
+		Dir:  d.file.BlacklistDir,
+		List: func(name string) *blacklist.List { return byName[name] },
+		Changed: func() {
+			if a := d.control.agent.Load(); a != nil {
+				a.Report()
+			}
+		},
+		Logger: d.Log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.dist.SetBlacklists(lists...)
+	d.control.follower.Store(fol)
+	return fol, nil
 }
 
 // applyControl is the agent's Apply: it puts the snapshot's L4 rules and pools in
@@ -173,6 +230,11 @@ type controlStatus struct {
 	// Status is what the agent reports to the store: the revision in force, or the
 	// one refused and why.
 	Status *agent.Status `json:"status,omitempty"`
+	// Blacklists are the versions of the blacklists in force by name (0 until a
+	// first version), and BlacklistErrors why the store's last version of a list
+	// was not put in force (the version before stays).
+	Blacklists      map[string]int64  `json:"blacklists,omitempty"`
+	BlacklistErrors map[string]string `json:"blacklist_errors,omitempty"`
 }
 
 // controlInfo returns GET /control's body.
@@ -185,6 +247,17 @@ func (d *Daemon) controlInfo() controlStatus {
 	if a := d.control.agent.Load(); a != nil {
 		st := a.Status()
 		cs.Status = &st
+	}
+	if f := d.control.follower.Load(); f != nil {
+		cs.Blacklists = f.Versions()
+		for _, n := range d.current().file.Blacklists {
+			if _, ok := cs.Blacklists[n]; !ok {
+				cs.Blacklists[n] = 0
+			}
+		}
+		if errs := f.Errors(); len(errs) > 0 {
+			cs.BlacklistErrors = errs
+		}
 	}
 	return cs
 }

@@ -113,19 +113,37 @@ func waitStatus(t *testing.T, s *store.Store, node string, ok func(agent.Status)
 // 5s.
 func (td *testDaemon) forwards(vip string, port uint16, members ...string) bool {
 	td.t.Helper()
+	return td.forwardsFrom("198.18.0.50", 40000+port%1000, vip, port, members...)
+}
+
+// forwardsFrom is forwards for a SYN from src:sport.
+func (td *testDaemon) forwardsFrom(src string, sport uint16, vip string, port uint16, members ...string) bool {
+	td.t.Helper()
+	td.injectSYN(src, sport, vip, port)
+	return td.tunnelled(5*time.Second, members...)
+}
+
+// injectSYN injects a client's SYN on the external port, the internal port's frames
+// sent so far discarded.
+func (td *testDaemon) injectSYN(src string, sport uint16, vip string, port uint16) {
+	td.t.Helper()
 	ip := &layers.IPv4{Version: 4, TTL: 60, Protocol: layers.IPProtocolTCP,
-		SrcIP: net.IP{198, 18, 0, 50}, DstIP: netip.MustParseAddr(vip).AsSlice()}
-	tcp := &layers.TCP{SrcPort: layers.TCPPort(40000 + port%1000), DstPort: layers.TCPPort(port), SYN: true, Seq: 1000, Window: 64240}
+		SrcIP: netip.MustParseAddr(src).AsSlice(), DstIP: netip.MustParseAddr(vip).AsSlice()}
+	tcp := &layers.TCP{SrcPort: layers.TCPPort(sport), DstPort: layers.TCPPort(port), SYN: true, Seq: 1000, Window: 64240}
 	_ = tcp.SetNetworkLayerForChecksum(ip)
 	buf := gopacket.NewSerializeBuffer()
 	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 9}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, EthernetType: layers.EthernetTypeIPv4}
 	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, eth, ip, tcp); err != nil {
 		td.t.Fatal(err)
 	}
-	internal := td.ports.dev("internal")
-	internal.Drain()
+	td.ports.dev("internal").Drain()
 	td.ports.dev("external").Inject(buf.Bytes())
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+}
+
+// tunnelled reports whether the internal port sent GRE to one of members within wait.
+func (td *testDaemon) tunnelled(wait time.Duration, members ...string) bool {
+	internal := td.ports.dev("internal")
+	for deadline := time.Now().Add(wait); ; time.Sleep(10 * time.Millisecond) {
 		for _, f := range internal.Sent() {
 			pk := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default)
 			outer, _ := pk.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
@@ -133,8 +151,10 @@ func (td *testDaemon) forwards(vip string, port uint16, members ...string) bool 
 				return true
 			}
 		}
+		if time.Now().After(deadline) {
+			return false
+		}
 	}
-	return false
 }
 
 // ruleNames returns the names of the rules the datapath forwards by, sorted.

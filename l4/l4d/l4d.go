@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -374,6 +375,12 @@ func fixedChanges(cur, next *FileConfig) error {
 	}
 	if !reflect.DeepEqual(cur.Control, next.Control) {
 		diff = append(diff, "control")
+	}
+	if !slices.Equal(cur.Blacklists, next.Blacklists) {
+		diff = append(diff, "blacklists")
+	}
+	if cur.BlacklistDir != next.BlacklistDir {
+		diff = append(diff, "blacklist_dir")
 	}
 	if cur.Conntrack.Capacity != next.Conntrack.Capacity {
 		diff = append(diff, "conntrack.capacity")
