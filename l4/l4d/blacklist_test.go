@@ -146,6 +146,12 @@ func TestBlacklistsConfig(t *testing.T) {
 			t.Errorf("%q: error %v, want %q", tc.cfg[max(0, len(tc.cfg)-60):], err, tc.want)
 		}
 	}
+	path := filepath.Join(t.TempDir(), "l4d.yaml")
+	writeFile(t, path, base)
+	var out strings.Builder
+	if err := (&Daemon{Path: path}).Check(&out); err != nil || !strings.Contains(out.String(), "blacklists from the control plane: global; last versions kept in /var/lib/x/blacklists") {
+		t.Errorf("l4d check: %v\n%s", err, out.String())
+	}
 	other, _ := ParseConfig([]byte(base+"blacklists: [global, crowdsec]\n"), "l4d.yaml")
 	if err := fixedChanges(c, other); err == nil || !strings.Contains(err.Error(), "blacklists") {
 		t.Errorf("a changed blacklists: %v, want a restart asked for", err)

@@ -188,6 +188,11 @@ func (d *Daemon) Check(out io.Writer) error {
 	if nc := cfg.Control; nc != nil {
 		fmt.Fprintf(out, "rules and pools from the control plane: node %s at %s; last snapshot kept in %s\n",
 			nc.Node, strings.Join(nc.EtcdEndpoints, ","), nc.CacheFile)
+		if len(cfg.Blacklists) > 0 {
+			fmt.Fprintf(out, "blacklists from the control plane: %s; last versions kept in %s\n", strings.Join(cfg.Blacklists, ", "), cfg.BlacklistDir)
+		} else {
+			fmt.Fprintln(out, "no blacklists")
+		}
 		fmt.Fprintln(out, "configuration OK")
 		return nil
 	}
