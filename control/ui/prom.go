@@ -86,6 +86,19 @@ func (p *Prometheus) query(ctx context.Context, path string, params url.Values) 
 		return nil, fmt.Errorf("querying Prometheus %q: %w", params.Get("query"), err)
 	}
 	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxPromBytes))
+	if err != nil {
+		return nil, fmt.Errorf("querying Prometheus %q: %w", params.Get("query"), err)
+	}
+	res, err := parseAnswer(body)
+	if err != nil {
+		return nil, fmt.Errorf("querying Prometheus %q: %s: %w", params.Get("query"), resp.Status, err)
+	}
+	return res, nil
+}
+
+// parseAnswer reads an answer of Prometheus's query API.
+func parseAnswer(body []byte) ([]promSeries, error) {
 	var ans struct {
 		Status    string `json:"status"`
 		ErrorType string `json:"errorType"`
@@ -95,15 +108,11 @@ func (p *Prometheus) query(ctx context.Context, path string, params url.Values) 
 			Result     []promSeries `json:"result"`
 		} `json:"data"`
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxPromBytes))
-	if err != nil {
-		return nil, fmt.Errorf("querying Prometheus %q: %w", params.Get("query"), err)
-	}
 	if err := json.Unmarshal(body, &ans); err != nil {
-		return nil, fmt.Errorf("querying Prometheus %q: %s: the answer is not its JSON: %w", params.Get("query"), resp.Status, err)
+		return nil, fmt.Errorf("the answer is not its JSON: %w", err)
 	}
 	if ans.Status != "success" {
-		return nil, fmt.Errorf("querying Prometheus %q: %s: %s", params.Get("query"), ans.ErrorType, ans.Error)
+		return nil, fmt.Errorf("%s: %s", ans.ErrorType, ans.Error)
 	}
 	return ans.Data.Result, nil
 }
@@ -118,6 +127,12 @@ func (p *Prometheus) QueryRange(ctx context.Context, expr string, start time.Tim
 	if err != nil {
 		return nil, err
 	}
+	return align(res, start, p.cfg.Step, n), nil
+}
+
+// align puts a range answer's values on the n points start + k×step (null
+// where there is none); values off the points, or not numbers, are left out.
+func align(res []promSeries, start time.Time, step time.Duration, n int) []Series {
 	out := make([]Series, 0, len(res))
 	for _, r := range res {
 		vals := make([]*float64, n)
@@ -127,16 +142,16 @@ func (p *Prometheus) QueryRange(ctx context.Context, expr string, start time.Tim
 			if !ok || !ok2 {
 				continue
 			}
-			k := int(math.Round((t - float64(start.Unix())) / p.cfg.Step.Seconds()))
+			kf := math.Round((t - float64(start.Unix())) / step.Seconds())
 			v, err := strconv.ParseFloat(s, 64)
-			if k < 0 || k >= n || err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+			if !(kf >= 0 && kf < float64(n)) || err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
 				continue
 			}
-			vals[k] = ptr(v)
+			vals[int(kf)] = ptr(v)
 		}
 		out = append(out, Series{Labels: r.Metric, Values: vals})
 	}
-	return out, nil
+	return out
 }
 
 // Instant runs expr now.

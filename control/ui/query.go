@@ -186,7 +186,7 @@ type bucket struct {
 // quantile is histogram_quantile's estimate of the q-quantile of buckets
 // (cumulative counts), NaN when there is no observation.
 func quantile(q float64, buckets []bucket) float64 {
-	if len(buckets) == 0 {
+	if len(buckets) < 2 { // +Inf alone says nothing of where the values are
 		return math.NaN()
 	}
 	sort.Slice(buckets, func(i, j int) bool { return buckets[i].le < buckets[j].le })

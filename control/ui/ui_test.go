@@ -46,6 +46,9 @@ func TestQuantile(t *testing.T) {
 	if got := quantile(0.99, []bucket{{1, 10}, {math.Inf(1), 100}}); got != 1 {
 		t.Errorf("p99 in +Inf bucket = %v, want the highest finite bound 1", got)
 	}
+	if got := quantile(0.5, []bucket{{math.Inf(1), 7}}); !math.IsNaN(got) {
+		t.Errorf("+Inf alone: %v, want NaN", got)
+	}
 	if got := quantile(0.5, []bucket{{1, 0}, {math.Inf(1), 0}}); !math.IsNaN(got) {
 		t.Errorf("no observations: %v, want NaN", got)
 	}
