@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tiergate/tiergate/l4/port"
 	"github.com/tiergate/tiergate/policy/blacklist"
 )
 
@@ -28,7 +29,8 @@ func randomList(n int, seed uint64) *blacklist.List {
 }
 
 // BenchmarkPollEstablishedBlacklist1M is BenchmarkPollEstablished with a 1M-entry
-// IPv4 list in force that none of the sources is on: every packet is looked up.
+// IPv4 list in force that none of the sources is on: the flows were looked up when
+// they were made, their packets are not (only the lists' versions, once a burst).
 func BenchmarkPollEstablishedBlacklist1M(b *testing.B) {
 	const flows = 1 << 20
 	w, _ := benchWorker(b, 2*flows)
@@ -55,4 +57,22 @@ func BenchmarkPollEstablishedBlacklist1M(b *testing.B) {
 		b.Fatalf("forwarded %d of %d", sink.sent, b.N)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds()/1e6, "Mpps")
+}
+
+// BenchmarkHandleNewFlowBlacklist1M is BenchmarkHandleNewFlow with a 1M-entry IPv4
+// list in force that none of the sources is on: every SYN is looked up.
+func BenchmarkHandleNewFlowBlacklist1M(b *testing.B) {
+	const flows = 1 << 20
+	w, s := benchWorker(b, 4*flows)
+	w.d.SetBlacklists(randomList(1_000_000, 7))
+	syns := benchFrames(b, flows, true)
+	buf := port.Buf{Data: make([]byte, 2048)}
+	runtime.GC()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		f := syns[i&(flows-1)]
+		buf.Off, buf.Len = 128, copy(buf.Data[128:], f)
+		w.handleFrame(s, &buf, true)
+	}
 }
