@@ -76,7 +76,8 @@ type Follower struct {
 
 	// seen are chunk and delta values the watch delivered, by key, used instead of
 	// fetching them again (checked as any other).
-	seen map[string][]byte
+	seen      map[string][]byte
+	seenBytes int
 
 	saveMu  sync.Mutex
 	saving  map[string]saveReq
@@ -195,6 +196,10 @@ func sleep(ctx context.Context, wait *time.Duration) error {
 	}
 }
 
+// maxSeenBytes bounds the values the watch delivered that are kept for a
+// manifest to come.
+const maxSeenBytes = 2 * MaxChunks * MaxChunkBytes
+
 // retryEvery is how often a list whose last sync failed is tried again.
 const retryEvery = 5 * time.Second
 
@@ -244,13 +249,15 @@ func (f *Follower) follow(ctx context.Context, cli *clientv3.Client) error {
 				}
 				if name, ok := listOf(key); ok && f.cfg.List(name) != nil {
 					f.seen[key] = ev.Kv.Value
+					f.seenBytes += len(ev.Kv.Value)
 				}
 			}
 			for name, r := range changed {
 				f.syncNow(ctx, cli, name, r)
 			}
-			if len(f.seen) > 4*MaxChunks {
+			if f.seenBytes > maxSeenBytes { // values whose manifest never came
 				clear(f.seen)
+				f.seenBytes = 0
 			}
 		}
 	}
@@ -372,9 +379,10 @@ func withRev(rev int64) []clientv3.OpOption {
 // forget drops the values the watch delivered for a list.
 func (f *Follower) forget(name string) {
 	p := Prefix + name + "/"
-	for k := range f.seen {
+	for k, v := range f.seen {
 		if strings.HasPrefix(k, p) {
 			delete(f.seen, k)
+			f.seenBytes -= len(v)
 		}
 	}
 }
