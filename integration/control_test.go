@@ -30,6 +30,7 @@ import (
 
 	"github.com/quic-go/quic-go/http3"
 
+	"github.com/tiergate/tiergate/keyserver/backend"
 	"github.com/tiergate/tiergate/testkit/cluster"
 	"github.com/tiergate/tiergate/testkit/testenv"
 	"github.com/tiergate/tiergate/testkit/testpki"
@@ -469,6 +470,52 @@ func getOn(t *testing.T, conn *tls.Conn) int {
 	return resp.StatusCode
 }
 
+// checkKeyInTokens asks each running keyserver's admin endpoint (GET /status)
+// for the keys it offers: the key of each site certificate must be among them,
+// in its PKCS #11 token.
+func (c *controlCluster) checkKeyInTokens(sites ...*cluster.SiteCert) {
+	c.t.Helper()
+	for _, ks := range c.Keyservers {
+		if !ks.Running() {
+			continue
+		}
+		tok, err := os.ReadFile(filepath.Join(ks.Dir, "state", "admin.token"))
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		req, _ := http.NewRequest("GET", "http://"+ks.Admin+"/status", nil)
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		var st struct {
+			Keys []struct {
+				ID string `json:"id"`
+			} `json:"keys"`
+			Backends []string `json:"backends"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 {
+			c.t.Fatalf("%s GET /status: %d %v", ks.Name, resp.StatusCode, err)
+		}
+		for i, s := range sites {
+			id, err := backend.KeyIDOf(s.Key.Public())
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			found := false
+			for _, k := range st.Keys {
+				found = found || k.ID == id.String()
+			}
+			if !found {
+				c.t.Errorf("%s (backends %v) does not offer key %d (%s)", ks.Name, st.Backends, i, id)
+			}
+		}
+	}
+}
+
 // leafSHA256 is the hex SHA-256 of s's leaf, as nodes report their certificates.
 func leafSHA256(s *cluster.SiteCert) string {
 	sum := sha256.Sum256(s.Leaf.Raw)
@@ -762,6 +809,7 @@ vhosts:
 
 	// The key of every upload (and of the refused ones) is in no file but the tokens.
 	c.checkKeyNowhere(v1, v2)
+	c.checkKeyInTokens(v1, v2)
 
 	// controld and its embedded etcd stopped: both l7d keep serving; an l7d
 	// restarted with the store still down serves its cached snapshot.
@@ -944,6 +992,7 @@ func TestControlPlaneExternalEtcd(t *testing.T) {
 	}
 
 	c.checkKeyNowhere(v1, v2, rsaSite)
+	c.checkKeyInTokens(v1, v2, rsaSite)
 	c.storeOutage(v2)
 	t.Logf("the whole test took %v", time.Since(start).Round(time.Millisecond))
 }

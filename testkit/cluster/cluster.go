@@ -422,7 +422,9 @@ keyservers:
   key_file: %q
   ca_file: %q
   timeout: 3s
-  dial_timeout: 1s
+  request_timeout: 3s
+  ping_interval: 1s
+  dial_timeout: 2s
   reconnect_min: 50ms
   reconnect_max: 500ms
 `, data, listen, strings.Join(servers, ", "), filepath.Join(pki, "tiergate-controld.pem"), filepath.Join(pki, "tiergate-controld.key"),
