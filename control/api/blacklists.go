@@ -585,3 +585,21 @@ func (b *blacklistAPI) delta(w http.ResponseWriter, r *http.Request, who Token) 
 		return http.StatusOK, PushResult{List: name, Version: v, Entries: n, Added: len(d.Add), Removed: len(d.Remove), Operation: op.ID, State: "stored"}, nil
 	})
 }
+
+// blacklistOp documents a blacklist push in the OpenAPI document: its bodies, the
+// Idempotency-Key and its answers.
+func blacklistOp(op map[string]any, params *[]any, errResp map[string]any) {
+	*params = append(*params, map[string]any{"name": "Idempotency-Key", "in": "header", "schema": map[string]any{"type": "string", "maxLength": 255},
+		"description": "a push sent again with the same key (and token) is answered as the first was, and not made twice"})
+	str := map[string]any{"schema": map[string]any{"type": "string"}}
+	op["requestBody"] = map[string]any{"required": true, "content": map[string]any{
+		"text/plain":               str,
+		"application/octet-stream": map[string]any{"schema": map[string]any{"type": "string", "format": "binary"}},
+		"application/x-ndjson":     str,
+	}}
+	resp := op["responses"].(map[string]any)
+	resp["202"] = map[string]any{"description": "a large list accepted: poll the operation it names"}
+	for _, c := range []string{"409", "413", "422", "429", "507"} {
+		resp[c] = errResp
+	}
+}

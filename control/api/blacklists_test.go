@@ -258,4 +258,25 @@ func TestBlacklistOpenAPI(t *testing.T) {
 			t.Errorf("the OpenAPI document has no %s", p)
 		}
 	}
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Parameters []struct {
+				Name string `json:"name"`
+			} `json:"parameters"`
+			RequestBody struct {
+				Content map[string]any `json:"content"`
+			} `json:"requestBody"`
+		} `json:"paths"`
+	}
+	if err := json.Unmarshal(a.body, &doc); err != nil {
+		t.Fatal(err)
+	}
+	put := doc.Paths["/v1/blacklists/{name}"]["put"]
+	var names []string
+	for _, p := range put.Parameters {
+		names = append(names, p.Name)
+	}
+	if strings.Join(names, ",") != "name,Idempotency-Key" || put.RequestBody.Content["application/x-ndjson"] == nil {
+		t.Fatalf("the push's parameters %v and bodies %v", names, put.RequestBody.Content)
+	}
 }

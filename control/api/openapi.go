@@ -44,6 +44,8 @@ func (s *Server) OpenAPI() map[string]any {
 			params = append(params, map[string]any{"name": q.Name, "in": "query", "schema": map[string]any{"type": q.Type}, "description": q.Description})
 		}
 		switch {
+		case rt.Kind == "blacklists" && rt.Method != http.MethodGet:
+			blacklistOp(op, &params, errResp)
 		case rt.Method == http.MethodPut:
 			params = append(params,
 				map[string]any{"name": "If-Match", "in": "header", "schema": map[string]any{"type": "string"}, "description": "the object's revision (its ETag); 412 conflict when it is not"},
