@@ -147,7 +147,8 @@ binary format, either gzip-compressed, or NDJSON ({"ip"|"cidr", "expires"|
 ndjson). Bad lines are refused, each by its number, and nothing changes (exit 4).
 A large list is stored after the answer: the operation it gives is polled with
 --wait until every node applied it (exit 1 if it failed or is still pending).`,
-		Args: exactArgs(1, "a blacklist's name"),
+		Args:              exactArgs(1, "a blacklist's name"),
+		ValidArgsFunction: o.blacklistCompletion,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
 			ct, ok := pushTypes[format]
@@ -254,9 +255,10 @@ func (o *options) waitOperation(cmd *cobra.Command, id string, wait, interval ti
 
 func (o *options) blacklistShowCommand() *cobra.Command {
 	return &cobra.Command{
-		Use:   "show <name>",
-		Short: "A blacklist: size, version, and the version each node enforces",
-		Args:  exactArgs(1, "a blacklist's name"),
+		Use:               "show <name>",
+		Short:             "A blacklist: size, version, and the version each node enforces",
+		Args:              exactArgs(1, "a blacklist's name"),
+		ValidArgsFunction: o.blacklistCompletion,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var b api.BlacklistInfo
 			if _, err := o.call(cmd.Context(), request{method: "GET", path: "/v1/blacklists/" + pathEscape(args[0]), what: "reading blacklist " + args[0]}, &b); err != nil {
@@ -347,4 +349,24 @@ func (o *options) send(ctx context.Context, method, path, contentType, key strin
 		return fmt.Errorf("%s: the API's answer: %w", what, err)
 	}
 	return nil
+}
+
+// blacklistCompletion completes a blacklist's name, with its version and size.
+func (o *options) blacklistCompletion(cmd *cobra.Command, args []string, prefix string) ([]string, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var ans struct {
+		Lists []api.BlacklistInfo `json:"lists"`
+	}
+	if _, err := o.call(cmd.Context(), request{method: "GET", path: "/v1/blacklists", what: "listing the blacklists"}, &ans); err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp | cobra.ShellCompDirectiveError
+	}
+	var out []string
+	for _, b := range ans.Lists {
+		if strings.HasPrefix(b.Name, prefix) {
+			out = append(out, fmt.Sprintf("%s\tversion %d, %d entries", b.Name, b.Version, b.Entries))
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
 }

@@ -128,6 +128,9 @@ func TestBlacklistCommands(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "edge") || !strings.Contains(r.stdout, "global") {
 		t.Fatalf("list:\n%s%s", r.stdout, r.stderr)
 	}
+	if r := as(viewer, "__complete", "blacklist", "show", "ed"); r.code != 0 || !strings.HasPrefix(r.stdout, "edge\tversion 1, 3 entries\n") {
+		t.Fatalf("completion of a list's name: %d %q", r.code, r.stdout)
+	}
 	if r := as(risk, "blacklist", "add", "--ip", "nope"); r.code != ExitUsage {
 		t.Fatalf("add --ip nope: %d", r.code)
 	}
