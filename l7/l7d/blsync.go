@@ -50,6 +50,8 @@ type storeLists struct {
 	names atomic.Pointer[[]string] // the listeners' names, once the first snapshot starts the server
 	once  sync.Once
 	ready chan struct{} // closed with names set: the follower may run
+
+	warned sync.Map // list names warned about by warnFiles
 }
 
 // newStoreLists returns the follower of the store's blacklists for a node of nc,
@@ -61,6 +63,7 @@ func (d *Daemon) newStoreLists(nc *agent.NodeConfig, stateDir string) (*storeLis
 		Dir:  sl.dir,
 		List: sl.list,
 		Changed: func() {
+			sl.warnFiles()
 			if d.agent != nil {
 				d.agent.Report()
 			}
@@ -83,6 +86,23 @@ func (sl *storeLists) list(name string) *blacklist.List {
 		return sl.d.lists.Listener(name)
 	}
 	return nil
+}
+
+// warnFiles warns, once per list, of a list the store feeds that the file also
+// gives files: whichever changes last is in force.
+func (sl *storeLists) warnFiles() {
+	cfg := sl.d.current()
+	if cfg == nil {
+		return
+	}
+	for name := range sl.f.Versions() {
+		if files := cfg.Blacklists[name].Files; len(files) > 0 {
+			if _, done := sl.warned.LoadOrStore(name, true); !done {
+				sl.d.Log.Warn("a blacklist fed by the control plane also has files in the configuration file: whichever changed last is in force",
+					"list", name, "files", files)
+			}
+		}
+	}
 }
 
 // versions is agent.Config.Blacklists.
