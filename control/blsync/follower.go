@@ -287,10 +287,13 @@ func (f *Follower) syncNow(ctx context.Context, cli *clientv3.Client, name strin
 		delete(f.errs, name)
 	}
 	f.mu.Unlock()
+	refused := errors.Is(err, ErrCorrupt) || errors.Is(err, blacklist.ErrTooManyEntries) || errors.Is(err, blacklist.ErrInvalidPrefix)
 	switch {
-	case err != nil && ctx.Err() == nil && old != err.Error():
+	case err != nil && ctx.Err() == nil && old != err.Error() && refused:
 		f.refused.WithLabelValues(name).Inc()
 		f.log.Error("blsync: a blacklist version is refused; the one in force stays", "list", name, "version_in_force", f.Versions()[name], "err", err)
+	case err != nil && ctx.Err() == nil && old != err.Error():
+		f.log.Warn("blsync: a blacklist could not be read; the one in force stays, tried again", "list", name, "version_in_force", f.Versions()[name], "err", err)
 	case err == nil && had:
 		f.log.Info("blsync: blacklist in step again", "list", name, "version", f.Versions()[name])
 	}
