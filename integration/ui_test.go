@@ -99,11 +99,16 @@ func (l *hsLoad) rate(span time.Duration) float64 {
 func (l *hsLoad) Stop() { l.stop(); l.done.Wait() }
 
 // startPrometheus runs Debian's prometheus on a loopback port, scraping every
-// second the jobs given (job -> targets), until the test ends.
+// second the jobs given (job -> targets) and evaluating deploy/prometheus's alert
+// rules, until the test ends.
 func startPrometheus(t *testing.T, bin string, jobs map[string][]string) string {
 	t.Helper()
 	dir := t.TempDir()
-	cfg := "global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n"
+	rules, err := filepath.Abs("../deploy/prometheus/tiergate.rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf("global: {scrape_interval: 1s, evaluation_interval: 1s}\nrule_files: [%q]\nscrape_configs:\n", rules)
 	for job, targets := range jobs {
 		q := make([]string, len(targets))
 		for i, tg := range targets {
@@ -399,24 +404,6 @@ func TestDashboard(t *testing.T) {
 		}
 	})
 
-	// Every query of the Grafana dashboard parses and returns series.
-	t.Run("GrafanaQueries", func(t *testing.T) {
-		for title, exprs := range grafanaQueries(t) {
-			for _, expr := range exprs {
-				if l4 == nil && strings.Contains(expr, "tiergate_l4_") {
-					t.Logf("%s: %s: no l4d here (root and libdpdk needed), not checked", title, expr)
-					continue
-				}
-				n, err := promQuery(prom, expr)
-				if err != nil {
-					t.Errorf("%s: %s: %v", title, expr, err)
-				} else if n == 0 {
-					t.Errorf("%s: %s: no series", title, expr)
-				}
-			}
-		}
-	})
-
 	// A stalled keyserver (both, SIGSTOP): the handshakes fail, by reason.
 	for _, ks := range c.Keyservers {
 		if err := ks.Signal(syscall.SIGSTOP); err != nil {
@@ -434,6 +421,62 @@ func TestDashboard(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+
+	// Every query of the Grafana dashboard parses and returns series (the
+	// failures by reason too, after the stall).
+	t.Run("GrafanaQueries", func(t *testing.T) {
+		for title, exprs := range grafanaQueries(t) {
+			for _, expr := range exprs {
+				if l4 == nil && strings.Contains(expr, "tiergate_l4_") {
+					t.Logf("%s: %s: no l4d here (root and libdpdk needed), not checked", title, expr)
+					continue
+				}
+				n, err := promQuery(prom, expr)
+				if err != nil {
+					t.Errorf("%s: %s: %v", title, expr, err)
+				} else if n == 0 {
+					t.Errorf("%s: %s: no series", title, expr)
+				}
+			}
+		}
+	})
+
+	// The alert rules evaluate on the daemons' real metrics without an error.
+	t.Run("AlertRules", func(t *testing.T) {
+		resp, err := http.Get(prom + "/api/v1/rules")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var ans struct {
+			Data struct {
+				Groups []struct {
+					Rules []struct {
+						Name      string `json:"name"`
+						Health    string `json:"health"`
+						LastError string `json:"lastError"`
+						State     string `json:"state"`
+					} `json:"rules"`
+				} `json:"groups"`
+			} `json:"data"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, g := range ans.Data.Groups {
+			for _, r := range g.Rules {
+				n++
+				if r.Health != "ok" {
+					t.Errorf("alert %s: health %q: %s", r.Name, r.Health, r.LastError)
+				}
+				t.Logf("alert %s: %s", r.Name, r.State)
+			}
+		}
+		if n < 8 {
+			t.Errorf("%d alert rules loaded, want the 8 of deploy/prometheus", n)
+		}
+	})
 
 	// A stopped l7d: lost.
 	if err := c.L7[1].Stop(); err != nil {
