@@ -1,6 +1,7 @@
 // Package tgctl is tgctl, the command line of the control plane: get, apply, diff
 // and delete the cluster configuration's objects, follow revisions and rollouts to
-// the nodes, upload certificates and manage API tokens, all through controld's /v1
+// the nodes, upload certificates, manage API tokens and watch the handshake figures
+// live (top, from controld's /ui figures, control/ui), all through controld's /v1
 // API (control/api). cmd/tgctl is its main; Run runs it in-process, as the tests do.
 //
 // It speaks to the API over HTTP(S) only and shares no code with the server, so
