@@ -110,8 +110,9 @@ type Config struct {
 	Keyservers *certupload.KeyserversConfig `yaml:"keyservers" json:"keyservers,omitempty"`
 	// CrowdSec makes controld a bouncer of CrowdSec's Local API keeping a
 	// blacklist in step with its decisions (the crowdsec section: lapi_url,
-	// api_key_file, list, poll_interval, types, origins, scenarios_containing,
-	// scenarios_not_containing, ca_file, timeout, max_answer_bytes;
+	// api_key_file, list, poll_interval, resync_interval, types, origins,
+	// scenarios_containing, scenarios_not_containing, ca_file, timeout,
+	// max_answer_bytes;
 	// crowdsec.Config). Default none.
 	CrowdSec *crowdsec.Config `yaml:"crowdsec" json:"crowdsec,omitempty"`
 	// Prometheus is a Prometheus server's URL the /ui dashboard queries (control/ui)

@@ -25,6 +25,7 @@ import (
 const (
 	DefaultList         = "crowdsec"
 	DefaultPollInterval = 10 * time.Second
+	DefaultResync       = 10 * time.Minute
 	DefaultTimeout      = 30 * time.Second
 )
 
@@ -47,6 +48,13 @@ type Config struct {
 	// PollInterval is the time between two pulls of the decision stream.
 	// Default 10s.
 	PollInterval config.Duration `yaml:"poll_interval,omitempty" json:"poll_interval,omitempty"`
+	// ResyncInterval is how often a pull asks for every active decision
+	// (startup=true) instead of the changes, and writes the difference from the
+	// list as one delta (none when there is none): the Local API's stream only
+	// reports the longest decision on an address, so a shorter one left when the
+	// longer is deleted, or a change missed, is caught within this time.
+	// Default 10m.
+	ResyncInterval config.Duration `yaml:"resync_interval,omitempty" json:"resync_interval,omitempty"`
 	// Timeout bounds one pull, the answer's body included. Default 30s.
 	Timeout config.Duration `yaml:"timeout,omitempty" json:"timeout,omitempty"`
 	// MaxAnswerBytes bounds one answer's body. Default DefaultMaxAnswerBytes
@@ -73,6 +81,9 @@ func (c *Config) Defaults() {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = config.Duration(DefaultPollInterval)
+	}
+	if c.ResyncInterval == 0 {
+		c.ResyncInterval = config.Duration(DefaultResync)
 	}
 	if c.Timeout == 0 {
 		c.Timeout = config.Duration(DefaultTimeout)
@@ -101,6 +112,9 @@ func (c *Config) Validate() error {
 	}
 	if c.PollInterval < config.Duration(100*time.Millisecond) {
 		ck.Addf("poll_interval", "%s: at least 100ms", c.PollInterval)
+	}
+	if c.ResyncInterval < config.Duration(time.Second) {
+		ck.Addf("resync_interval", "%s: at least 1s", c.ResyncInterval)
 	}
 	if c.Timeout <= 0 {
 		ck.Addf("timeout", "must be positive")
@@ -164,6 +178,7 @@ type Bouncer struct {
 	log    *slog.Logger
 
 	synced bool
+	fullAt time.Time                       // the answer time of the last pull of every decision
 	active map[netip.Prefix]map[int64]held // prefix → decision ID → its end and scenario
 	ranges map[netip.Prefix]struct{}       // the active prefixes wider than one address
 
@@ -273,10 +288,33 @@ func (b *Bouncer) Run(ctx context.Context) error {
 }
 
 // Poll pulls the decision stream once and writes the list's change: the whole
-// list on the first pull (and after a failure), the change since otherwise.
+// list on the first pull (and after a failure), the difference from every active
+// decision once ResyncInterval has passed since the last such pull, the changes
+// since the last pull otherwise.
 func (b *Bouncer) Poll(ctx context.Context) error {
-	startup := !b.synced
-	err := b.poll(ctx, startup)
+	mode := pullChanges
+	switch {
+	case !b.synced:
+		mode = pullReplace
+	case time.Since(b.fullAt) >= b.cfg.ResyncInterval.D():
+		mode = pullResync
+	}
+	return b.record(b.poll(ctx, mode))
+}
+
+// Resync pulls every active decision now and writes the difference from the
+// list as one delta (none when there is none); the whole list when the bouncer
+// has not made it yet.
+func (b *Bouncer) Resync(ctx context.Context) error {
+	mode := pullResync
+	if !b.synced {
+		mode = pullReplace
+	}
+	return b.record(b.poll(ctx, mode))
+}
+
+// record counts a pull and its outcome.
+func (b *Bouncer) record(err error) error {
 	b.mu.Lock()
 	b.stats.Polls++
 	if err != nil {
@@ -293,13 +331,25 @@ func (b *Bouncer) Poll(ctx context.Context) error {
 	return err
 }
 
-func (b *Bouncer) poll(ctx context.Context, startup bool) error {
-	s, at, err := b.fetch(ctx, startup)
+// What a pull asks for and writes.
+type pull int
+
+const (
+	pullReplace pull = iota // every active decision, written as the whole list
+	pullResync              // every active decision, written as the difference
+	pullChanges             // the changes since the last pull, written as a delta
+)
+
+func (b *Bouncer) poll(ctx context.Context, mode pull) error {
+	s, at, err := b.fetch(ctx, mode != pullChanges)
 	if err != nil {
 		return err
 	}
 	skipped := Skipped{}
-	if startup {
+	var d *blacklist.Delta
+	var reasons []string
+	switch mode {
+	case pullReplace:
 		b.active = map[netip.Prefix]map[int64]held{}
 		b.ranges = map[netip.Prefix]struct{}{}
 		for i := range s.New {
@@ -316,26 +366,36 @@ func (b *Bouncer) poll(ctx context.Context, startup bool) error {
 			return fmt.Errorf("crowdsec: replacing list %s with %d entries: %w", b.cfg.List, set.Len(), err)
 		}
 		b.wrote(v, skipped)
-		b.synced = true
+		b.synced, b.fullAt = true, at
 		b.log.Info("crowdsec: list made from the active decisions", "entries", len(b.active), "version", v, "skipped", skipped.Total())
 		return nil
+	case pullResync:
+		d, reasons = b.resync(s, at)
+		b.fullAt = at
+		skipped = nil // counted when they came
+	default:
+		d, reasons = b.change(s, at, skipped)
 	}
-	d, reasons := b.change(s, at, skipped)
 	if len(d.Add) == 0 && len(d.Remove) == 0 {
 		b.count(skipped)
 		return nil
 	}
-	var v int64
 	if rs, ok := b.sink.(ReasonSink); ok {
-		v, err = rs.DeltaMeta(ctx, b.cfg.List, d, blsync.Meta{Who: Who, Reasons: reasons})
+		v, err := rs.DeltaMeta(ctx, b.cfg.List, d, blsync.Meta{Who: Who, Reasons: reasons})
+		if err != nil {
+			return fmt.Errorf("crowdsec: changing list %s (%d added, %d removed): %w", b.cfg.List, len(d.Add), len(d.Remove), err)
+		}
+		b.wrote(v, skipped)
 	} else {
-		v, err = b.sink.Delta(ctx, b.cfg.List, d, Who)
+		v, err := b.sink.Delta(ctx, b.cfg.List, d, Who)
+		if err != nil {
+			return fmt.Errorf("crowdsec: changing list %s (%d added, %d removed): %w", b.cfg.List, len(d.Add), len(d.Remove), err)
+		}
+		b.wrote(v, skipped)
 	}
-	if err != nil {
-		return fmt.Errorf("crowdsec: changing list %s (%d added, %d removed): %w", b.cfg.List, len(d.Add), len(d.Remove), err)
+	if mode == pullResync {
+		b.log.Info("crowdsec: a pull of every decision found the list behind; changed", "added", len(d.Add), "removed", len(d.Remove))
 	}
-	b.wrote(v, skipped)
-	b.log.Debug("crowdsec: list changed", "added", len(d.Add), "removed", len(d.Remove), "version", v)
 	return nil
 }
 
@@ -369,6 +429,20 @@ func end(ids map[int64]held) (time.Time, string) {
 		}
 	}
 	return last.end, last.scenario
+}
+
+// endSlack is how far apart two ends of one decision may be and still be the
+// same: the Local API gives durations from its clock at the answer, the bouncer
+// counts them from its own at the answer's arrival, and the lists keep seconds.
+const endSlack = 2 * time.Second
+
+// sameEnd reports whether ends a and b (zero: never) are within endSlack.
+func sameEnd(a, b time.Time) bool {
+	if a.IsZero() || b.IsZero() {
+		return a.IsZero() == b.IsZero()
+	}
+	d := a.Sub(b)
+	return d <= endSlack && d >= -endSlack
 }
 
 // earlier reports whether end a comes before end b (zero: never).
@@ -421,10 +495,7 @@ type before struct {
 }
 
 // change applies a stream's deletions, then its additions, to the bouncer's
-// decisions, and returns the list's change: the prefixes to remove (those no
-// longer listed, or whose end moved earlier) and to add (those new or changed,
-// and every listed prefix overlapping one removed, since a removal takes out
-// every address it covers), with the additions' scenarios.
+// decisions, and returns the list's change (deltaOf).
 func (b *Bouncer) change(s *Stream, at time.Time, skipped Skipped) (*blacklist.Delta, []string) {
 	touched := map[netip.Prefix]before{}
 	for i := range s.Deleted {
@@ -454,6 +525,41 @@ func (b *Bouncer) change(s *Stream, at time.Time, skipped Skipped) (*blacklist.D
 	for i := range s.New {
 		b.add(&s.New[i], at, skipped, touched)
 	}
+	return b.deltaOf(touched, at)
+}
+
+// resync makes every active decision in s the bouncer's, and returns the
+// list's change from what it held before.
+func (b *Bouncer) resync(s *Stream, at time.Time) (*blacklist.Delta, []string) {
+	old := b.active
+	b.active = map[netip.Prefix]map[int64]held{}
+	b.ranges = map[netip.Prefix]struct{}{}
+	for i := range s.New {
+		b.add(&s.New[i], at, Skipped{}, nil)
+	}
+	touched := map[netip.Prefix]before{}
+	for p, ids := range old {
+		was, _ := end(ids)
+		if now := b.active[p]; now == nil {
+			touched[p] = before{listed: true, end: was}
+		} else if e, _ := end(now); !sameEnd(e, was) {
+			touched[p] = before{listed: true, end: was}
+		}
+	}
+	for p := range b.active {
+		if old[p] == nil {
+			touched[p] = before{}
+		}
+	}
+	return b.deltaOf(touched, at)
+}
+
+// deltaOf returns the list's change for the prefixes touched, as they were
+// before: the prefixes to remove (those no longer listed, or whose end moved
+// earlier) and to add (those new or changed, and every listed prefix
+// overlapping one removed, since a removal takes out every address it covers),
+// with the additions' scenarios.
+func (b *Bouncer) deltaOf(touched map[netip.Prefix]before, at time.Time) (*blacklist.Delta, []string) {
 	delta := &blacklist.Delta{}
 	readd := map[netip.Prefix]bool{}
 	for p, was := range touched {
@@ -465,7 +571,7 @@ func (b *Bouncer) change(s *Stream, at time.Time, skipped Skipped) (*blacklist.D
 			if was.listed && (was.end.IsZero() || was.end.After(at)) {
 				delta.Remove = append(delta.Remove, p)
 			}
-		case was.listed && earlier(now, was.end):
+		case was.listed && !now.IsZero() && earlier(now.Add(endSlack), was.end):
 			delta.Remove = append(delta.Remove, p)
 			readd[p] = true
 		default:

@@ -165,6 +165,34 @@ func TestBouncerWithCrowdSec(t *testing.T) {
 		t.Error("a host deleted inside a range still decided: no longer listed")
 	}
 
+	// Two decisions on one address: deleting the longer leaves the entry with
+	// the shorter one's end.
+	lapi.Cscli("decisions", "add", "--ip", "198.51.100.50", "-d", "1h")
+	long := lapi.DecisionID("Ip:198.51.100.50")
+	poll("a first decision on .50")
+	lapi.Cscli("decisions", "add", "--ip", "198.51.100.50", "-d", "10m")
+	poll("a second decision on .50")
+	if e, _ := sink.expires("198.51.100.50"); time.Until(e) < 59*time.Minute {
+		t.Errorf("two decisions on .50, 1h and 10m: the entry ends in %v, want the later", time.Until(e))
+	}
+	lapi.Cscli("decisions", "delete", "--id", long)
+	poll("the longer decision on .50 deleted")
+	// crowdsec 1.4.6's stream reports only the longest decision on an address,
+	// so the deletion only shows in a pull of every decision: a resync.
+	writes := sink.writes()
+	if err := b.Resync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := sink.expires("198.51.100.50"); !ok || time.Until(e) > 10*time.Minute || time.Until(e) < 9*time.Minute {
+		t.Errorf("the longer of two decisions on .50 deleted, then a resync: listed %v, ending in %v; want the 10m one's end", ok, time.Until(e))
+	}
+	if last := sink.deltas[len(sink.deltas)-1]; sink.writes() != writes+1 || sink.replaces != 1 || len(last.Remove) != 1 || len(last.Add) != 1 {
+		t.Errorf("the resync wrote %d times (%d replaces), last delta %+v; want one delta removing and adding .50", sink.writes()-writes, sink.replaces, *last)
+	}
+	if err := b.Resync(ctx); err != nil || sink.writes() != writes+1 {
+		t.Errorf("a resync with nothing changed: %v, %d writes: %+v", err, sink.writes()-writes-1, *sink.deltas[len(sink.deltas)-1])
+	}
+
 	// An expiry lifts the entry in the list by itself; CrowdSec's deletion of
 	// the expired decision then needs no write.
 	lapi.Cscli("decisions", "add", "--ip", "198.51.100.9", "-d", "2s")
@@ -172,7 +200,7 @@ func TestBouncerWithCrowdSec(t *testing.T) {
 	if !sink.has("198.51.100.9") {
 		t.Fatal("a decision of 2s: not listed")
 	}
-	writes := sink.writes()
+	writes = sink.writes()
 	deadline := time.Now().Add(5 * time.Second)
 	for sink.has("198.51.100.9") {
 		if time.Now().After(deadline) {

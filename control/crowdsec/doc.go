@@ -21,7 +21,10 @@
 //
 // A Bouncer turns its first pull into one Replace of the list and each later
 // pull into one Delta (none when nothing changed) through a Sink, controld's
-// blacklist writer; after any failure it starts over with startup=true.
+// blacklist writer; after any failure it starts over with startup=true. Every
+// ResyncInterval it pulls every active decision again and writes only the
+// difference: the stream reports only the longest decision on an address, so a
+// shorter one left when the longer is deleted shows only then.
 // For pushes to Tiergate's API, DecodePush reads the same stream or an array of
 // new decisions, Check names each bad value or duration by its place
 // ("new[3].value"), and ToDelta turns the stream into one Delta, with no memory
