@@ -20,6 +20,8 @@ import (
 
 	certchain "github.com/tiergate/tiergate/certs/chain"
 	"github.com/tiergate/tiergate/control/model"
+	"github.com/tiergate/tiergate/internal/config"
+	"github.com/tiergate/tiergate/keyserver/client"
 )
 
 var now = time.Now()
@@ -301,5 +303,18 @@ func TestCheckExpiringSoonNoted(t *testing.T) {
 	defer ck.Wipe()
 	if !strings.Contains(strings.Join(ck.Notes, "\n"), "expires in 10 days") {
 		t.Errorf("notes %q", ck.Notes)
+	}
+}
+
+// TestImportTimeouts: an upload's keyserver clients wait DefaultImportTimeout
+// unless the section says otherwise, not a handshake signature's 1s.
+func TestImportTimeouts(t *testing.T) {
+	got := importConfig(client.Config{Servers: []string{"127.0.0.1:1"}})
+	if got.RequestTimeout != DefaultImportTimeout || got.Timeout != DefaultImportTimeout {
+		t.Fatalf("defaults %v/%v, want %v", got.RequestTimeout, got.Timeout, DefaultImportTimeout)
+	}
+	set := importConfig(client.Config{RequestTimeout: config.Duration(time.Second), Timeout: config.Duration(2 * time.Second)})
+	if set.RequestTimeout != config.Duration(time.Second) || set.Timeout != config.Duration(2*time.Second) {
+		t.Fatalf("given timeouts replaced: %v/%v", set.RequestTimeout, set.Timeout)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/keyserver/client"
@@ -82,6 +83,11 @@ func (c *KeyserversConfig) Open() (*Keyservers, error) {
 	return NewKeyservers(cfg)
 }
 
+// DefaultImportTimeout is how long an import or a signature of an upload may take
+// at one keyserver unless the keyservers section's request_timeout and timeout say
+// otherwise (the keyserver client's own defaults, 1s and 3s, are a handshake's).
+const DefaultImportTimeout = config.Duration(10 * time.Second)
+
 // Keyservers reaches each keyserver of the cluster on its own: a key must be in
 // every one, so nothing fails over from one to another.
 type Keyservers struct {
@@ -96,6 +102,7 @@ func NewKeyservers(cfg client.Config) (*Keyservers, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("keyservers: %w", err)
 	}
+	cfg = importConfig(cfg)
 	k := &Keyservers{}
 	for _, addr := range cfg.Servers {
 		one := cfg
@@ -110,6 +117,20 @@ func NewKeyservers(cfg client.Config) (*Keyservers, error) {
 		k.clients = append(k.clients, c)
 	}
 	return k, nil
+}
+
+// importConfig is cfg with the timeouts left zero set for uploads: an import and a
+// signature by a key just put into an HSM take longer than the signatures of a
+// handshake the client's defaults are sized for, and an upload waits for them
+// rather than failing over.
+func importConfig(cfg client.Config) client.Config {
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = DefaultImportTimeout
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultImportTimeout
+	}
+	return cfg
 }
 
 // Addrs returns the keyservers' addresses.
