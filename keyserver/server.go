@@ -235,6 +235,9 @@ func (s *Server) Addr() net.Addr {
 	return s.ln.Addr()
 }
 
+// ErrNoKeys is Healthy's answer for a server that serves but holds no key yet.
+var ErrNoKeys = errors.New("no keys loaded")
+
 // Healthy reports whether the server is serving and has at least one key.
 func (s *Server) Healthy() error {
 	s.mu.Lock()
@@ -246,7 +249,7 @@ func (s *Server) Healthy() error {
 	case !serving:
 		return errors.New("not serving yet")
 	case len(s.keys.Load().list) == 0:
-		return errors.New("no keys loaded")
+		return ErrNoKeys
 	}
 	return nil
 }

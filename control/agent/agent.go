@@ -709,7 +709,7 @@ func (a *Agent) reportLease(ctx context.Context, cli *clientv3.Client) error {
 		return fmt.Errorf("granting a lease: %w", err)
 	}
 	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
 		defer cancel()
 		if _, err := cli.Revoke(rctx, lease.ID); err != nil && ctx.Err() == nil {
 			a.log.Debug("agent: revoking the status lease", "err", err)

@@ -43,14 +43,25 @@ type keyInfo struct {
 
 // adminHandler serves the admin endpoint:
 //
-//	GET  /healthz   ok while serving with keys; 503 with the reason otherwise, and while stopping
+//	GET  /healthz   ok while serving with keys (with a control section, with none too:
+//	                its keys come from the control plane's uploads); 503 with the
+//	                reason otherwise, and while stopping
 //	GET  /metrics   Prometheus metrics
 //	GET  /status    the keys offered, the client rules and the backends
 //	POST /reload    re-read the configuration file (as SIGHUP); 200 with the new status
 //
 // With an admin token, every request but GET /healthz and GET /metrics must carry it.
 func (d *Daemon) adminHandler() http.Handler {
-	mux := daemon.AdminMux(d.Reg, d.Lame.Healthy(d.srv.Healthy))
+	healthy := d.srv.Healthy
+	if d.file.Control != nil {
+		healthy = func() error {
+			if err := d.srv.Healthy(); !errors.Is(err, keyserver.ErrNoKeys) {
+				return err
+			}
+			return nil
+		}
+	}
+	mux := daemon.AdminMux(d.Reg, d.Lame.Healthy(healthy))
 	mux.Handle("GET /status", daemon.Handler(func(w http.ResponseWriter, r *http.Request) error {
 		var st status
 		if err := d.do(func() { st = d.status() }); err != nil {

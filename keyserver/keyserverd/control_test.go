@@ -58,6 +58,10 @@ func TestControl(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	r.want("GET", "/status", 200, `"node": "ks-a"`, `"role": "keyserverd"`, `"address": "`+r.Addr().String()+`"`)
+	// A node of the control plane gets its keys from uploads: with none yet it is
+	// healthy (without a control section it is not).
+	r.want("GET", "/status", 200, `"keys": []`)
+	r.want("GET", "/healthz", 200)
 
 	// What is fixed at start stays.
 	cfg, err := LoadConfig(r.path)
