@@ -84,9 +84,7 @@ func ParseNDJSON(r io.Reader, delta bool, now time.Time, maxEntries int) (*NDJSO
 			return nil, &blacklist.LimitError{Limit: "max_entries", Max: int64(maxEntries)}
 		}
 		var l Line
-		dec := json.NewDecoder(bytes.NewReader(b))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&l); err != nil || dec.More() {
+		if !lineFast(b, &l) && !lineSlow(b, &l) {
 			bad(n, b, ErrLineJSON)
 			continue
 		}
@@ -117,6 +115,14 @@ func ParseNDJSON(r io.Reader, delta bool, now time.Time, maxEntries int) (*NDJSO
 		out.Reasons = nil
 	}
 	return out, nil
+}
+
+// lineSlow reads a line with encoding/json, refusing unknown members.
+func lineSlow(b []byte, l *Line) bool {
+	*l = Line{}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(l) == nil && !dec.More()
 }
 
 // entry checks a line and returns what it says.
@@ -173,8 +179,7 @@ func (l *Line) entry(delta bool, now time.Time) (p netip.Prefix, exp time.Time, 
 
 // parseExpires reads an RFC 3339 time or Unix seconds.
 func parseExpires(raw json.RawMessage) (time.Time, error) {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
+	if s, ok := plainString(raw); ok {
 		if t, err := time.Parse(time.RFC3339, s); err == nil {
 			return t, checkTime(t)
 		}
@@ -204,11 +209,19 @@ func checkTime(t time.Time) error {
 	return nil
 }
 
+// plainString returns the JSON string raw holds, if it is one.
+func plainString(raw json.RawMessage) (string, bool) {
+	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' && !bytes.ContainsRune(raw, '\\') {
+		return string(raw[1 : len(raw)-1]), true
+	}
+	var s string
+	return s, json.Unmarshal(raw, &s) == nil
+}
+
 // parseDuration reads a Go duration ("4h", "90s") or seconds.
 func parseDuration(raw json.RawMessage) (time.Duration, error) {
 	var d time.Duration
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
+	if s, ok := plainString(raw); ok {
 		var err error
 		if d, err = time.ParseDuration(strings.TrimSpace(s)); err != nil {
 			n, err2 := strconv.ParseInt(s, 10, 64)

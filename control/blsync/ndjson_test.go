@@ -93,3 +93,30 @@ func FuzzParseNDJSON(f *testing.F) {
 		}
 	})
 }
+
+// FuzzLineFast: the fast reading of a line accepts only what encoding/json
+// accepts, and reads it the same.
+func FuzzLineFast(f *testing.F) {
+	for _, s := range []string{
+		`{"ip":"198.51.100.7","duration":"4h","reason":"scanner"}`,
+		`{ "cidr" : "10.0.0.0/8" , "expires" : 1900000000 }`,
+		`{"ip":"1.2.3.4","expires":1e9}`, `{"ip":"1.2.3.4","expires":-0.5E+3}`, `{"ip":"1.2.3.4","expires":01}`,
+		`{"ip":"1.2.3.4","ip":"1.2.3.5"}`, `{"ip":"1.2.3.4","x":1}`, `{"ip":"a\"b"}`, `{}`, `{"op":"remove","ip":"::1"}`,
+		`{"ip":"1.2.3.4"} x`, `{"reason":"é"}`, `{"ip":1}`, `{"duration":"4h",}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var fast, slow Line
+		if !lineFast(b, &fast) {
+			return
+		}
+		if !lineSlow(b, &slow) {
+			t.Fatalf("%q: read fast, refused by encoding/json", b)
+		}
+		if fast.IP != slow.IP || fast.CIDR != slow.CIDR || fast.Reason != slow.Reason || fast.Op != slow.Op ||
+			string(fast.Expires) != string(slow.Expires) || string(fast.Duration) != string(slow.Duration) {
+			t.Fatalf("%q: fast %+v, encoding/json %+v", b, fast, slow)
+		}
+	})
+}
