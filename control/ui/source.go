@@ -2,6 +2,8 @@ package ui
 
 import (
 	"context"
+	"math"
+	"sort"
 	"time"
 )
 
@@ -29,6 +31,46 @@ type Dashboard struct {
 type PanelData struct {
 	Panel
 	Series []Series `json:"series"`
+	// Omitted is how many series were left out past MaxSeriesPerPanel (those
+	// with the lowest latest values).
+	Omitted int `json:"omitted,omitempty"`
+}
+
+// MaxSeriesPerPanel bounds the series of a chart the dashboard answers (a
+// thousand nodes would be a thousand lines and megabytes a refresh): those
+// with the highest latest values are kept.
+const MaxSeriesPerPanel = 40
+
+// trim keeps of each panel the MaxSeriesPerPanel series with the highest latest
+// values, in their order.
+func (d *Dashboard) trim() {
+	for i := range d.Panels {
+		p := &d.Panels[i]
+		if len(p.Series) <= MaxSeriesPerPanel {
+			continue
+		}
+		latest := func(s Series) float64 {
+			for j := len(s.Values) - 1; j >= 0; j-- {
+				if s.Values[j] != nil {
+					return *s.Values[j]
+				}
+			}
+			return math.Inf(-1)
+		}
+		idx := make([]int, len(p.Series))
+		for j := range idx {
+			idx[j] = j
+		}
+		sort.SliceStable(idx, func(a, b int) bool { return latest(p.Series[idx[a]]) > latest(p.Series[idx[b]]) })
+		keep := idx[:MaxSeriesPerPanel]
+		sort.Ints(keep)
+		kept := make([]Series, 0, MaxSeriesPerPanel)
+		for _, j := range keep {
+			kept = append(kept, p.Series[j])
+		}
+		p.Omitted += len(p.Series) - len(kept)
+		p.Series = kept
+	}
 }
 
 // Series is one line of a chart: its name, labels and values (null where there

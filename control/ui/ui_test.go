@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -280,5 +281,19 @@ func TestDashboardAuth(t *testing.T) {
 	}
 	if r := do("/ui", ""); !strings.Contains(r.Header.Get("Content-Security-Policy"), "default-src 'self'") {
 		t.Errorf("the page's CSP %q", r.Header.Get("Content-Security-Policy"))
+	}
+}
+
+func TestTrim(t *testing.T) {
+	var ss []Series
+	for i := range MaxSeriesPerPanel + 5 {
+		ss = append(ss, Series{Name: strconv.Itoa(i), Values: []*float64{ptr(float64(i)), nil}})
+	}
+	ss[0].Values[1] = ptr(1000) // the busiest now, though first by name
+	d := &Dashboard{Panels: []PanelData{{Series: ss}}}
+	d.trim()
+	p := d.Panels[0]
+	if len(p.Series) != MaxSeriesPerPanel || p.Omitted != 5 || p.Series[0].Name != "0" || p.Series[1].Name != "6" {
+		t.Errorf("%d series kept, %d omitted, first %s %s: want %d, 5, 0 then 6", len(p.Series), p.Omitted, p.Series[0].Name, p.Series[1].Name, MaxSeriesPerPanel)
 	}
 }

@@ -126,19 +126,24 @@
   function drawChart(p, times) {
     const names = p.series.map((s) => s.name).join("\n");
     let c = charts[p.id];
+    const title = p.title + (p.omitted ? " (" + p.omitted + " more, lower, not shown)" : "");
     const data = [times].concat(p.series.map((s) => s.values));
-    if (c && c.names === names) { c.plot.setData(data); return; }
+    if (c && c.names === names) {
+      c.title.textContent = title;
+      c.plot.setData(data);
+      return;
+    }
     let box = document.getElementById("chart-" + p.id);
     if (!box) {
       box = document.createElement("div");
       box.className = "chart";
       box.id = "chart-" + p.id;
-      const h = document.createElement("h3");
-      h.textContent = p.title;
-      box.appendChild(h);
+      box.appendChild(document.createElement("h3"));
       $("charts").appendChild(box);
     }
     if (c) c.plot.destroy();
+    const h = box.querySelector("h3");
+    h.textContent = title;
     const opts = {
       width: Math.max(440, box.clientWidth - 16), height: 220,
       series: [{}].concat(p.series.map((s, i) => ({
@@ -152,7 +157,7 @@
     const old = box.querySelector(".uplot");
     if (old) old.remove();
     box.appendChild(el);
-    charts[p.id] = { plot: new uPlot(opts, data, el), names: names };
+    charts[p.id] = { plot: new uPlot(opts, data, el), names: names, title: h };
   }
 
   function start() {
