@@ -179,6 +179,9 @@ func (s *Scraper) Round(ctx context.Context) {
 		}(&results[i])
 	}
 	wg.Wait()
+	if ctx.Err() != nil {
+		return // stopping: the scrapes cut short say nothing of the nodes
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	seen := map[string]bool{}
