@@ -390,36 +390,31 @@ func (f *Follower) forget(name string) {
 	}
 }
 
-// base reads m's base: each chunk the watch delivered, else from the store at rev.
+// base reads m's base: each chunk the watch delivered, else from the store at
+// rev, checked and decoded a few at once.
 func (f *Follower) base(ctx context.Context, cli *clientv3.Client, m *Manifest, rev int64) (*blacklist.Set, error) {
 	sets := make([]*blacklist.Set, len(m.Base.Chunks))
-	var missing []int
+	seen := make([][]byte, len(m.Base.Chunks))
 	for i, ref := range m.Base.Chunks {
-		data, ok := f.seen[ChunkKey(m.Name, ref.SHA256)]
-		if !ok {
-			missing = append(missing, i)
-			continue
+		seen[i] = f.seen[ChunkKey(m.Name, ref.SHA256)]
+	}
+	err := parallel(ctx, len(m.Base.Chunks), func(ctx context.Context, i int) error {
+		ref, data := m.Base.Chunks[i], seen[i]
+		if data == nil {
+			resp, err := cli.Get(ctx, ChunkKey(m.Name, ref.SHA256), clientv3.WithRev(rev))
+			if err != nil {
+				return fmt.Errorf("reading chunk %s: %w", ref.SHA256, wrapErr(err))
+			}
+			if len(resp.Kvs) == 0 {
+				return fmt.Errorf("version %d: chunk %s is missing: %w", m.Version, ref.SHA256, ErrCorrupt)
+			}
+			data = resp.Kvs[0].Value
 		}
 		s, err := decodeChunk(ref, data)
 		if err != nil {
-			return nil, fmt.Errorf("version %d: %w", m.Version, err)
-		}
-		sets[i] = s
-	}
-	err := parallel(ctx, len(missing), func(ctx context.Context, j int) error {
-		ref := m.Base.Chunks[missing[j]]
-		resp, err := cli.Get(ctx, ChunkKey(m.Name, ref.SHA256), clientv3.WithRev(rev))
-		if err != nil {
-			return fmt.Errorf("reading chunk %s: %w", ref.SHA256, wrapErr(err))
-		}
-		if len(resp.Kvs) == 0 {
-			return fmt.Errorf("version %d: chunk %s is missing: %w", m.Version, ref.SHA256, ErrCorrupt)
-		}
-		s, err := decodeChunk(ref, resp.Kvs[0].Value)
-		if err != nil {
 			return fmt.Errorf("version %d: %w", m.Version, err)
 		}
-		sets[missing[j]] = s
+		sets[i] = s
 		return nil
 	})
 	if err != nil {
