@@ -28,7 +28,7 @@ const (
 	RoleCertOperator Role = "cert-operator"
 	// RolePolicyOperator writes listeners, routing, pools and the L4 objects.
 	RolePolicyOperator Role = "policy-operator"
-	// RoleRiskEngine writes blacklists (none in the API yet) and reads.
+	// RoleRiskEngine writes blacklists (/v1/blacklists, blacklists.go) and reads.
 	RoleRiskEngine Role = "risk-engine"
 	// RoleViewer reads.
 	RoleViewer Role = "viewer"
