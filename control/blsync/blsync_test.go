@@ -501,3 +501,24 @@ func TestFollowerBehindCompaction(t *testing.T) {
 		t.Fatal("Run did not return after the store was closed")
 	}
 }
+
+// TestQuota: a replace that would take the store past its share of the quota is
+// refused with store.ErrNoSpace, and nothing of it is stored.
+func TestQuota(t *testing.T) {
+	st, err := store.Open(ctx, store.Config{Dir: t.TempDir(), Logger: quiet(), QuotaBackendBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	w := NewWriter(st, WriterConfig{Logger: quiet(), QuotaShare: 0.05}) // 3.2 MiB
+	if _, err := w.Replace(ctx, "small", randomSet(12, 1000), "a"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = w.Replace(ctx, "big", randomSet(13, 2_000_000), "a")
+	if !errors.Is(err, store.ErrNoSpace) || !strings.Contains(err.Error(), "quota") {
+		t.Fatalf("a replace past the quota's share: %v", err)
+	}
+	if ks := keys(t, st, Prefix+"big/"); len(ks) != 0 {
+		t.Fatalf("keys of the refused list: %v", ks)
+	}
+}
