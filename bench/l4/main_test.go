@@ -22,7 +22,7 @@ import (
 func TestMainInMemory(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := Main([]string{"-skip-dpdk", "-flows", "10000", "-duration", "200ms", "-table", "10000", "-quiet-wait", "0",
-		"-blacklist", "20000", "-blacklist-rounds", "2", "-blacklist-duration", "100ms"}, &out, &errb)
+		"-blacklist", "20000", "-blacklist-rounds", "2", "-blacklist-duration", "200ms"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
 	}
@@ -72,7 +72,10 @@ func TestMainInMemory(t *testing.T) {
 		t.Errorf("blacklist rows: %+v", bl)
 	} else {
 		for i, rd := range bl.Rounds {
-			if rd.Without == nil || rd.With == nil || rd.Listed == nil || rd.FlowsRemoved != 100 || rd.Ratio <= 0 {
+			// Later rounds cut the flows the listed clients' packets made again,
+			// which a slow source may not have sent every one of.
+			if rd.Without == nil || rd.With == nil || rd.Listed == nil || i == 0 && rd.FlowsRemoved != 100 ||
+				rd.FlowsRemoved > 100 || rd.Ratio <= 0 {
 				t.Errorf("blacklist round %d: %+v", i+1, rd)
 			}
 		}
@@ -295,11 +298,12 @@ func TestThreadCPU(t *testing.T) {
 	defer runtime.UnlockOSThread()
 	tid := unix.Gettid()
 	before := threadCPU(tid)
-	for start := time.Now(); time.Since(start) < 20*time.Millisecond; {
+	// Spin until the thread had 5ms of CPU, or 5s on a machine too loaded to give it.
+	for start := time.Now(); time.Since(start) < 5*time.Second && threadCPU(tid)-before < int64(5*time.Millisecond); {
 	}
 	after, self := threadCPU(tid), selfThreadCPU()
 	if before <= 0 || after-before < int64(5*time.Millisecond) || self < after {
-		t.Errorf("thread CPU %d → %d (self %d) over 20ms of spinning", before, after, self)
+		t.Errorf("thread CPU %d → %d (self %d) over up to 5s of spinning", before, after, self)
 	}
 	if threadCPU(0) != 0 {
 		t.Error("a CPU time for thread 0")
