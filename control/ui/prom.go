@@ -248,5 +248,6 @@ func (p *Prometheus) Dashboard(ctx context.Context, window time.Duration) (*Dash
 			Expires: exp, DaysLeft: math.Round(exp.Sub(now).Hours()/24*10) / 10})
 	}
 	slices.SortStableFunc(d.Certificates, func(a, b Cert) int { return a.Expires.Compare(b.Expires) })
+	d.trim()
 	return d, nil
 }

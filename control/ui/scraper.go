@@ -74,6 +74,11 @@ type Scraper struct {
 	rounds  []*round
 	targets map[string]*Target
 	certs   map[string][]Cert // by node, from its last good scrape
+	// cached is the last dashboard answered, for the same round and window:
+	// every viewer's refresh between two rounds gets it without evaluating again.
+	cached       *Dashboard
+	cachedRound  *round
+	cachedWindow time.Duration
 }
 
 // round is one scrape of every node at one time.
@@ -291,6 +296,21 @@ func (s *Scraper) sum(node string, ss promtext.Samples, now time.Time) ([]map[st
 func (s *Scraper) Dashboard(_ context.Context, window time.Duration) (*Dashboard, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var last *round
+	if len(s.rounds) > 0 {
+		last = s.rounds[len(s.rounds)-1]
+	}
+	if s.cached != nil && s.cachedRound == last && s.cachedWindow == window {
+		return s.cached, nil
+	}
+	d := s.dashboard(window)
+	d.trim()
+	s.cached, s.cachedRound, s.cachedWindow = d, last, window
+	return d, nil
+}
+
+// dashboard evaluates the panels over the rounds within window; s.mu is held.
+func (s *Scraper) dashboard(window time.Duration) *Dashboard {
 	d := &Dashboard{Source: "scrape", IntervalSeconds: s.cfg.Interval.Seconds(), Times: []float64{}, Targets: []Target{}, Certificates: []Cert{}}
 	first := len(s.rounds)
 	if len(s.rounds) > 0 {
@@ -323,7 +343,7 @@ func (s *Scraper) Dashboard(_ context.Context, window time.Duration) (*Dashboard
 		d.Certificates = append(d.Certificates, s.certs[name]...)
 	}
 	slices.SortStableFunc(d.Certificates, func(a, b Cert) int { return a.Expires.Compare(b.Expires) })
-	return d, nil
+	return d
 }
 
 // eval returns query qi's series over the rounds from first on.

@@ -157,7 +157,6 @@ func (h *Handler) dashboard(w http.ResponseWriter, r *http.Request) {
 		daemon.WriteError(w, daemon.Wrap(http.StatusBadGateway, "source_failed", "gathering the dashboard's figures", err))
 		return
 	}
-	d.trim()
 	w.Header().Set("Cache-Control", "no-store")
 	daemon.WriteJSON(w, http.StatusOK, d)
 }

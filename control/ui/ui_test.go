@@ -238,6 +238,15 @@ func TestScraperCounterReset(t *testing.T) {
 	if v := series(t, d, "handshakes", "full"); val(v[1]) != 7 {
 		t.Errorf("after a reset: %v/s, want 7 (the new count), not negative", val(v[1]))
 	}
+	// Between two rounds the dashboard is evaluated once; a round makes a new one.
+	if again, _ := s.Dashboard(context.Background(), time.Hour); again != d {
+		t.Error("the same round and window evaluated again")
+	}
+	clock = clock.Add(time.Second)
+	s.Round(context.Background())
+	if next, _ := s.Dashboard(context.Background(), time.Hour); next == d || len(next.Times) != 3 {
+		t.Errorf("after a round: the cached dashboard, or %d points (want 3)", len(next.Times))
+	}
 }
 
 func TestDashboardAuth(t *testing.T) {
