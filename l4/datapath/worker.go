@@ -185,7 +185,9 @@ func (w *worker) run(stop *atomic.Bool, idleSleep time.Duration) {
 		w.table.Expire(w.now, 64)
 		w.blSync()
 		if w.blSweep != 0 {
+			// A sweep under way is work: an idle worker does not sleep between steps.
 			w.sweepStep()
+			n++
 		}
 		if w.id == 0 {
 			n += w.sendControl()
