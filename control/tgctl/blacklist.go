@@ -15,8 +15,61 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+)
 
-	"github.com/tiergate/tiergate/control/api"
+// The API's answers of the blacklist routes (control/api's PushResult,
+// BlacklistInfo and Operation), as tgctl reads them.
+type pushResult struct {
+	List      string `json:"list"`
+	Version   int64  `json:"version,omitempty"`
+	Entries   int    `json:"entries"`
+	Added     int    `json:"added,omitempty"`
+	Removed   int    `json:"removed,omitempty"`
+	Operation string `json:"operation"`
+	State     string `json:"state"`
+}
+
+type blacklistInfo struct {
+	Name        string    `json:"name"`
+	Version     int64     `json:"version"`
+	Entries     int64     `json:"entries"`
+	BaseVersion int64     `json:"base_version"`
+	Chunks      int       `json:"chunks"`
+	Bytes       int64     `json:"bytes"`
+	Deltas      int64     `json:"deltas"`
+	DeltaBytes  int64     `json:"delta_bytes"`
+	Updated     time.Time `json:"updated"`
+	Who         string    `json:"who,omitempty"`
+	Nodes       []struct {
+		Node    string `json:"node"`
+		Role    string `json:"role"`
+		Version int64  `json:"version"`
+		State   string `json:"state"`
+	} `json:"nodes,omitempty"`
+	Applied    int `json:"applied"`
+	NodesTotal int `json:"nodes_total"`
+}
+
+type blOperation struct {
+	ID      string    `json:"id"`
+	List    string    `json:"list"`
+	Kind    string    `json:"kind"`
+	Who     string    `json:"who"`
+	Entries int       `json:"entries"`
+	Created time.Time `json:"created"`
+	Version int64     `json:"version,omitempty"`
+	Error   string    `json:"error,omitempty"`
+	Stored  bool      `json:"stored"`
+	State   string    `json:"state"`
+	Message string    `json:"message"`
+	Applied int       `json:"applied"`
+	Nodes   int       `json:"nodes"`
+}
+
+// States of an operation (control/api's OpPending, OpFailed).
+const (
+	opPending = "pending"
+	opFailed  = "failed"
 )
 
 // blacklistCommand is tgctl blacklist: pushes to the control plane's blacklists
@@ -102,7 +155,7 @@ func (o *options) blacklistEntryCommand(remove bool) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		var ans api.PushResult
+		var ans pushResult
 		what := "adding to blacklist " + list
 		if remove {
 			what = "removing from blacklist " + list
@@ -174,7 +227,7 @@ A large list is stored after the answer: the operation it gives is polled with
 				defer fh.Close()
 				in = fh
 			}
-			var ans api.PushResult
+			var ans pushResult
 			if err := o.send(cmd.Context(), "PUT", "/v1/blacklists/"+pathEscape(name), ct, key, in, "pushing blacklist "+name, &ans); err != nil {
 				return err
 			}
@@ -182,7 +235,7 @@ A large list is stored after the answer: the operation it gives is polled with
 				return o.waitOperation(cmd, ans.Operation, wait, interval)
 			}
 			return o.printer(cmd).data(ans, func(t *tabwriter.Writer) {
-				if ans.State == api.OpPending {
+				if ans.State == opPending {
 					fmt.Fprintf(t, "blacklist %s: %d entries accepted, being stored: tgctl blacklist operation %s --wait 1m\n", ans.List, ans.Entries, ans.Operation)
 					return
 				}
@@ -225,12 +278,12 @@ func (o *options) waitOperation(cmd *cobra.Command, id string, wait, interval ti
 		return usagef("--interval %v: want a positive duration", interval)
 	}
 	deadline := time.Now().Add(wait)
-	var op api.Operation
+	var op blOperation
 	for {
 		if _, err := o.call(cmd.Context(), request{method: "GET", path: "/v1/operations/" + pathEscape(id), what: "reading operation " + id}, &op); err != nil {
 			return err
 		}
-		if wait <= 0 || op.State != api.OpPending || !time.Now().Add(interval).Before(deadline) {
+		if wait <= 0 || op.State != opPending || !time.Now().Add(interval).Before(deadline) {
 			break
 		}
 		select {
@@ -245,9 +298,9 @@ func (o *options) waitOperation(cmd *cobra.Command, id string, wait, interval ti
 		return err
 	}
 	switch {
-	case op.State == api.OpFailed:
+	case op.State == opFailed:
 		return &exitError{code: ExitError, msg: fmt.Sprintf("operation %s failed: %s", op.ID, op.Error)}
-	case wait > 0 && op.State == api.OpPending:
+	case wait > 0 && op.State == opPending:
 		return &exitError{code: ExitError, msg: fmt.Sprintf("operation %s still pending after %v: %s", op.ID, wait, op.Message)}
 	}
 	return nil
@@ -260,7 +313,7 @@ func (o *options) blacklistShowCommand() *cobra.Command {
 		Args:              exactArgs(1, "a blacklist's name"),
 		ValidArgsFunction: o.blacklistCompletion,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var b api.BlacklistInfo
+			var b blacklistInfo
 			if _, err := o.call(cmd.Context(), request{method: "GET", path: "/v1/blacklists/" + pathEscape(args[0]), what: "reading blacklist " + args[0]}, &b); err != nil {
 				return err
 			}
@@ -286,7 +339,7 @@ func (o *options) blacklistListCommand() *cobra.Command {
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var ans struct {
-				Lists []api.BlacklistInfo `json:"lists"`
+				Lists []blacklistInfo `json:"lists"`
 			}
 			if _, err := o.call(cmd.Context(), request{method: "GET", path: "/v1/blacklists", what: "listing the blacklists"}, &ans); err != nil {
 				return err
@@ -357,7 +410,7 @@ func (o *options) blacklistCompletion(cmd *cobra.Command, args []string, prefix 
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
 	var ans struct {
-		Lists []api.BlacklistInfo `json:"lists"`
+		Lists []blacklistInfo `json:"lists"`
 	}
 	if _, err := o.call(cmd.Context(), request{method: "GET", path: "/v1/blacklists", what: "listing the blacklists"}, &ans); err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp | cobra.ShellCompDirectiveError

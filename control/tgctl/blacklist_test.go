@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/build"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -91,7 +92,7 @@ func TestBlacklistCommands(t *testing.T) {
 		t.Fatalf("remove: %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	r = as(risk, "blacklist", "show", "global", "-o", "json")
-	var info api.BlacklistInfo
+	var info blacklistInfo
 	for i := 0; i < 500 && (info.Applied != 1 || info.Version != 3); i++ {
 		r = as(risk, "blacklist", "show", "global", "-o", "json")
 		if err := json.Unmarshal([]byte(r.stdout), &info); err != nil {
@@ -156,5 +157,19 @@ func TestBlacklistPushWait(t *testing.T) {
 	}
 	if got := n.list("big").Len(); got != api.AsyncEntries+10 {
 		t.Fatalf("the node enforces %d entries", got)
+	}
+}
+
+// TestNoServerImports: tgctl shares no code with the server, so its binary does
+// not carry the store and etcd's client.
+func TestNoServerImports(t *testing.T) {
+	pkg, err := build.Default.ImportDir(".", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, imp := range pkg.Imports {
+		if strings.HasPrefix(imp, "github.com/tiergate/tiergate/control/") || strings.HasPrefix(imp, "go.etcd.io/") {
+			t.Errorf("tgctl imports %s", imp)
+		}
 	}
 }
