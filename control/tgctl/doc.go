@@ -1,6 +1,7 @@
 // Package tgctl is tgctl, the command line of the control plane: get, apply, diff
 // and delete the cluster configuration's objects, follow revisions and rollouts to
-// the nodes, upload certificates, manage API tokens and watch the handshake figures
+// the nodes, upload certificates, push blacklists and see which version each node
+// enforces, manage API tokens and watch the handshake figures
 // live (top, from controld's /ui figures, control/ui), all through controld's /v1
 // API (control/api). cmd/tgctl is its main; Run runs it in-process, as the tests do.
 //
