@@ -374,7 +374,7 @@ func TestDashboard(t *testing.T) {
 
 	// Controld's figures from Prometheus instead: the same panels, from PromQL.
 	t.Run("PrometheusSource", func(t *testing.T) {
-		src, err := ui.NewPrometheus(ui.PrometheusConfig{URL: prom, Step: time.Second})
+		src, err := ui.NewPrometheus(ui.PrometheusConfig{URL: prom, Step: time.Second, RateWindow: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

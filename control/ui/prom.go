@@ -24,8 +24,8 @@ type PrometheusConfig struct {
 	URL string
 	// Step is the time between points. Default DefaultInterval (2s); at least 1s.
 	Step time.Duration
-	// RateWindow is the range of the rates. Default 4 × Step, at least 10s (two
-	// scrapes at Prometheus's own interval must fall in it).
+	// RateWindow is the range of the rates: at least two of Prometheus's own
+	// scrape intervals must fall in it. Default 4 × Step, at least 30s.
 	RateWindow time.Duration
 	// NodeLabel is the label that names a node in Prometheus. Default "instance".
 	NodeLabel string
@@ -51,7 +51,7 @@ func NewPrometheus(cfg PrometheusConfig) (*Prometheus, error) {
 	}
 	cfg.Step = max(cfg.Step, time.Second)
 	if cfg.RateWindow <= 0 {
-		cfg.RateWindow = max(4*cfg.Step, 10*time.Second)
+		cfg.RateWindow = max(4*cfg.Step, 30*time.Second)
 	}
 	if cfg.NodeLabel == "" {
 		cfg.NodeLabel = "instance"
