@@ -65,6 +65,8 @@ var Panels = []Panel{
 		Queries: []Query{{Kind: KindRate, Metric: "tiergate_tls_handshakes_total", Match: []Matcher{eq("result", "ok")}, By: []string{"listener", "resumed"}}}},
 	{ID: "handshake_failures", Title: "Handshake failures/s by reason", Unit: "/s",
 		Queries: []Query{{Kind: KindRate, Metric: "tiergate_tls_handshakes_total", Match: []Matcher{ne("result", "ok")}, By: []string{"result"}}}},
+	{ID: "handshake_failures_node", Title: "Handshake failures/s by node and reason", Unit: "/s",
+		Queries: []Query{{Kind: KindRate, Metric: "tiergate_tls_handshakes_total", Match: []Matcher{ne("result", "ok")}, By: []string{NodeLabel, "result"}}}},
 	{ID: "handshake_latency", Title: "Handshake latency p50 / p99", Unit: "s", Names: []string{"p50", "p99"},
 		Queries: []Query{
 			{Kind: KindQuantile, Metric: "tiergate_tls_handshake_seconds", Quantile: 0.5},

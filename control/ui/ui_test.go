@@ -60,7 +60,7 @@ func TestPromQL(t *testing.T) {
 	if got, want := q.PromQL("instance", 10*time.Second), `sum by (result) (rate(tiergate_tls_handshakes_total{result!="ok"}[10s]))`; got != want {
 		t.Errorf("got %s\nwant %s", got, want)
 	}
-	q = Panels[4].Queries[1]
+	q = Panels[5].Queries[1]
 	if got, want := q.PromQL("instance", 30*time.Second), `histogram_quantile(0.99, sum by (le) (rate(tiergate_tls_handshake_seconds_bucket[30s])))`; got != want {
 		t.Errorf("got %s\nwant %s", got, want)
 	}
@@ -180,6 +180,9 @@ func TestScraperRates(t *testing.T) {
 	}
 	if v := series(t, d, "handshake_failures", "keyserver_timeout"); val(v[3]) != 2 {
 		t.Errorf("failures %v, want 2", val(v[3]))
+	}
+	if v := series(t, d, "handshake_failures_node", "l7-b keyserver_timeout"); val(v[3]) != 2 {
+		t.Errorf("l7-b's failures %v, want 2", val(v[3]))
 	}
 	if v := series(t, d, "handshake_latency", "p50"); !(val(v[3]) > 0.001 && val(v[3]) <= 0.01) {
 		t.Errorf("p50 %v, want within (1ms, 10ms]", val(v[3]))
