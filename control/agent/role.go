@@ -12,12 +12,17 @@ import (
 // headKey is the store's head key, which a snapshot reads (control/store).
 const headKey = "/tiergate/meta/v1/head"
 
+// BlacklistPrefix is the prefix of the blacklists a node follows (control/blsync's
+// Prefix, which a test holds equal).
+const BlacklistPrefix = "/tiergate/blacklists/v1/"
+
 // RoleName returns the name of node's etcd role: tiergate-node-<node>.
 func RoleName(node string) string { return "tiergate-node-" + node }
 
 // GrantNode creates node's etcd role (RoleName) with what its agent needs and
-// nothing more: read on the object prefix (store.Prefix) and on the store's head
-// key, read and write on its own status key (StatusKey) and seen record (SeenKey). Run with an etcd user
+// nothing more: read on the object prefix (store.Prefix), on the store's head key
+// and on the blacklists (BlacklistPrefix), read and write on its own status key
+// (StatusKey) and seen record (SeenKey). Run with an etcd user
 // allowed to change roles (root); the node's user is then granted the role
 // (UserGrantRole). A role that exists is given the permissions again.
 func GrantNode(ctx context.Context, cli *clientv3.Client, node string) error {
@@ -36,6 +41,7 @@ func GrantNode(ctx context.Context, cli *clientv3.Client, node string) error {
 	}{
 		{store.Prefix, clientv3.GetPrefixRangeEnd(store.Prefix), clientv3.PermissionType(clientv3.PermRead)},
 		{headKey, "", clientv3.PermissionType(clientv3.PermRead)},
+		{BlacklistPrefix, clientv3.GetPrefixRangeEnd(BlacklistPrefix), clientv3.PermissionType(clientv3.PermRead)},
 		{StatusKey(node), "", clientv3.PermissionType(clientv3.PermReadWrite)},
 		{SeenKey(node), "", clientv3.PermissionType(clientv3.PermReadWrite)},
 	}

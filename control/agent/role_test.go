@@ -27,7 +27,8 @@ func TestGrantNode(t *testing.T) {
 	}
 	want := map[string]authpb.Permission_Type{
 		store.Prefix + ".." + clientv3.GetPrefixRangeEnd(store.Prefix): authpb.READ,
-		headKey + "..":           authpb.READ,
+		headKey + "..": authpb.READ,
+		BlacklistPrefix + ".." + clientv3.GetPrefixRangeEnd(BlacklistPrefix): authpb.READ,
 		StatusKey("l7-a") + "..": authpb.READWRITE,
 		SeenKey("l7-a") + "..":   authpb.READWRITE,
 	}
