@@ -255,7 +255,13 @@ func (b *bench) blacklistTables(w io.Writer, s *summary) float64 {
 	if len(r.updates) == 0 {
 		return maxOther
 	}
-	ut := benchkit.Table{Header: []string{"update of the 1M IPv4 list", "median ms", "runs ms", "longest lookup beside it µs", "lookups > 1 ms"}}
+	ut := benchkit.Table{Header: []string{"update of the 1M IPv4 list", "median ms", "runs ms", "longest lookup beside it µs", "lookups > 1 ms", "collections"}}
+	gcs := func(u *blUpdate) string {
+		if u.GCs == nil {
+			return "-"
+		}
+		return fmt.Sprint(*u.GCs)
+	}
 	for _, u := range r.updates {
 		runs := make([]string, len(u.RunsMs))
 		for i, v := range u.RunsMs {
@@ -267,16 +273,16 @@ func (b *bench) blacklistTables(w io.Writer, s *summary) float64 {
 			over = fmt.Sprintf("%d of %d", *u.Over1ms, *u.Probes)
 			s.BLMaxStallUs = maxPtr(s.BLMaxStallUs, *u.StallUs)
 		}
-		ut.Row(u.Name, fmt.Sprintf("%.1f", u.MedianMs), strings.Join(runs, " "), stall, over)
+		ut.Row(u.Name, fmt.Sprintf("%.1f", u.MedianMs), strings.Join(runs, " "), stall, over, gcs(u))
 	}
 	if r.swapStallUs != nil {
-		ut.Row("swap only: blacklist.MeasureSwapStall", "-", "-", fmt.Sprintf("%.1f", *r.swapStallUs), "-")
+		ut.Row("swap only: blacklist.MeasureSwapStall", "-", "-", fmt.Sprintf("%.1f", *r.swapStallUs), "-", "-")
 		s.BLMaxStallUs = maxPtr(s.BLMaxStallUs, *r.swapStallUs)
 		s.BLSwapStallUs = r.swapStallUs
 	}
 	if c := r.control; c != nil {
 		ut.Separator()
-		ut.Row(c.Name, "-", fmt.Sprintf("%.1f", c.MedianMs), fmt.Sprintf("%.1f", *c.StallUs), fmt.Sprintf("%d of %d", *c.Over1ms, *c.Probes))
+		ut.Row(c.Name, "-", fmt.Sprintf("%.1f", c.MedianMs), fmt.Sprintf("%.1f", *c.StallUs), fmt.Sprintf("%d of %d", *c.Over1ms, *c.Probes), gcs(c))
 		s.BLControlStallUs = c.StallUs
 	}
 	ut.Fprint(w)
