@@ -79,6 +79,15 @@ type Options struct {
 	// StartTimeout bounds the start of each process (until its health check
 	// answers). Default 20s.
 	StartTimeout time.Duration
+
+	// ControldExtra is YAML appended to controld's configuration file, such as a
+	// crowdsec section. Default none.
+	ControldExtra string
+
+	// L7ClientIP is the client_ip of the l7d nodes' listener (Options.Listener),
+	// as a YAML flow mapping, such as `{proxy_protocol: true, proxy_trusted:
+	// ["127.0.0.1"]}`. Default none: the client is the connection's peer.
+	L7ClientIP string
 }
 
 // Cluster is a running cluster.
@@ -445,6 +454,9 @@ keyservers:
 		c.L7Endpoint = "http://" + port
 		cfg += fmt.Sprintf("etcd_listen: %q\n", c.L7Endpoint)
 	}
+	if c.Opts.ControldExtra != "" {
+		cfg += strings.TrimSuffix(c.Opts.ControldExtra, "\n") + "\n"
+	}
 	cfgPath := filepath.Join(dir, "controld.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return err
@@ -483,6 +495,10 @@ func (c *Cluster) AddL7(ctx context.Context, node string) (*L7, error) {
 		servers = append(servers, fmt.Sprintf("%q", ks.Addr))
 	}
 	cfgPath := filepath.Join(dir, "l7d.yaml")
+	clientIP := ""
+	if c.Opts.L7ClientIP != "" {
+		clientIP = ", client_ip: " + c.Opts.L7ClientIP
+	}
 	cfg := fmt.Sprintf(`control:
   node: %s
   etcd_endpoints: [%q]
@@ -493,12 +509,12 @@ keyservers:
   key_file: %q
   ca_file: %q
 node_listeners:
-  %s: {addr: %q}
+  %s: {addr: %q%s}
 state_dir: %q
 admin_listen: %q
 log_level: debug
 `, node, c.L7Endpoint, strings.Join(servers, ", "), c.l7ClientCert, c.l7ClientKey, c.KeyserverPKI.ServerCAFile,
-		c.Opts.Listener, l.Listen, l.StateDir, l.Admin)
+		c.Opts.Listener, l.Listen, clientIP, l.StateDir, l.Admin)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
@@ -527,10 +543,47 @@ type L4 struct {
 	runtimeDir string
 }
 
+// L4Ports are the DPDK ports of an l4d node (AddL4On). The zero value of a field
+// means its default: the null devices of AddL4.
+type L4Ports struct {
+	// VDevs are the EAL's --vdev arguments, such as
+	// "net_af_packet0,iface=x0". Default net_null0 and net_null1.
+	VDevs []string
+	// External and Internal are the devices of the two ports, ExternalAddr and
+	// InternalAddr their addresses (CIDR). Default net_null0 198.18.0.2/24 and
+	// net_null1 198.18.1.2/24.
+	External, Internal         string
+	ExternalAddr, InternalAddr string
+	// Gateway is the external port's gateway. Default none.
+	Gateway string
+	// Blacklists are the store's lists l4d enforces (its blacklists setting), as
+	// a YAML flow sequence such as `[global, web]`. Default none given: l4d's
+	// own default ([global]).
+	Blacklists string
+}
+
 // AddL4 writes the configuration of an l4d node named node and starts it (l4d
 // from Bin, built with DPDK: root and libdpdk needed); it answers once the node
 // has applied a configuration from the store and reports it.
 func (c *Cluster) AddL4(ctx context.Context, node string) (*L4, error) {
+	return c.AddL4On(ctx, node, L4Ports{})
+}
+
+// AddL4On is AddL4 with the DPDK ports of p, such as net_af_packet on a veth a
+// test sends packets through.
+func (c *Cluster) AddL4On(ctx context.Context, node string, p L4Ports) (*L4, error) {
+	if len(p.VDevs) == 0 {
+		p.VDevs = []string{"net_null0", "net_null1"}
+	}
+	if p.External == "" {
+		p.External, p.Internal = "net_null0", "net_null1"
+	}
+	if p.ExternalAddr == "" {
+		p.ExternalAddr = "198.18.0.2/24"
+	}
+	if p.InternalAddr == "" {
+		p.InternalAddr = "198.18.1.2/24"
+	}
 	dir := filepath.Join(c.Opts.Dir, node)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -544,20 +597,31 @@ func (c *Cluster) AddL4(ctx context.Context, node string) (*L4, error) {
 	cfgPath := filepath.Join(dir, "l4d.yaml")
 	// A file prefix of its own: DPDK's runtime files of another process (another
 	// test's l4d) are not this one's.
+	var vdevs []string
+	for _, v := range p.VDevs {
+		vdevs = append(vdevs, fmt.Sprintf("%q", "--vdev="+v))
+	}
+	gateway := ""
+	if p.Gateway != "" {
+		gateway = fmt.Sprintf(", gateway: %q", p.Gateway)
+	}
 	cfg := fmt.Sprintf(`admin_listen: %q
 state_dir: %q
 log_level: debug
 dpdk:
-  eal_args: [--no-pci, --no-huge, -m, "256", --no-telemetry, "--file-prefix=%s", --vdev=net_null0, --vdev=net_null1]
+  eal_args: [--no-pci, --no-huge, -m, "256", --no-telemetry, "--file-prefix=%s", %s]
 ports:
-  external: {device: net_null0, addr: 198.18.0.2/24}
-  internal: {device: net_null1, addr: 198.18.1.2/24}
+  external: {device: %s, addr: %s%s}
+  internal: {device: %s, addr: %s}
 conntrack: {capacity: 10000}
 control:
   node: %s
   etcd_endpoints: [%q]
   dial_timeout: 1s
-`, admin, l.StateDir, prefix, node, c.StoreEndpoint)
+`, admin, l.StateDir, prefix, strings.Join(vdevs, ", "), p.External, p.ExternalAddr, gateway, p.Internal, p.InternalAddr, node, c.StoreEndpoint)
+	if p.Blacklists != "" {
+		cfg += "blacklists: " + p.Blacklists + "\n"
+	}
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
