@@ -31,24 +31,26 @@
 // needed. The tables hold no pointers, so the garbage collector never scans them,
 // however many entries they hold.
 //
-// # Updates beside lookups
-//
-// Building a Set works on arrays several times its size (the entries collected,
-// sorted and merged; for a delta, the Set in force taken apart). They are kept off
-// the Go heap, in anonymous mappings unmapped when the build returns (a Builder's
-// when it is Reset or collected), so that an update allocates on the heap only the
-// tables of the Set it makes: about 2.5 bytes per IPv4 address, where it allocated
-// some 55 before. Heap growth is what starts a collection, and a collection's mark
-// workers take the processors of the goroutines serving lookups for milliseconds
-// at a time (bench-policy's update table compares the longest lookup beside each
-// kind of update with that beside a busy goroutine that allocates nothing).
-//
 // Compared with a fixed 2^16-bucket index on the top 16 bits, the index here is
 // sized to the table and placed after the common prefix, so a small list does not
 // pay 256 KiB, a list confined to one /8 still spreads over its buckets, and a 10M
 // list gets buckets of a few dozen keys; storing 16-bit suffixes halves the
 // memory of the 4-byte array. Expiring entries live in their own tables so that
 // permanent ones carry no expiry field.
+//
+// # Updates beside lookups
+//
+// Building a Set works on arrays several times its size (the entries collected,
+// sorted and merged; for a delta, the Set in force taken apart). They are kept off
+// the Go heap, in anonymous mappings handed back when the build returns (a
+// Builder's when it is Reset or collected) and kept for the next build, whose
+// pages are then in memory already (up to 256 MiB, unmapped after 30s unused). So
+// an update allocates on the heap only the tables of the Set it makes, about 2.5
+// bytes per IPv4 address where it allocated some 55 before. Heap growth is what
+// starts a collection, and a collection's mark workers take the processors of the
+// goroutines serving lookups for milliseconds at a time (bench-policy's update
+// table shows the longest lookup beside each kind of update, the collections that
+// ran meanwhile, and the same beside a busy goroutine that allocates nothing).
 //
 // # Text format
 //

@@ -122,3 +122,40 @@ func TestBuilderMemoryReleased(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestScratchReused checks that a build takes the mappings the build before it
+// handed back (no new mapping, so no page faults), and that they are unmapped once
+// no build took or handed back one for a while.
+func TestScratchReused(t *testing.T) {
+	defer pool.setIdle(0)
+	pool.setIdle(time.Hour)
+	r := rand.New(rand.NewPCG(9, 9))
+	var text bytes.Buffer
+	for range 200_000 {
+		text.WriteString(a4(r.Uint32()).addr().String())
+		text.WriteByte('\n')
+	}
+	read := func() {
+		if _, err := Read(bytes.NewReader(text.Bytes())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read()
+	maps := scratchMaps.Load()
+	if pool.kept() == 0 {
+		t.Fatal("a build of 200k entries kept no mapping for the next")
+	}
+	read()
+	if n := scratchMaps.Load() - maps; n != 0 {
+		t.Errorf("the same build again made %d mappings, want 0", n)
+	}
+	pool.setIdle(10 * time.Millisecond)
+	read()
+	deadline := time.Now().Add(10 * time.Second)
+	for pool.kept() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes still kept %v after the last build", pool.kept(), 10*time.Second)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
