@@ -164,7 +164,7 @@ func TestHandshakeMetrics(t *testing.T) {
 		{"client alert", "localhost", 0, 0, false, false, want{"1.3", "false", "ecdsa", "client_alert"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			match := map[string]string{"version": tc.want.version, "resumed": tc.want.resumed, "sig": tc.want.sig, "result": tc.want.result}
+			match := map[string]string{"transport": "tcp", "version": tc.want.version, "resumed": tc.want.resumed, "sig": tc.want.sig, "result": tc.want.result}
 			before := ts.handshakeCount(t, match)
 			err := dial(tc.sni, tc.minV, tc.maxV, tc.roots)
 			if (err == nil) != tc.ok {
@@ -186,7 +186,7 @@ func TestHandshakeMetrics(t *testing.T) {
 			t.Errorf("half-open connection: %v", err)
 		}
 		waitFor(t, "timeout counted", func() bool {
-			return ts.handshakeCount(t, map[string]string{"result": "timeout"}) == 1
+			return ts.handshakeCount(t, map[string]string{"transport": "tcp", "result": "timeout"}) == 1
 		})
 	})
 	t.Run("protocol", func(t *testing.T) {
@@ -200,7 +200,7 @@ func TestHandshakeMetrics(t *testing.T) {
 			t.Errorf("plain HTTP on the TLS port: %v", err)
 		}
 		waitFor(t, "protocol counted", func() bool {
-			return ts.handshakeCount(t, map[string]string{"result": "protocol"}) == 1
+			return ts.handshakeCount(t, map[string]string{"transport": "tcp", "result": "protocol"}) == 1
 		})
 	})
 	t.Run("client closed", func(t *testing.T) {
@@ -210,7 +210,7 @@ func TestHandshakeMetrics(t *testing.T) {
 		}
 		c.Close()
 		waitFor(t, "client_closed counted", func() bool {
-			return ts.handshakeCount(t, map[string]string{"result": "client_closed"}) == 1
+			return ts.handshakeCount(t, map[string]string{"transport": "tcp", "result": "client_closed"}) == 1
 		})
 	})
 
@@ -220,7 +220,7 @@ func TestHandshakeMetrics(t *testing.T) {
 		tr.Protocols = new(http.Protocols)
 		tr.Protocols.SetHTTP1(true)
 		c := &http.Client{Transport: tr}
-		match := map[string]string{"version": "1.3", "resumed": "true", "sig": "none", "result": "ok"}
+		match := map[string]string{"transport": "tcp", "version": "1.3", "resumed": "true", "sig": "none", "result": "ok"}
 		for i := range 2 {
 			resp, _ := get(t, c, "GET", ts.url("/"), "")
 			if resp.TLS.DidResume != (i == 1) {
@@ -229,18 +229,22 @@ func TestHandshakeMetrics(t *testing.T) {
 			tr.CloseIdleConnections()
 		}
 		waitFor(t, "resumption counted", func() bool { return ts.handshakeCount(t, match) == 1 })
-		if n := ts.metricSum(t, "tiergate_tls_handshake_seconds", map[string]string{"listener": "web", "resumed": "true"}); n != 1 {
+		if n := ts.metricSum(t, "tiergate_tls_handshake_seconds", map[string]string{"listener": "web", "transport": "tcp", "resumed": "true"}); n != 1 {
 			t.Errorf("resumed handshakes timed: %v", n)
 		}
 	})
 
 	t.Run("QUIC", func(t *testing.T) {
-		okMatch := map[string]string{"version": "1.3", "resumed": "false", "sig": "ecdsa", "result": "ok"}
+		okMatch := map[string]string{"transport": "quic", "version": "1.3", "resumed": "false", "sig": "ecdsa", "result": "ok"}
 		before := ts.handshakeCount(t, okMatch)
+		timed := ts.metricSum(t, "tiergate_tls_handshake_seconds", map[string]string{"listener": "web", "transport": "quic"})
 		if resp, body := get(t, ts.client(t, "3"), "GET", ts.url("/"), ""); resp.StatusCode != 200 {
 			t.Fatalf("HTTP/3: %d %s", resp.StatusCode, body)
 		}
 		waitFor(t, "QUIC handshake counted", func() bool { return ts.handshakeCount(t, okMatch) == before+1 })
+		if n := ts.metricSum(t, "tiergate_tls_handshake_seconds", map[string]string{"listener": "web", "transport": "quic"}); n != timed+1 {
+			t.Errorf("QUIC handshakes timed: %v, want %v", n, timed+1)
+		}
 
 		for _, tc := range []struct {
 			sni    string
@@ -251,7 +255,7 @@ func TestHandshakeMetrics(t *testing.T) {
 			{"ks-timeout.test", true, "keyserver_timeout"},
 			{"localhost", false, "client_alert"},
 		} {
-			match := map[string]string{"version": "1.3", "result": tc.result}
+			match := map[string]string{"transport": "quic", "version": "1.3", "result": tc.result}
 			before := ts.handshakeCount(t, match)
 			tc2 := &tls.Config{ServerName: tc.sni, NextProtos: []string{"h3"}}
 			if tc.roots {

@@ -409,13 +409,13 @@ func (l *listener) serveTCP(c *tcpConn) {
 	}
 	err := c.tc.HandshakeContext(context.WithValue(context.Background(), handshakeKey{}, hs))
 	if err != nil {
-		l.handshakeFailed(hs, c.tc.ConnectionState().Version, classifyTLSError(err), c.raw.RemoteAddr(), err)
+		l.handshakeFailed(hs, transportTCP, c.tc.ConnectionState().Version, classifyTLSError(err), c.raw.RemoteAddr(), err)
 		c.raw.Close()
 		l.untrack(c.tc)
 		return
 	}
 	st := c.tc.ConnectionState()
-	l.handshakeOK(hs, &st)
+	l.handshakeOK(hs, transportTCP, &st)
 	l.handshakeEnded(&l.tcpHS, c.src)
 	c.held = heldNone
 	if !l.acquire() {
@@ -454,7 +454,7 @@ func (l *listener) serveTCP(c *tcpConn) {
 	l.untrack(c.tc)
 }
 
-func (l *listener) handshakeOK(hs *handshake, st *tls.ConnectionState) {
+func (l *listener) handshakeOK(hs *handshake, transport string, st *tls.ConnectionState) {
 	if hs == nil || !hs.counted.CompareAndSwap(false, true) {
 		return
 	}
@@ -463,11 +463,11 @@ func (l *listener) handshakeOK(hs *handshake, st *tls.ConnectionState) {
 		sig = "none" // no signature in a resumed handshake
 	}
 	resumed := boolLabel(st.DidResume)
-	l.s.m.handshakes.WithLabelValues(l.cfg.Name, versionLabel(st.Version), resumed, sig, resultOK).Inc()
-	l.s.m.handshakeSeconds.WithLabelValues(l.cfg.Name, resumed).Observe(time.Since(hs.start).Seconds())
+	l.s.m.handshakes.WithLabelValues(l.cfg.Name, transport, versionLabel(st.Version), resumed, sig, resultOK).Inc()
+	l.s.m.handshakeSeconds.WithLabelValues(l.cfg.Name, transport, resumed).Observe(time.Since(hs.start).Seconds())
 }
 
-func (l *listener) handshakeFailed(hs *handshake, version uint16, reason string, remote net.Addr, err error) {
+func (l *listener) handshakeFailed(hs *handshake, transport string, version uint16, reason string, remote net.Addr, err error) {
 	if !hs.counted.CompareAndSwap(false, true) {
 		return
 	}
@@ -475,7 +475,7 @@ func (l *listener) handshakeFailed(hs *handshake, version uint16, reason string,
 	if seen != "" {
 		reason = seen
 	}
-	l.s.m.handshakes.WithLabelValues(l.cfg.Name, versionLabel(version), "false", sig, reason).Inc()
+	l.s.m.handshakes.WithLabelValues(l.cfg.Name, transport, versionLabel(version), "false", sig, reason).Inc()
 	if l.log.Enabled(context.Background(), slog.LevelDebug) {
 		l.log.Debug("TLS handshake failed", "remote", fmt.Sprint(remote), "result", reason, "err", err)
 	}

@@ -19,6 +19,13 @@ const (
 	resultOther            = "other"
 )
 
+// Handshake transports, the values of the transport label of
+// tiergate_tls_handshakes_total and tiergate_tls_handshake_seconds.
+const (
+	transportTCP  = "tcp"  // TLS over TCP
+	transportQUIC = "quic" // TLS inside QUIC (HTTP/3)
+)
+
 // Connection protocols, the values of tiergate_l7_connections{proto}.
 const (
 	connTLS   = "tls" // TCP, handshaking
@@ -52,13 +59,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tiergate_tls_handshakes_total",
-			Help: "TLS handshakes over TCP and QUIC, by listener, TLS version, resumption, key type of the signature made (none when resumed) and result.",
-		}, []string{"listener", "version", "resumed", "sig", "result"}),
+			Help: "TLS handshakes, by listener, transport (tcp: TLS over TCP, quic: TLS inside QUIC), TLS version, resumption, key type of the signature made (none when resumed) and result.",
+		}, []string{"listener", "transport", "version", "resumed", "sig", "result"}),
 		handshakeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tiergate_tls_handshake_seconds",
-			Help:    "Time of successful TLS handshakes, from accepting the connection (TCP) or its first packet (QUIC) to the handshake's end.",
+			Help:    "Time of successful TLS handshakes, from accepting the connection (TCP) or its first packet (QUIC) to the handshake's end, by listener, transport (tcp, quic) and resumption.",
 			Buckets: HandshakeBuckets,
-		}, []string{"listener", "resumed"}),
+		}, []string{"listener", "transport", "resumed"}),
 		conns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tiergate_l7_connections",
 			Help: "Client connections open, by listener and protocol (tls: TCP still handshaking).",

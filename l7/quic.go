@@ -76,7 +76,7 @@ func (l *listener) quicConnContext(ctx context.Context, ci *quic.ClientInfo) (co
 		}
 		if !hs.counted.Load() {
 			cause := context.Cause(ctx)
-			l.handshakeFailed(hs, tls.VersionTLS13, classifyQUICError(cause), ci.RemoteAddr, cause)
+			l.handshakeFailed(hs, transportQUIC, tls.VersionTLS13, classifyQUICError(cause), ci.RemoteAddr, cause)
 		}
 	})
 	return ctx, nil
@@ -96,7 +96,7 @@ func (a quicAccepter) Accept(ctx context.Context) (*quic.Conn, error) {
 		}
 		hs := handshakeFrom(c.Context())
 		st := c.ConnectionState().TLS
-		a.l.handshakeOK(hs, &st)
+		a.l.handshakeOK(hs, transportQUIC, &st)
 		if hs == nil || a.l.established(hs) {
 			return c, nil
 		}

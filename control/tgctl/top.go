@@ -39,13 +39,17 @@ type topDashboard struct {
 type TopFigures struct {
 	Time   time.Time `json:"time"`
 	Source string    `json:"source"`
-	// Full and Resumed are the cluster's successful handshakes per second.
+	// Full and Resumed are the cluster's successful handshakes per second, over
+	// TCP and QUIC together.
 	Full    float64 `json:"full_per_second"`
 	Resumed float64 `json:"resumed_per_second"`
+	// Transports are the same by transport (tcp, quic), busiest first.
+	Transports []TopRow `json:"transports"`
 	// Failures are the failed handshakes per second by reason.
 	Failures map[string]float64 `json:"failures_per_second"`
-	// LatencyP50 and LatencyP99 are the handshakes' latency in seconds, and
-	// KeyserverP50/P99 the keyserver operations'.
+	// LatencyP50 and LatencyP99 are the handshakes' latency in seconds (a
+	// transport's p99 is in Transports), and KeyserverP50/P99 the keyserver
+	// operations'.
 	LatencyP50   float64 `json:"latency_p50_seconds"`
 	LatencyP99   float64 `json:"latency_p99_seconds"`
 	KeyserverP50 float64 `json:"keyserver_p50_seconds"`
@@ -55,11 +59,15 @@ type TopFigures struct {
 	Listeners []TopRow `json:"listeners"`
 }
 
-// TopRow is one node's or listener's handshakes per second.
+// TopRow is one node's, listener's or transport's handshakes per second.
 type TopRow struct {
 	Name    string  `json:"name"`
 	Full    float64 `json:"full_per_second"`
 	Resumed float64 `json:"resumed_per_second"`
+	// QUIC is how many of Full and Resumed were over QUIC (a node's, a
+	// listener's); LatencyP99 is a transport's p99 handshake latency in seconds.
+	QUIC       float64 `json:"quic_per_second,omitempty"`
+	LatencyP99 float64 `json:"latency_p99_seconds,omitempty"`
 	// State is a node's: up, down (its scrape failed: Error) or lost.
 	State string `json:"state,omitempty"`
 	Error string `json:"error,omitempty"`
@@ -76,18 +84,25 @@ func latest(vs []*float64) float64 {
 
 // figures reduces a dashboard to the handshake figures.
 func figures(d *topDashboard, now time.Time) TopFigures {
-	f := TopFigures{Time: now.UTC().Truncate(time.Second), Source: d.Source, Failures: map[string]float64{}, Nodes: []TopRow{}, Listeners: []TopRow{}}
-	nodes, listeners := map[string]*TopRow{}, map[string]*TopRow{}
-	add := func(m map[string]*TopRow, name, resumed string, v float64) {
+	f := TopFigures{Time: now.UTC().Truncate(time.Second), Source: d.Source, Failures: map[string]float64{}, Transports: []TopRow{}, Nodes: []TopRow{}, Listeners: []TopRow{}}
+	nodes, listeners, transports := map[string]*TopRow{}, map[string]*TopRow{}, map[string]*TopRow{}
+	row := func(m map[string]*TopRow, name string) *TopRow {
 		r := m[name]
 		if r == nil {
 			r = &TopRow{Name: name}
 			m[name] = r
 		}
-		if resumed == "true" {
+		return r
+	}
+	add := func(m map[string]*TopRow, name string, labels map[string]string, v float64) {
+		r := row(m, name)
+		if labels["resumed"] == "true" {
 			r.Resumed += v
 		} else {
 			r.Full += v
+		}
+		if labels["transport"] == "quic" {
+			r.QUIC += v
 		}
 	}
 	for _, p := range d.Panels {
@@ -100,10 +115,13 @@ func figures(d *topDashboard, now time.Time) TopFigures {
 				} else {
 					f.Full += v
 				}
+				if tr := s.Labels["transport"]; tr != "" {
+					add(transports, tr, s.Labels, v)
+				}
 			case "handshakes_node":
-				add(nodes, s.Labels["node"], s.Labels["resumed"], v)
+				add(nodes, s.Labels["node"], s.Labels, v)
 			case "handshakes_listener":
-				add(listeners, s.Labels["listener"], s.Labels["resumed"], v)
+				add(listeners, s.Labels["listener"], s.Labels, v)
 			case "handshake_failures":
 				f.Failures[s.Labels["result"]] += v
 			case "handshake_latency", "keyserver_latency":
@@ -111,7 +129,9 @@ func figures(d *topDashboard, now time.Time) TopFigures {
 				if p.ID == "keyserver_latency" {
 					p50, p99 = &f.KeyserverP50, &f.KeyserverP99
 				}
-				if s.Name == "p50" {
+				if tr := s.Labels["transport"]; tr != "" && p.ID == "handshake_latency" {
+					row(transports, tr).LatencyP99 = v // the only quantile by transport
+				} else if s.Name == "p50" {
 					*p50 = v
 				} else if s.Name == "p99" {
 					*p99 = v
@@ -137,7 +157,7 @@ func figures(d *topDashboard, now time.Time) TopFigures {
 	for _, m := range []struct {
 		from map[string]*TopRow
 		to   *[]TopRow
-	}{{nodes, &f.Nodes}, {listeners, &f.Listeners}} {
+	}{{nodes, &f.Nodes}, {listeners, &f.Listeners}, {transports, &f.Transports}} {
 		for _, r := range m.from {
 			*m.to = append(*m.to, *r)
 		}
@@ -190,15 +210,22 @@ func topTable(t *tabwriter.Writer, f TopFigures) {
 		fmt.Fprintln(t)
 	}
 	fmt.Fprintln(t)
-	row(t, "NODE", "STATE", "FULL/S", "RESUMED/S", "ERROR")
+	if len(f.Transports) > 0 {
+		row(t, "TRANSPORT", "FULL/S", "RESUMED/S", "P99")
+		for _, r := range f.Transports {
+			row(t, r.Name, rate(r.Full), rate(r.Resumed), ms(r.LatencyP99))
+		}
+		fmt.Fprintln(t)
+	}
+	row(t, "NODE", "STATE", "FULL/S", "RESUMED/S", "QUIC/S", "ERROR")
 	for _, r := range f.Nodes {
-		row(t, r.Name, orDash(r.State), rate(r.Full), rate(r.Resumed), orDash(r.Error))
+		row(t, r.Name, orDash(r.State), rate(r.Full), rate(r.Resumed), rate(r.QUIC), orDash(r.Error))
 	}
 	if len(f.Listeners) > 0 {
 		fmt.Fprintln(t)
-		row(t, "LISTENER", "FULL/S", "RESUMED/S")
+		row(t, "LISTENER", "FULL/S", "RESUMED/S", "QUIC/S")
 		for _, r := range f.Listeners {
-			row(t, r.Name, rate(r.Full), rate(r.Resumed))
+			row(t, r.Name, rate(r.Full), rate(r.Resumed), rate(r.QUIC))
 		}
 	}
 }
@@ -230,8 +257,9 @@ func (o *options) topCommand() *cobra.Command {
 		Use:   "top",
 		Short: "Handshakes per second, live: the cluster's, each node's and listener's, failures and latency",
 		Long: `The handshake figures of controld's /ui dashboard, live in the terminal: full and
-resumed handshakes per second of the cluster, of each node and of each listener,
-failures per second by reason, the handshakes' and the keyserver operations'
+resumed handshakes per second of the cluster, over TCP and over QUIC (with each
+transport's p99 latency), of each node and of each listener (with how many of
+them were over QUIC), failures per second by reason, the handshakes' and the keyserver operations'
 latency p50 and p99, and each node's state (up, down: its metrics could not be
 read, lost). Refreshed every --interval (1s at least) until interrupted, or
 --count times; --once prints them once (-o json or yaml for a script).`,

@@ -21,7 +21,7 @@ import (
 func TestTop(t *testing.T) {
 	f := newFixture(t)
 	reg := prometheus.NewRegistry()
-	hs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tiergate_tls_handshakes_total", Help: "h"}, []string{"listener", "version", "resumed", "sig", "result"})
+	hs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tiergate_tls_handshakes_total", Help: "h"}, []string{"listener", "transport", "version", "resumed", "sig", "result"})
 	reg.MustRegister(hs)
 	metrics := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer metrics.Close()
@@ -40,9 +40,10 @@ func TestTop(t *testing.T) {
 
 	s.Round(context.Background())
 	start := time.Now()
-	hs.WithLabelValues("web", "1.3", "false", "ecdsa", "ok").Add(300)
-	hs.WithLabelValues("api", "1.3", "true", "none", "ok").Add(100)
-	hs.WithLabelValues("web", "1.3", "false", "ecdsa", "keyserver_error").Add(20)
+	hs.WithLabelValues("web", "tcp", "1.3", "false", "ecdsa", "ok").Add(200)
+	hs.WithLabelValues("web", "quic", "1.3", "false", "ecdsa", "ok").Add(100)
+	hs.WithLabelValues("api", "tcp", "1.3", "true", "none", "ok").Add(100)
+	hs.WithLabelValues("web", "quic", "1.3", "false", "ecdsa", "keyserver_error").Add(20)
 	time.Sleep(time.Second)
 	s.Round(context.Background())
 	elapsed := time.Since(start).Seconds()
@@ -65,6 +66,15 @@ func TestTop(t *testing.T) {
 	near("full", got.Full, 300/elapsed)
 	near("resumed", got.Resumed, 100/elapsed)
 	near("keyserver_error failures", got.Failures["keyserver_error"], 20/elapsed)
+	if len(got.Transports) != 2 || got.Transports[0].Name != "tcp" || got.Transports[1].Name != "quic" {
+		t.Fatalf("transports %+v, want tcp then quic", got.Transports)
+	}
+	near("full over TCP", got.Transports[0].Full, 200/elapsed)
+	near("resumed over TCP", got.Transports[0].Resumed, 100/elapsed)
+	near("full over QUIC", got.Transports[1].Full, 100/elapsed)
+	if len(got.Nodes) > 0 {
+		near("l7-a over QUIC", got.Nodes[0].QUIC, 100/elapsed)
+	}
 	if len(got.Nodes) != 2 || got.Nodes[0].Name != "l7-a" || got.Nodes[0].State != "up" || got.Nodes[1].State != "down" || got.Nodes[1].Error == "" {
 		t.Errorf("nodes %+v, want l7-a up then l7-b down with its error", got.Nodes)
 	}
@@ -74,7 +84,7 @@ func TestTop(t *testing.T) {
 
 	r = f.runEnv(t, env, "", "top", "--count", "2", "--interval", "1s")
 	t.Logf("top:\n%s", r.stdout)
-	if r.code != 0 || strings.Count(r.stdout, "handshakes/s:") != 2 || !strings.Contains(r.stdout, "l7-b") || !strings.Contains(r.stdout, "LISTENER") {
+	if r.code != 0 || strings.Count(r.stdout, "handshakes/s:") != 2 || !strings.Contains(r.stdout, "l7-b") || !strings.Contains(r.stdout, "LISTENER") || !strings.Contains(r.stdout, "QUIC/S") {
 		t.Errorf("top --count 2: %d %q %s", r.code, r.stdout, r.stderr)
 	}
 	if r := f.runEnv(t, env, "", "top", "--interval", "10ms", "--once"); r.code != 2 {

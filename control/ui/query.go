@@ -57,20 +57,21 @@ func eq(label, value string) Matcher { return Matcher{Label: label, Value: value
 
 // Panels are the dashboard's charts, in the page's order.
 var Panels = []Panel{
-	{ID: "handshakes", Title: "TLS handshakes/s, full and resumed (TCP and QUIC), cluster", Unit: "/s",
-		Queries: []Query{{Kind: KindRate, Metric: "tiergate_tls_handshakes_total", Match: []Matcher{eq("result", "ok")}, By: []string{"resumed"}}}},
-	{ID: "handshakes_node", Title: "Handshakes/s by node", Unit: "/s",
-		Queries: []Query{{Kind: KindRate, Metric: "tiergate_tls_handshakes_total", Match: []Matcher{eq("result", "ok")}, By: []string{NodeLabel, "resumed"}}}},
-	{ID: "handshakes_listener", Title: "Handshakes/s by listener", Unit: "/s",
-		Queries: []Query{{Kind: KindRate, Metric: "tiergate_tls_handshakes_total", Match: []Matcher{eq("result", "ok")}, By: []string{"listener", "resumed"}}}},
-	{ID: "handshake_failures", Title: "Handshake failures/s by reason", Unit: "/s",
-		Queries: []Query{{Kind: KindRate, Metric: "tiergate_tls_handshakes_total", Match: []Matcher{ne("result", "ok")}, By: []string{"result"}}}},
+	{ID: "handshakes", Title: "TLS handshakes/s, full and resumed, over TCP and QUIC, cluster", Unit: "/s",
+		Queries: []Query{{Kind: KindRate, Metric: "tiergate_tls_handshakes_total", Match: []Matcher{eq("result", "ok")}, By: []string{"transport", "resumed"}}}},
+	{ID: "handshakes_node", Title: "Handshakes/s by node and transport", Unit: "/s",
+		Queries: []Query{{Kind: KindRate, Metric: "tiergate_tls_handshakes_total", Match: []Matcher{eq("result", "ok")}, By: []string{NodeLabel, "transport", "resumed"}}}},
+	{ID: "handshakes_listener", Title: "Handshakes/s by listener and transport", Unit: "/s",
+		Queries: []Query{{Kind: KindRate, Metric: "tiergate_tls_handshakes_total", Match: []Matcher{eq("result", "ok")}, By: []string{"listener", "transport", "resumed"}}}},
+	{ID: "handshake_failures", Title: "Handshake failures/s by transport and reason", Unit: "/s",
+		Queries: []Query{{Kind: KindRate, Metric: "tiergate_tls_handshakes_total", Match: []Matcher{ne("result", "ok")}, By: []string{"transport", "result"}}}},
 	{ID: "handshake_failures_node", Title: "Handshake failures/s by node and reason", Unit: "/s",
 		Queries: []Query{{Kind: KindRate, Metric: "tiergate_tls_handshakes_total", Match: []Matcher{ne("result", "ok")}, By: []string{NodeLabel, "result"}}}},
-	{ID: "handshake_latency", Title: "Handshake latency p50 / p99", Unit: "s", Names: []string{"p50", "p99"},
+	{ID: "handshake_latency", Title: "Handshake latency p50 / p99, and p99 over TCP and QUIC", Unit: "s", Names: []string{"p50", "p99", "p99"},
 		Queries: []Query{
 			{Kind: KindQuantile, Metric: "tiergate_tls_handshake_seconds", Quantile: 0.5},
-			{Kind: KindQuantile, Metric: "tiergate_tls_handshake_seconds", Quantile: 0.99}}},
+			{Kind: KindQuantile, Metric: "tiergate_tls_handshake_seconds", Quantile: 0.99},
+			{Kind: KindQuantile, Metric: "tiergate_tls_handshake_seconds", Quantile: 0.99, By: []string{"transport"}}}},
 	{ID: "keyserver_latency", Title: "Keyserver operation latency p50 / p99", Unit: "s", Names: []string{"p50", "p99"},
 		Queries: []Query{
 			{Kind: KindQuantile, Metric: "tiergate_keyserver_op_seconds", Quantile: 0.5},
@@ -154,7 +155,8 @@ func (q *Query) PromQL(nodeLabel string, window time.Duration) string {
 }
 
 // seriesName names a series by its group's label values: "full" and "resumed"
-// for the resumed label, label=value otherwise, "all" for none.
+// for the resumed label, "TCP" and "QUIC" for the transport label (none shown
+// when absent: a node from before it), label=value otherwise, "all" for none.
 func seriesName(prefix string, by []string, values []string) string {
 	parts := make([]string, 0, len(by)+1)
 	if prefix != "" {
@@ -167,6 +169,9 @@ func seriesName(prefix string, by []string, values []string) string {
 			parts = append(parts, "resumed")
 		case l == "resumed":
 			parts = append(parts, "full")
+		case l == "transport" && v == "":
+		case l == "transport":
+			parts = append(parts, strings.ToUpper(v))
 		case l == NodeLabel, l == "result", l == "code", l == "listener":
 			parts = append(parts, v)
 		default:

@@ -56,16 +56,20 @@ func TestQuantile(t *testing.T) {
 }
 
 func TestPromQL(t *testing.T) {
-	q := Panels[3].Queries[0] // failures by reason
-	if got, want := q.PromQL("instance", 10*time.Second), `sum by (result) (rate(tiergate_tls_handshakes_total{result!="ok"}[10s]))`; got != want {
+	q := Panels[3].Queries[0] // failures by transport and reason
+	if got, want := q.PromQL("instance", 10*time.Second), `sum by (transport, result) (rate(tiergate_tls_handshakes_total{result!="ok"}[10s]))`; got != want {
 		t.Errorf("got %s\nwant %s", got, want)
 	}
 	q = Panels[5].Queries[1]
 	if got, want := q.PromQL("instance", 30*time.Second), `histogram_quantile(0.99, sum by (le) (rate(tiergate_tls_handshake_seconds_bucket[30s])))`; got != want {
 		t.Errorf("got %s\nwant %s", got, want)
 	}
+	q = Panels[5].Queries[2]
+	if got, want := q.PromQL("instance", 30*time.Second), `histogram_quantile(0.99, sum by (le, transport) (rate(tiergate_tls_handshake_seconds_bucket[30s])))`; got != want {
+		t.Errorf("got %s\nwant %s", got, want)
+	}
 	q = Panels[1].Queries[0]
-	if got, want := q.PromQL("instance", 10*time.Second), `sum by (instance, resumed) (rate(tiergate_tls_handshakes_total{result="ok"}[10s]))`; got != want {
+	if got, want := q.PromQL("instance", 10*time.Second), `sum by (instance, transport, resumed) (rate(tiergate_tls_handshakes_total{result="ok"}[10s]))`; got != want {
 		t.Errorf("got %s\nwant %s", got, want)
 	}
 }
@@ -82,8 +86,8 @@ type node struct {
 func newNode(t *testing.T) *node {
 	reg := prometheus.NewRegistry()
 	n := &node{
-		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tiergate_tls_handshakes_total", Help: "h"}, []string{"listener", "version", "resumed", "sig", "result"}),
-		latency:    prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tiergate_tls_handshake_seconds", Help: "h", Buckets: []float64{.001, .01, .1, 1}}, []string{"listener", "resumed"}),
+		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tiergate_tls_handshakes_total", Help: "h"}, []string{"listener", "transport", "version", "resumed", "sig", "result"}),
+		latency:    prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tiergate_tls_handshake_seconds", Help: "h", Buckets: []float64{.001, .01, .1, 1}}, []string{"listener", "transport", "resumed"}),
 		inflight:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "tiergate_keyserver_inflight", Help: "h"}),
 		expiry:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: CertMetric, Help: "h"}, []string{"name", "subject"}),
 	}
@@ -142,13 +146,16 @@ func TestScraperRates(t *testing.T) {
 	a.expiry.WithLabelValues("site", "CN=site").Set(float64(clock.Add(10 * 24 * time.Hour).Unix()))
 	b.expiry.WithLabelValues("api", "CN=api").Set(float64(clock.Add(40 * 24 * time.Hour).Unix()))
 	full := func(n *node) prometheus.Counter {
-		return n.handshakes.WithLabelValues("web", "1.3", "false", "ecdsa", "ok")
+		return n.handshakes.WithLabelValues("web", "tcp", "1.3", "false", "ecdsa", "ok")
+	}
+	quic := func(n *node) prometheus.Counter {
+		return n.handshakes.WithLabelValues("web", "quic", "1.3", "false", "ecdsa", "ok")
 	}
 	res := func(n *node) prometheus.Counter {
-		return n.handshakes.WithLabelValues("web", "1.3", "true", "none", "ok")
+		return n.handshakes.WithLabelValues("web", "tcp", "1.3", "true", "none", "ok")
 	}
 	fail := func(n *node) prometheus.Counter {
-		return n.handshakes.WithLabelValues("web", "1.3", "false", "ecdsa", "keyserver_timeout")
+		return n.handshakes.WithLabelValues("web", "quic", "1.3", "false", "ecdsa", "keyserver_timeout")
 	}
 	step := func() { s.Round(ctx); clock = clock.Add(time.Second) }
 	step() // round 0
@@ -156,11 +163,13 @@ func TestScraperRates(t *testing.T) {
 		full(a).Add(100)
 		res(a).Add(50)
 		full(b).Add(30)
+		quic(b).Add(20)
 		fail(b).Add(2)
 		for j := 0; j < 10; j++ {
-			a.latency.WithLabelValues("web", "false").Observe(0.005) // in (0.001, 0.01]
+			a.latency.WithLabelValues("web", "tcp", "false").Observe(0.005) // in (0.001, 0.01]
 		}
-		step() // rounds 1..3
+		b.latency.WithLabelValues("web", "quic", "false").Observe(0.5) // in (0.1, 1]
+		step()                                                         // rounds 1..3
 	}
 	d, err := s.Dashboard(ctx, time.Hour)
 	if err != nil {
@@ -169,16 +178,28 @@ func TestScraperRates(t *testing.T) {
 	if len(d.Times) != 4 {
 		t.Fatalf("%d points, want 4", len(d.Times))
 	}
-	if v := series(t, d, "handshakes", "full"); v[0] != nil || val(v[3]) != 130 {
-		t.Errorf("full handshakes/s: %v…%v, want none then 130", v[0], val(v[3]))
+	if v := series(t, d, "handshakes", "TCP full"); v[0] != nil || val(v[3]) != 130 {
+		t.Errorf("full handshakes/s over TCP: %v…%v, want none then 130", v[0], val(v[3]))
 	}
-	if v := series(t, d, "handshakes", "resumed"); val(v[3]) != 50 {
+	if v := series(t, d, "handshakes", "QUIC full"); val(v[3]) != 20 {
+		t.Errorf("full handshakes/s over QUIC: %v, want 20", val(v[3]))
+	}
+	if v := series(t, d, "handshakes", "TCP resumed"); val(v[3]) != 50 {
 		t.Errorf("resumed handshakes/s %v, want 50", val(v[3]))
 	}
-	if v := series(t, d, "handshakes_node", "l7-b full"); val(v[2]) != 30 {
-		t.Errorf("l7-b full %v, want 30", val(v[2]))
+	if v := series(t, d, "handshakes_node", "l7-b TCP full"); val(v[2]) != 30 {
+		t.Errorf("l7-b full over TCP %v, want 30", val(v[2]))
 	}
-	if v := series(t, d, "handshake_failures", "keyserver_timeout"); val(v[3]) != 2 {
+	if v := series(t, d, "handshakes_node", "l7-b QUIC full"); val(v[2]) != 20 {
+		t.Errorf("l7-b full over QUIC %v, want 20", val(v[2]))
+	}
+	if v := series(t, d, "handshake_latency", "p99 QUIC"); !(val(v[3]) > 0.1 && val(v[3]) <= 1) {
+		t.Errorf("p99 over QUIC %v, want within (100ms, 1s]", val(v[3]))
+	}
+	if v := series(t, d, "handshake_latency", "p99 TCP"); !(val(v[3]) > 0.001 && val(v[3]) <= 0.01) {
+		t.Errorf("p99 over TCP %v, want within (1ms, 10ms]", val(v[3]))
+	}
+	if v := series(t, d, "handshake_failures", "QUIC keyserver_timeout"); val(v[3]) != 2 {
 		t.Errorf("failures %v, want 2", val(v[3]))
 	}
 	if v := series(t, d, "handshake_failures_node", "l7-b keyserver_timeout"); val(v[3]) != 2 {
@@ -198,7 +219,7 @@ func TestScraperRates(t *testing.T) {
 	if tg := d.Targets[1]; tg.Node != "l7-b" || tg.Up || tg.Error == "" {
 		t.Errorf("target %+v, want l7-b down with its error", tg)
 	}
-	if v := series(t, d, "handshakes_node", "l7-b full"); v[4] != nil {
+	if v := series(t, d, "handshakes_node", "l7-b TCP full"); v[4] != nil {
 		t.Errorf("l7-b full at a failed scrape: %v, want a gap", val(v[4]))
 	}
 	mu.Lock()
@@ -228,17 +249,17 @@ func TestScraperCounterReset(t *testing.T) {
 		Nodes: func(context.Context) ([]NodeInfo, error) { return []NodeInfo{{Node: "a", Address: a.addr()}}, nil }})
 	clock := time.Unix(1_700_000_000, 0)
 	s.now = func() time.Time { return clock }
-	c := a.handshakes.WithLabelValues("web", "1.3", "false", "rsa", "ok")
+	c := a.handshakes.WithLabelValues("web", "tcp", "1.3", "false", "rsa", "ok")
 	c.Add(1000)
 	s.Round(context.Background())
 	clock = clock.Add(time.Second)
 	// A new registry at the same address would be a restart; fake the reset by
 	// replacing the counter's family.
 	a.handshakes.Reset()
-	a.handshakes.WithLabelValues("web", "1.3", "false", "rsa", "ok").Add(7)
+	a.handshakes.WithLabelValues("web", "tcp", "1.3", "false", "rsa", "ok").Add(7)
 	s.Round(context.Background())
 	d, _ := s.Dashboard(context.Background(), time.Hour)
-	if v := series(t, d, "handshakes", "full"); val(v[1]) != 7 {
+	if v := series(t, d, "handshakes", "TCP full"); val(v[1]) != 7 {
 		t.Errorf("after a reset: %v/s, want 7 (the new count), not negative", val(v[1]))
 	}
 	// Between two rounds the dashboard is evaluated once; a round makes a new one.

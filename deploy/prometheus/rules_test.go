@@ -47,6 +47,12 @@ func TestRules(t *testing.T) {
 	}
 	for _, m := range []struct{ alert, from, to string }{
 		{"TiergateHandshakeFailureRatio", `[5m])) > 0.05`, `[5m])) > 0.5`},
+		// The ratio of all transports together, as before the transport label.
+		{"TiergateHandshakeFailureRatio", `by (job, instance, transport) (rate(tiergate_tls_handshakes_total{result!="ok"}[5m]))
+            / sum by (job, instance, transport) (rate(tiergate_tls_handshakes_total[5m])) > 0.05
+          and sum by (job, instance, transport)`, `by (job, instance) (rate(tiergate_tls_handshakes_total{result!="ok"}[5m]))
+            / sum by (job, instance) (rate(tiergate_tls_handshakes_total[5m])) > 0.05
+          and sum by (job, instance)`},
 		{"TiergateKeyserverLatency", `> 0.05`, `> 0.5`},
 		{"TiergateKeyserverErrors", `> 0.01`, `> 0.1`},
 		{"TiergateCertificateExpiringSoon", `< 14 * 86400`, `< 7 * 86400`},

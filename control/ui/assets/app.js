@@ -82,6 +82,8 @@
     $("hs-rate").dataset.value = total === null ? "" : String(total);
     $("hs-full").textContent = fmt(lastSum(hs, (s) => s.labels && s.labels.resumed === "false"));
     $("hs-resumed").textContent = fmt(lastSum(hs, (s) => s.labels && s.labels.resumed === "true"));
+    $("hs-tcp").textContent = fmt(lastSum(hs, (s) => s.labels && s.labels.transport === "tcp"));
+    $("hs-quic").textContent = fmt(lastSum(hs, (s) => s.labels && s.labels.transport === "quic"));
     $("hs-failures").textContent = fmt(lastSum(panel("handshake_failures").series));
     drawNodes(nodes, d.targets);
     drawCerts(d.certificates);
