@@ -27,7 +27,7 @@ ifneq ($(STDPATCH_OVERLAY),)
 export GOFLAGS := $(strip $(GOFLAGS) -overlay=$(STDPATCH_OVERLAY) -tags=tiergate_stdpatch)
 endif
 
-.PHONY: all build deps ui-assets test stdpatch-check vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 bench-control demo clean vuln
+.PHONY: all build deps ui-assets test stdpatch-check vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 bench-control bench-blacklist demo clean vuln
 
 all: build
 
@@ -107,7 +107,7 @@ fuzz:
 vuln:
 	GO=$(GO) tools/vuln.sh
 
-bench: bench-keyserver bench-handshake bench-policy bench-l4 bench-control
+bench: bench-keyserver bench-handshake bench-policy bench-l4 bench-control bench-blacklist
 
 bench-keyserver: deps build
 	$(GO) run ./bench/keyserver
@@ -123,6 +123,9 @@ bench-l4: deps build
 
 bench-control: deps build
 	$(GO) run ./bench/control
+
+bench-blacklist: deps build
+	$(GO) run ./bench/blacklist -bin $(BIN)
 
 demo: deps build
 	$(BIN)/tgdemo -dir $(DEMO_DIR) -bin $(BIN) $(DEMO_FLAGS)
