@@ -74,6 +74,10 @@ type Status struct {
 	Error string `json:"error,omitempty"`
 	// Address is where the node serves (Config.Address); empty when not given.
 	Address string `json:"address,omitempty"`
+	// Metrics is where the node's Prometheus metrics are (Config.Metrics): its
+	// admin endpoint's host:port, whose /metrics controld's dashboard scrapes, or
+	// a full URL; empty when not given.
+	Metrics string `json:"metrics,omitempty"`
 	// Started is when the agent was made (New): the node's start, for its uptime.
 	Started time.Time `json:"started"`
 	// Certificates are the certificates the node serves (Config.Certificates).
@@ -109,6 +113,11 @@ type Config struct {
 	// Address is where the node serves, reported in its status: its service or
 	// admin address, host:port. Default none.
 	Address string
+
+	// Metrics is where the node's metrics are, reported in its status: its admin
+	// endpoint's host:port (its /metrics) or the full URL of its metrics. Default
+	// none (a scraper then tries Address).
+	Metrics string
 
 	// Certificates returns the certificates the node serves, reported in its
 	// status. It is called at each write of the status; after the node's
@@ -196,7 +205,7 @@ func New(cfg Config) (*Agent, error) {
 		cfg:     cfg,
 		log:     log.With("node", cfg.Node),
 		met:     met,
-		status:  Status{Node: cfg.Node, Role: cfg.Role, Address: cfg.Address, Started: now, Updated: now},
+		status:  Status{Node: cfg.Node, Role: cfg.Role, Address: cfg.Address, Metrics: cfg.Metrics, Started: now, Updated: now},
 		changed: make(chan struct{}, 1),
 		save:    make(chan struct{}, 1),
 	}, nil

@@ -39,6 +39,9 @@ type NodeInfo struct {
 	Node    string
 	Role    string
 	Address string
+	// Metrics is where its metrics are (its status's metrics: host:port of its
+	// admin endpoint, or a URL); when empty, Address is scraped.
+	Metrics string
 	// Lost says the node has a seen record and no status: it stopped reporting.
 	Lost bool
 }
@@ -165,10 +168,10 @@ func (s *Scraper) Round(ctx context.Context) {
 	var wg sync.WaitGroup
 	for i, n := range nodes {
 		results[i].n = n
-		if n.Lost || n.Address == "" {
+		if n.Lost || n.metricsAt() == "" {
 			continue
 		}
-		results[i].url = metricsURL(n.Address)
+		results[i].url = metricsURL(n.metricsAt())
 		wg.Add(1)
 		sem <- struct{}{}
 		go func(res *result) {
@@ -204,7 +207,7 @@ func (s *Scraper) Round(ctx context.Context) {
 		case n.Lost:
 			tg.Up, tg.Error = false, "lost: the node no longer reports to the store"
 			delete(s.certs, n.Node)
-		case n.Address == "":
+		case n.metricsAt() == "":
 			tg.Up, tg.Error = false, "the node reports no metrics address (its admin endpoint is off)"
 		case res.err != nil:
 			tg.Up, tg.Error = false, res.err.Error()
@@ -231,9 +234,21 @@ func (s *Scraper) Round(ctx context.Context) {
 	s.rounds = append(s.rounds, r)
 }
 
+// metricsAt is where n's metrics are: Metrics, or else Address.
+func (n *NodeInfo) metricsAt() string {
+	if n.Metrics != "" {
+		return n.Metrics
+	}
+	return n.Address
+}
+
 // metricsURL is the /metrics URL of a node's admin address; an address without
-// a host (":9100", "0.0.0.0:9100") is taken as this machine's loopback.
+// a host (":9100", "0.0.0.0:9100") is taken as this machine's loopback. A URL
+// (http:// or https://) is taken as it is.
 func metricsURL(addr string) string {
+	if strings.HasPrefix(addr, "http://") || strings.HasPrefix(addr, "https://") {
+		return addr
+	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return "http://" + addr + "/metrics"
@@ -460,8 +475,8 @@ func (s *Scraper) eval(qi int, prefix string, first int) []Series {
 
 // StoreNodes returns the Nodes function of a ScraperConfig reading st: every
 // node with a status (reporting) or a seen record only (lost), the keyservers
-// left out (the address they report is their service's, not a metrics
-// endpoint's).
+// that report no metrics address left out (the address they report is their
+// service's, not a metrics endpoint's).
 func StoreNodes(st *store.Store) func(ctx context.Context) ([]NodeInfo, error) {
 	return func(ctx context.Context) ([]NodeInfo, error) {
 		resp, err := st.Client().Txn(ctx).Then(
@@ -479,10 +494,10 @@ func StoreNodes(st *store.Store) func(ctx context.Context) ([]NodeInfo, error) {
 					continue
 				}
 				var stt agent.Status
-				if json.Unmarshal(kv.Value, &stt) != nil || stt.Role == "keyserverd" {
+				if json.Unmarshal(kv.Value, &stt) != nil || (stt.Role == "keyserverd" && stt.Metrics == "") {
 					continue
 				}
-				byName[name] = NodeInfo{Node: name, Role: stt.Role, Address: stt.Address, Lost: i == 1}
+				byName[name] = NodeInfo{Node: name, Role: stt.Role, Address: stt.Address, Metrics: stt.Metrics, Lost: i == 1}
 			}
 		}
 		out := make([]NodeInfo, 0, len(byName))

@@ -330,3 +330,31 @@ func TestTrim(t *testing.T) {
 		t.Errorf("%d series kept, %d omitted, first %s %s: want %d, 5, 0 then 6", len(p.Series), p.Omitted, p.Series[0].Name, p.Series[1].Name, MaxSeriesPerPanel)
 	}
 }
+
+// TestScraperMetricsAddress scrapes a node where its status says its metrics are
+// (host:port or a URL), not at its service address: a keyserverd's.
+func TestScraperMetricsAddress(t *testing.T) {
+	a, b := newNode(t), newNode(t)
+	a.inflight.Set(3)
+	b.inflight.Set(5)
+	s := NewScraper(ScraperConfig{Interval: time.Second,
+		Nodes: func(context.Context) ([]NodeInfo, error) {
+			return []NodeInfo{
+				{Node: "ks-1", Role: "keyserverd", Address: "127.0.0.1:1", Metrics: a.addr()},
+				{Node: "ks-2", Role: "keyserverd", Address: "127.0.0.1:1", Metrics: b.srv.URL + "/metrics"},
+			}, nil
+		}})
+	s.Round(context.Background())
+	d, _ := s.Dashboard(context.Background(), time.Hour)
+	for _, tg := range d.Targets {
+		if !tg.Up {
+			t.Errorf("%s (%s) not scraped: %s", tg.Node, tg.URL, tg.Error)
+		}
+	}
+	if v := series(t, d, "keyserver_inflight", "ks-1"); val(v[0]) != 3 {
+		t.Errorf("ks-1 in flight %v, want 3", val(v[0]))
+	}
+	if v := series(t, d, "keyserver_inflight", "ks-2"); val(v[0]) != 5 {
+		t.Errorf("ks-2 in flight %v, want 5", val(v[0]))
+	}
+}

@@ -321,11 +321,16 @@ func (d *Daemon) startControl() (stop func(), err error) {
 	if nc == nil {
 		return func() {}, nil
 	}
+	metrics := "" // the admin endpoint's, whose /metrics the dashboard scrapes
+	if aa := d.AdminAddr(); aa != nil {
+		metrics = aa.String()
+	}
 	a, err := agent.New(agent.Config{
 		Open:      nc.OpenWith(d.Log),
 		Node:      nc.Node,
 		Role:      "keyserverd",
 		Address:   d.srv.Addr().String(),
+		Metrics:   metrics,
 		CacheFile: nc.CacheFile,
 		// Nothing of the cluster configuration is keyserverd's yet.
 		Apply: func(_ context.Context, _ *model.Snapshot, rev int64) error {

@@ -59,6 +59,7 @@ func (d *Daemon) startControl(ctx context.Context) (stop func(), err error) {
 		Node:    nc.Node,
 		Role:    "l4d",
 		Address: addr,
+		Metrics: addr, // the admin endpoint's /metrics
 
 		Blacklists: versions,
 		CacheFile:  nc.CacheFile,

@@ -299,6 +299,7 @@ func (d *Daemon) runAgent(ctx context.Context, cfg *FileConfig) (stop func(), er
 		Node:         nc.Node,
 		Role:         Role,
 		Address:      addr, // the admin endpoint's, none when it is off
+		Metrics:      addr,
 		Certificates: d.certificatesInUse,
 		Blacklists:   sl.versions,
 		CacheFile:    nc.CacheFile,
