@@ -74,6 +74,11 @@ type Options struct {
 	MetricsAt   string // keyserverd metrics address; default 127.0.0.1:9240
 	L7At        string // l7d listener (TCP and UDP); default 127.0.0.1:8443
 	L7AdminAt   string // l7d admin (metrics, reload); default 127.0.0.1:9241
+
+	// PrometheusAt is where the demo's Prometheus (Debian's, when installed)
+	// answers on the host, in either mode; "off" starts none. Default
+	// 127.0.0.1:9090.
+	PrometheusAt string
 }
 
 func (o *Options) setDefaults() {
@@ -91,6 +96,7 @@ func (o *Options) setDefaults() {
 	def(&o.MetricsAt, "127.0.0.1:9240")
 	def(&o.L7At, "127.0.0.1:8443")
 	def(&o.L7AdminAt, "127.0.0.1:9241")
+	def(&o.PrometheusAt, "127.0.0.1:9090")
 	if o.Interval <= 0 {
 		o.Interval = 500 * time.Millisecond
 	}
@@ -112,6 +118,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.MetricsAt, "metrics", "127.0.0.1:9240", "keyserverd metrics `address` (loopback mode)")
 	fs.StringVar(&o.L7At, "l7", "127.0.0.1:8443", "l7d listener `address`, TCP and UDP (loopback mode)")
 	fs.StringVar(&o.L7AdminAt, "l7-admin", "127.0.0.1:9241", "l7d admin `address` (loopback mode)")
+	fs.StringVar(&o.PrometheusAt, "prometheus", "127.0.0.1:9090", "`address` of the demo's Prometheus on the host (started when installed), or off")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -462,6 +469,15 @@ func runLoopback(ctx context.Context, o Options, st *site, out io.Writer) error 
 	}
 	host, l7Port, _ := net.SplitHostPort(o.L7At)
 	metricsURL := "http://" + o.MetricsAt + "/metrics"
+	promURL := ""
+	if o.PrometheusAt != "off" {
+		jobs := []promJob{{"l7d", []string{o.L7AdminAt}}, {"keyserverd", []string{o.MetricsAt}}}
+		if ok, err := st.startPrometheus(ctx, s, nil, o.PrometheusAt, jobs, out); err != nil {
+			return err
+		} else if ok {
+			promURL = "http://" + o.PrometheusAt
+		}
+	}
 
 	fmt.Fprintf(out, `
 Tiergate demo (loopback, no L4 tier), configured through controld
@@ -473,12 +489,12 @@ Tiergate demo (loopback, no L4 tier), configured through controld
   metrics             keyserverd %s   l7d http://%s/metrics
   keyserverd status   curl -s -H "Authorization: Bearer $(cat %s)" http://%s/status
   l7d blacklists      curl -s -H "Authorization: Bearer $(cat %s)" http://%s/blacklists
-%s  try                 curl --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/
+%s%s  try                 curl --cacert %s --resolve demo.tiergate.test:%s:%s https://demo.tiergate.test:%s/
   stop                Ctrl-C (or kill -INT %d)
 
 `, st.dir, st.tok.Label, st.keyID, tg.api, ctld.PID(), filepath.Join(st.controlDir(), "store"), st.etcdEndpoint(), o.KeyserverAt, ks.PID(), o.L7At, l7.PID(), metricsURL, o.L7AdminAt,
 		filepath.Join(st.dir, "keyserverd-state", "admin.token"), o.MetricsAt, filepath.Join(l7State, "admin.token"), o.L7AdminAt,
-		st.tryText(tg, tryDir, "", o.L7At), st.siteCA, l7Port, host, l7Port, os.Getpid())
+		st.tryText(tg, tryDir, "", o.L7At), st.dashboardText(tg, o.APIAt, promURL), st.siteCA, l7Port, host, l7Port, os.Getpid())
 
 	hc := nsHTTP(nil, 2*time.Second)
 	return clientLoop(ctx, s, target{

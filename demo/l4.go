@@ -291,6 +291,29 @@ func runL4(ctx context.Context, o Options, st *site, out io.Writer) error {
 		return err
 	}
 
+	// Prometheus in the switch's namespace, which reaches every node's metrics (l4d's
+	// loopback admin endpoint through a relay), answering on the host's loopback.
+	promURL := ""
+	if o.PrometheusAt != "off" {
+		if err := relayNS(s, n.sw, l4AdminAt, n.ld, l4AdminAt); err != nil {
+			return err
+		}
+		var l7Admins []string
+		for _, node := range l4Nodes {
+			l7Admins = append(l7Admins, net.JoinHostPort(node.ip, l4L7AdminPort))
+		}
+		jobs := []promJob{{"l7d", l7Admins}, {"keyserverd", []string{l4KSMetricsAt}}, {"l4d", []string{l4AdminAt}}}
+		const promIn = "127.0.0.1:9090" // in the switch's namespace
+		if ok, err := st.startPrometheus(ctx, s, n.sw, promIn, jobs, out); err != nil {
+			return err
+		} else if ok {
+			if err := forwardAPI(s, o.PrometheusAt, n.sw, promIn); err != nil {
+				return err
+			}
+			promURL = "http://" + o.PrometheusAt
+		}
+	}
+
 	p := o.NetnsPrefix
 	fmt.Fprintf(out, `
 Tiergate demo: client → l4d (DPDK) → GRE → two l7d nodes → backend, in network namespaces %[1]s*, configured through controld
@@ -301,7 +324,7 @@ Tiergate demo: client → l4d (DPDK) → GRE → two l7d nodes → backend, in n
   l7d                 %[1]sl7a %[10]s (QUIC server ID 1), %[1]sl7b %[11]s (ID 2), tunnel endpoint + remote key, logs l7d-l7a.log l7d-l7b.log
   keyserverd          %[1]ssw %[12]s:2407 (mutual TLS), pid %[13]d, log keyserverd.log; backend %[14]s
   controld            %[1]ssw 127.0.0.1:7443 relayed to the host's %[22]s, pid %[21]d, log controld.log; its store %[28]s, which the nodes reach at %[23]s
-%[24]s  drain a node        %[25]s apply -f %[26]s   (l7a drained: new connections all go to l7b; apply -f %[27]s undoes it)
+%[24]s%[29]s  drain a node        %[25]s apply -f %[26]s   (l7a drained: new connections all go to l7b; apply -f %[27]s undoes it)
   admin token         l4d: %[20]s (admin requests but /metrics and /healthz send it: T="Authorization: Bearer $(cat %[20]s)")
   l4d status          ip netns exec %[1]sld curl -s -H "$T" %[15]s/status
   l4d metrics         ip netns exec %[1]sld curl -s %[15]s/metrics | grep tiergate_l4_member
@@ -313,7 +336,8 @@ Tiergate demo: client → l4d (DPDK) → GRE → two l7d nodes → backend, in n
 		l4Nodes[0].ip, l4Nodes[1].ip, l4KeyserverIP, ks.PID(), backendAt, l4AdminAt, l4KSMetricsAt, l4L7AdminPort,
 		st.siteCA, os.Getpid(), filepath.Join(l4State, "admin.token"),
 		ctld.PID(), o.APIAt, st.etcdEndpoint(), st.tryText(tg, tryDir, "ip netns exec "+p+"cl ", net.JoinHostPort(l4VIP, "443")),
-		tg.bin, filepath.Join(tryDir, "drain-l7a.yaml"), filepath.Join(tryDir, "undrain-l7a.yaml"), filepath.Join(st.controlDir(), "store"))
+		tg.bin, filepath.Join(tryDir, "drain-l7a.yaml"), filepath.Join(tryDir, "undrain-l7a.yaml"), filepath.Join(st.controlDir(), "store"),
+		st.dashboardText(tg, o.APIAt, promURL))
 
 	swHTTP := nsHTTP(n.sw, 2*time.Second)
 	tgt.summary = func() []string {

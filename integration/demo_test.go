@@ -95,7 +95,7 @@ func TestDemo(t *testing.T) {
 
 		start := time.Now()
 		out, err := exec.Command(filepath.Join(bin, "tgdemo"), "-dir", dir, "-bin", bin, "-l4", "on", "-netns-prefix", prefix,
-			"-duration", "15s", "-interval", "50ms", "-api", freePort(t)).CombinedOutput()
+			"-duration", "15s", "-interval", "50ms", "-api", freePort(t), "-prometheus", freePort(t)).CombinedOutput()
 		s := string(out)
 		if err != nil {
 			t.Fatalf("tgdemo -l4 on: %v\n%s", err, s)
@@ -110,6 +110,7 @@ func TestDemo(t *testing.T) {
 			"l4d-state/admin.token",
 			"stop                Ctrl-C",
 			"l4d: l7a ", // the per-member summary
+			"dashboard (/ui)     http://", "prometheus          http://", "prometheus stopped",
 			"l4d stopped", "l7d l7a stopped", "l7d l7b stopped", "keyserverd stopped", "controld stopped",
 			"network namespaces " + prefix + "* removed",
 		})
@@ -137,13 +138,14 @@ func TestDemo(t *testing.T) {
 
 	t.Run("loopback", func(t *testing.T) {
 		out, err := exec.Command(filepath.Join(bin, "tgdemo"), "-dir", dir, "-bin", bin, "-l4", "off", "-duration", "6s",
-			"-interval", "100ms", "-keyserver", freePort(t), "-metrics", freePort(t), "-l7", freePort(t), "-l7-admin", freePort(t), "-api", freePort(t)).CombinedOutput()
+			"-interval", "100ms", "-keyserver", freePort(t), "-metrics", freePort(t), "-l7", freePort(t), "-l7-admin", freePort(t), "-api", freePort(t), "-prometheus", freePort(t)).CombinedOutput()
 		s := string(out)
 		if err != nil {
 			t.Fatalf("tgdemo -l4 off: %v\n%s", err, s)
 		}
 		checkDemoOutput(t, "loopback", s, []string{
 			"metrics             keyserverd http://", "stop                Ctrl-C", "HTTP/1.1 TLS 1.3",
+			"dashboard (/ui)     http://", "prometheus          http://", "prometheus stopped",
 			"l7d stopped", "keyserverd stopped", "controld stopped", ": 2 applied, 0 refused, 0 pending, 0 lost",
 		})
 		nodes, clients := demoServed(s)
