@@ -30,6 +30,9 @@ type options struct {
 	versions     []uint16
 	modes        []string // of modeNames
 	profileDir   string   // -profile: CPU profiles of the l7d rows
+	scrapeRate   float64  // -scrape-cost-rate: the scrape-cost rows' handshakes/s; 0 for none
+	scrapePairs  int      // -scrape-cost-pairs: windows without and with scrapes, each
+	scrapeMode   string   // -scrape-cost-mode: modeFull or modeResumed
 	out, log     io.Writer
 }
 
@@ -58,6 +61,7 @@ type bench struct {
 
 	nginxVersion, nginxOpenSSL string
 	rows                       []*row
+	scrapeCost                 *scrapeCost // the scrape-cost rows' figures; nil when not run
 }
 
 // row is one server at one TLS version in one mode.
@@ -123,6 +127,21 @@ func run(ctx context.Context, o *options) error {
 					b.Fail("%s, %s %s: %v", s.label, tls.VersionName(v), mode, err)
 				}
 			}
+		}
+	}
+	if o.scrapeRate > 0 {
+		for _, s := range b.fl.servers {
+			if s.id != srvL7Local {
+				continue
+			}
+			sc, err := b.measureScrapeCost(ctx, s)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				b.Fail("scrape cost: %v", err)
+			}
+			b.scrapeCost = sc
 		}
 	}
 	if n := b.fl.hits.Load(); n != 0 {

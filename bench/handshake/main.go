@@ -77,6 +77,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	versions := fs.String("tls", "1.3,1.2", "comma-separated TLS versions")
 	modes := fs.String("modes", strings.Join(modeNames, ","), "comma-separated handshake modes")
 	fs.StringVar(&o.profileDir, "profile", "", "run l7d as a profiling variant (l7d's code in this program, with pprof) and write a CPU profile of each l7d row's window to `dir`")
+	fs.Float64Var(&o.scrapeRate, "scrape-cost-rate", 1000, "after the other rows, l7d-local at this many TLS 1.3 `handshakes/s`, its /metrics scraped once a second or not, for what the scrapes cost it (0: not run)")
+	fs.StringVar(&o.scrapeMode, "scrape-cost-mode", modeResumed, "handshakes of the scrape-cost rows: resumed (1,000/s fits on two cores beside the load generator; the least l7d CPU, so the largest share for the scrapes) or full")
+	fs.IntVar(&o.scrapePairs, "scrape-cost-pairs", 2, "windows of the scrape-cost rows without and with the scrapes, alternated, `n` each")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -93,6 +96,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench-handshake: -servers %s is a profiling baseline: it needs -profile\n", srvGoTLS)
 		return 2
 	}
+	if o.scrapeMode != modeFull && o.scrapeMode != modeResumed {
+		fmt.Fprintf(stderr, "bench-handshake: -scrape-cost-mode %q: want full or resumed\n", o.scrapeMode)
+		return 2
+	}
 	if o.modes, err = benchkit.ParseList(*modes, modeNames); err != nil {
 		fmt.Fprintf(stderr, "bench-handshake: -modes: %v\n", err)
 		return 2
@@ -102,8 +109,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if o.duration <= 0 || o.warmup < 0 || o.workers <= 0 || o.maxOps <= 0 || o.opTimeout <= 0 ||
-		o.verifyEvery <= 0 || o.nginxWorkers <= 0 || o.quietWait < 0 {
-		fmt.Fprintln(stderr, "bench-handshake: -duration, -workers, -max-ops, -op-timeout, -verify-every and -nginx-workers must be positive, -warmup and -quiet-wait not negative")
+		o.verifyEvery <= 0 || o.nginxWorkers <= 0 || o.quietWait < 0 || o.scrapeRate < 0 || o.scrapePairs <= 0 {
+		fmt.Fprintln(stderr, "bench-handshake: -duration, -workers, -max-ops, -op-timeout, -verify-every, -nginx-workers and -scrape-cost-pairs must be positive, -warmup, -quiet-wait and -scrape-cost-rate not negative")
 		return 2
 	}
 

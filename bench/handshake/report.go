@@ -40,6 +40,10 @@ type summary struct {
 	L7ResumedTLS12  *float64 `json:"l7_resumed_tls12_cpu_ms_per_hs"`
 	NginxResTLS12   *float64 `json:"nginx_resumed_tls12_cpu_ms_per_hs"`
 
+	// ScrapeCost is what scraping l7d's /metrics each second cost it at
+	// -scrape-cost-rate handshakes/s; null when not run.
+	ScrapeCost *scrapeCost `json:"scrape_cost"`
+
 	Workers       int      `json:"workers"`
 	NginxWorkers  int      `json:"nginx_workers"`
 	Cores         int      `json:"cores"`
@@ -131,6 +135,7 @@ func (b *bench) report() {
 		Profiled:       b.o.profileDir != "",
 		Failures:       b.Failures,
 		Rows:           rows,
+		ScrapeCost:     b.scrapeCost,
 	}
 	if s.Failures == nil {
 		s.Failures = []string{}
@@ -164,6 +169,10 @@ func (b *bench) report() {
 	if r := b.find(srvL7Offload, t13, modeFull); r != nil && s.KeyserverdMs != nil && s.L7OffloadMs != nil && s.L7LocalMs != nil {
 		fmt.Fprintf(w, "with the key on keyserverd, a TLS 1.3 handshake costs l7d %.3f ms and keyserverd %.3f ms (SoftHSM RSA-2048 signature, mutual-TLS framing): %.3f ms on this machine, vs %.3f ms in l7d with the key local\n",
 			*s.L7OffloadMs, *s.KeyserverdMs, *s.L7OffloadMs+*s.KeyserverdMs, *s.L7LocalMs)
+	}
+	if sc := b.scrapeCost; sc != nil {
+		fmt.Fprintf(w, "scraping l7d's /metrics (%d bytes) once a second at %.0f %s TLS 1.3 handshakes/s (%s): l7d %.4f cores without, %.4f with (%.0f and %.0f handshakes/s made, %d windows each): %+.2f%% per handshake (windows without scrapes %.2f%% apart); one scrape %.3f ms of l7d CPU, %.3f%% of its CPU at one a second: target under 1%%: %s\n",
+			sc.ScrapeBytes, sc.TargetRate, sc.Mode, sc.Server, sc.CoresOff, sc.CoresOn, sc.RateOff, sc.RateOn, sc.Pairs, sc.AddedPct, sc.NoisePct, sc.ScrapeMs, sc.AddedPctDirect, passMiss(&sc.Met))
 	}
 	benchkit.WriteReportEnd(w, b.Failures, s)
 }
