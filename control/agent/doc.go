@@ -28,7 +28,8 @@
 //	{"node":"l7-a","role":"l7d","applied_revision":42,"refused_revision":43,
 //	 "error":"routing/web.vhosts[0].routes[0].action.pool: ...","updated":"..."} a NACK
 //
-// The status also carries the node's address (Config.Address), when the agent
+// The status also carries the node's address (Config.Address), where its metrics
+// are (Config.Metrics, which controld's dashboard scrapes), when the agent
 // started, and the certificates it serves (Config.Certificates: name, version and
 // the SHA-256 of the leaf), taken at each write; Agent.Report writes them again
 // when they changed outside an Apply.

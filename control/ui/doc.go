@@ -10,8 +10,9 @@
 //
 //   - Scraper (the default) gathers the figures itself: every Interval (2s) it
 //     reads the nodes the store knows (their status keys, control/agent), scrapes
-//     the /metrics of every l7d and l4d at the address it reports (its admin
-//     endpoint), keeps per node only the sums each panel needs, and keeps History
+//     the /metrics of every l7d, l4d and keyserverd where its status says its
+//     metrics are (its admin endpoint; an l7d or l4d that does not say, at its
+//     address), keeps per node only the sums each panel needs, and keeps History
 //     (16 minutes) of rounds in a ring: memory is bounded by the rounds, the nodes
 //     (MaxTargets) and the series per node (MaxSeriesPerNode). A node whose status
 //     is gone (lost) or whose scrape fails is shown so, and leaves a gap.
