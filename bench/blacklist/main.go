@@ -20,6 +20,12 @@
 //     sent to the last node (l7d or agent) enforcing its version. The store's
 //     size for it is the embedded etcd's database in use after the push less
 //     before (store_mib_10m).
+//     Each simulated node holds the list and, while it applies a delta, the
+//     list being built: some 75 bytes an entry at its peak (715 MiB for 10M), so
+//     a hundred of them need some 70 GiB. The benchmark runs as many as
+//     fit in -agent-memory of the memory available at its start (/proc/meminfo's
+//     MemAvailable) and says so in the table and the JSON line (agents_asked,
+//     agents); it never lets them push the machine into its OOM killer.
 //   - delta: -deltas deltas of -delta-entries random IPv4 addresses (NDJSON, an
 //     hour's expiry), each with POST /v1/blacklists/global/delta once the one
 //     before was applied everywhere, timed from the request to the last node
@@ -57,6 +63,7 @@ type options struct {
 	deltas       int
 	deltaEntries int
 	agentCache   bool
+	agentMemory  float64
 	skipL4       bool
 	l4Args       string
 	timeout      time.Duration
@@ -75,6 +82,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.deltas, "deltas", 20, "deltas pushed one after the other, each once the one before was applied everywhere")
 	fs.IntVar(&o.deltaEntries, "delta-entries", 10_000, "IPv4 addresses added by each delta")
 	fs.BoolVar(&o.agentCache, "agent-cache", true, "each simulated node keeps the lists on disk, as l7d and l4d do")
+	fs.Float64Var(&o.agentMemory, "agent-memory", 0.6, "share of the memory available at start the simulated nodes may take (fewer run when -agents would take more)")
 	fs.BoolVar(&o.skipL4, "skip-l4", false, "skip the l4 phase (go run ./bench/l4)")
 	fs.StringVar(&o.l4Args, "l4-args", "-table 1000 -skip-veth", "flags of go run ./bench/l4 for the l4 phase (space-separated)")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "longest wait for every node to apply one push")
@@ -85,8 +93,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench-blacklist: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	if o.entries < 1 || o.agents < 0 || o.deltas < 1 || o.deltaEntries < 1 || o.timeout <= 0 {
-		fmt.Fprintln(stderr, "bench-blacklist: -entries, -deltas, -delta-entries and -timeout must be positive, -agents not negative")
+	if o.entries < 1 || o.agents < 0 || o.deltas < 1 || o.deltaEntries < 1 || o.timeout <= 0 || o.agentMemory <= 0 || o.agentMemory > 1 {
+		fmt.Fprintln(stderr, "bench-blacklist: -entries, -deltas, -delta-entries and -timeout must be positive, -agents not negative, -agent-memory in (0, 1]")
 		return 2
 	}
 	return benchkit.Main("bench-blacklist", stderr, func(ctx context.Context) error { return run(ctx, o) })

@@ -63,6 +63,54 @@ type report struct {
 	deltaLat       benchkit.Latencies
 	deltaL7Lat     benchkit.Latencies
 	clusterStartup time.Duration
+	agentsRun      int
+	memAvailable   int64 // bytes, at the start of the push phase
+	agentFitNote   string
+}
+
+// agentPeakBytesPerEntry is a simulated node's memory at its peak (a delta's
+// list built beside the one in force), per entry of the list: 715 MiB for 10M,
+// measured (the process's peak less the pushed list's, over 27 nodes).
+const agentPeakBytesPerEntry = 75
+
+// fitAgents returns how many of o.agents simulated nodes fit in o.agentMemory of
+// the memory available now, less what this process takes for the list it pushes
+// (some 130 bytes an entry), and notes why when it is fewer.
+func fitAgents(o options, r *report) int {
+	avail, err := memAvailable()
+	if err != nil {
+		r.agentFitNote = fmt.Sprintf("memory available unknown (%v): all run", err)
+		return o.agents
+	}
+	r.memAvailable = avail
+	budget := float64(avail)*o.agentMemory - 130*float64(o.entries)
+	each := float64(agentPeakBytesPerEntry) * float64(o.entries)
+	n := max(0, int(budget/each))
+	if n >= o.agents {
+		return o.agents
+	}
+	r.agentFitNote = fmt.Sprintf("%d of the %d asked: each needs some %.0f MiB at its peak, and %.0f%% of the %.1f GiB available is %.1f GiB",
+		n, o.agents, each/(1<<20), o.agentMemory*100, float64(avail)/(1<<30), float64(avail)*o.agentMemory/(1<<30))
+	r.progress("simulated nodes: %s", r.agentFitNote)
+	return n
+}
+
+// memAvailable reads MemAvailable from /proc/meminfo, in bytes.
+func memAvailable() (int64, error) {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err != nil {
+				return 0, fmt.Errorf("/proc/meminfo: %q: %w", line, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("/proc/meminfo has no MemAvailable")
 }
 
 func (r *report) fail(format string, args ...any) {
@@ -198,7 +246,8 @@ func (r *report) runCluster(ctx context.Context) error {
 	}
 	r.clusterStartup = time.Since(start)
 
-	r.progress("%d simulated nodes (blsync.Follower, a store client each)", o.agents)
+	r.agentsRun = fitAgents(o, r)
+	r.progress("%d simulated nodes (blsync.Follower, a store client each)", r.agentsRun)
 	actx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -206,7 +255,7 @@ func (r *report) runCluster(ctx context.Context) error {
 		wg.Wait()
 	}()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	agents := make([]*agent, o.agents)
+	agents := make([]*agent, r.agentsRun)
 	for i := range agents {
 		a := &agent{list: blacklist.NewList(listName, blacklist.Options{}), applied: map[int64]time.Time{}}
 		cacheDir := ""
