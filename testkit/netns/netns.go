@@ -196,6 +196,10 @@ func Veth(t testing.TB, a *NS, aName string, b *NS, bName string) {
 	peer := []string{"peer", "name", bName}
 	if b != nil {
 		peer = append(peer, "netns", b.name)
+	} else {
+		// The pair is made inside a: its peer goes to the namespace of this
+		// process, the host's.
+		peer = append(peer, "netns", strconv.Itoa(os.Getpid()))
 	}
 	a.MustRun(append([]string{"ip", "link", "add", aName, "type", "veth"}, peer...)...)
 	if b == nil {

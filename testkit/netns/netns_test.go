@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -123,4 +124,18 @@ func reach(t *testing.T, from, to *NS, addr string) {
 		}
 		return err
 	})
+}
+
+// TestVethHostEnd: a pair with a nil namespace has that end in the host (this
+// process's namespace), not in the test namespace it was made from.
+func TestVethHostEnd(t *testing.T) {
+	ns := New(t, "he")
+	host := fmt.Sprintf("tgh%d", os.Getpid()%100000)
+	Veth(t, ns, "eth0", nil, host)
+	if _, err := net.InterfaceByName(host); err != nil {
+		t.Fatalf("the host end %s is not in the host: %v", host, err)
+	}
+	if out, err := ns.Run("ip", "link", "show", host); err == nil {
+		t.Fatalf("the host end %s is in the test namespace too: %s", host, out)
+	}
 }
