@@ -5,7 +5,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -37,7 +36,7 @@ func (r *report) cert(ctx context.Context, dir string) error {
 	if _, _, err := c.Upload(ctx, "www", first); err != nil {
 		return fmt.Errorf("uploading the first version: %w", err)
 	}
-	if err := certSiteObjects(ctx, c); err != nil {
+	if err := c.WriteSite(ctx, "www", "bench\n"); err != nil {
 		return err
 	}
 	for _, node := range []string{"l7-a", "l7-b"} {
@@ -82,30 +81,4 @@ func certVersion(c *cluster.Cluster) (*cluster.SiteCert, error) {
 		return nil, err
 	}
 	return c.IssueSite(key, time.Time{}, time.Time{}, certSite)
-}
-
-// certSiteObjects writes, in one change set, the listener the l7d nodes serve
-// (each on a loopback port of its own), its routing (every request answered
-// by l7d) and the binding of certificate www to it.
-func certSiteObjects(ctx context.Context, c *cluster.Cluster) error {
-	zero := int64(0)
-	type change struct {
-		Kind       string `json:"kind"`
-		Name       string `json:"name"`
-		Object     any    `json:"object"`
-		IfRevision *int64 `json:"if_revision"`
-	}
-	obj := func(kind, name string, o any) change { return change{kind, name, o, &zero} }
-	respond := map[string]any{"status": 200, "body": "bench\n"}
-	cs := map[string]any{"changes": []change{
-		obj("listeners", c.Opts.Listener, map[string]any{"name": c.Opts.Listener, "addr": "198.18.0.10:443", "disable_http3": true}),
-		obj("routing", c.Opts.Listener, map[string]any{"name": c.Opts.Listener, "vhosts": []any{map[string]any{"names": []string{"*"},
-			"routes": []any{map[string]any{"name": "all", "action": map[string]any{"respond": respond}}}}}}),
-		obj("cert-bindings", "www", map[string]any{"name": "www", "certificates": []string{"www"}, "listeners": []string{c.Opts.Listener}}),
-	}}
-	var ans json.RawMessage
-	if err := c.Call(ctx, "POST", "/v1/changesets", cs, &ans); err != nil {
-		return fmt.Errorf("writing the listener, its routing and the binding: %w", err)
-	}
-	return nil
 }

@@ -127,6 +127,32 @@ func (c *Cluster) Call(ctx context.Context, method, path string, body, out any) 
 	return nil
 }
 
+// WriteSite writes, in one change set, the listener the l7d nodes serve (each
+// on a loopback port of its own), its routing (every request answered 200 with
+// body by l7d itself) and the binding of certificate cert to it. The
+// certificate must be uploaded already.
+func (c *Cluster) WriteSite(ctx context.Context, cert, body string) error {
+	zero := int64(0)
+	type change struct {
+		Kind       string `json:"kind"`
+		Name       string `json:"name"`
+		Object     any    `json:"object"`
+		IfRevision *int64 `json:"if_revision"`
+	}
+	obj := func(kind, name string, o any) change { return change{kind, name, o, &zero} }
+	respond := map[string]any{"status": 200, "body": body}
+	cs := map[string]any{"changes": []change{
+		obj("listeners", c.Opts.Listener, map[string]any{"name": c.Opts.Listener, "addr": "198.18.0.10:443", "disable_http3": true}),
+		obj("routing", c.Opts.Listener, map[string]any{"name": c.Opts.Listener, "vhosts": []any{map[string]any{"names": []string{"*"},
+			"routes": []any{map[string]any{"name": "all", "action": map[string]any{"respond": respond}}}}}}),
+		obj("cert-bindings", cert, map[string]any{"name": cert, "certificates": []string{cert}, "listeners": []string{c.Opts.Listener}}),
+	}}
+	if err := c.Call(ctx, "POST", "/v1/changesets", cs, nil); err != nil {
+		return fmt.Errorf("writing the listener, its routing and the binding: %w", err)
+	}
+	return nil
+}
+
 // Upload uploads s as a new version of certificate name (POST
 // /v1/certificates/{name}/versions) and returns the revision it was stored at
 // and its version.
