@@ -89,36 +89,7 @@ keyservers:
 // forwardAPI relays the TCP connections made to at on the host to to inside ns, so
 // that tgctl on the host reaches controld in the switch's namespace.
 func forwardAPI(s *stack, at string, ns *netNS, to string) error {
-	ln, err := net.Listen("tcp", at)
-	if err != nil {
-		return fmt.Errorf("listening for controld's API on the host: %w", err)
-	}
-	s.onClose(func() { ln.Close() })
-	dial := nsDialer(ns)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				u, err := dial(ctx, "tcp", to)
-				cancel()
-				if err != nil {
-					return
-				}
-				defer u.Close()
-				go func() {
-					io.Copy(u, c)
-					u.(*net.TCPConn).CloseWrite()
-				}()
-				io.Copy(c, u)
-			}()
-		}
-	}()
-	return nil
+	return relayNS(s, nil, at, ns, to)
 }
 
 // tgctl runs bin/tgctl against controld's API with its admin token, as people do.
