@@ -333,7 +333,7 @@ func (a *Agent) Run(ctx context.Context) error {
 					first = false
 					a.applyCache(ctx)
 				}
-				if err := sleep(ctx, &wait); err != nil {
+				if err := Backoff(ctx, &wait); err != nil {
 					return err
 				}
 				continue
@@ -370,7 +370,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.applyCache(ctx)
 			}
 		}
-		if err := sleep(ctx, &wait); err != nil {
+		if err := Backoff(ctx, &wait); err != nil {
 			return err
 		}
 	}
@@ -384,8 +384,12 @@ func (a *Agent) open(ctx context.Context) (*store.Store, error) {
 	return a.cfg.Open(ctx)
 }
 
-// sleep waits the next backoff (doubling from retryMin to retryMax, with jitter).
-func sleep(ctx context.Context, wait *time.Duration) error {
+// Backoff waits the next wait of a node's backoff after a failure to reach the
+// store: *wait doubles from 100ms to 10s (and is updated), and the time slept is
+// half of it to all of it, at random, so that nodes cut off together do not come
+// back together. It returns ctx's error if ctx ends first. The agent and the
+// blacklists' follower (control/blsync) use it.
+func Backoff(ctx context.Context, wait *time.Duration) error {
 	*wait = min(max(2**wait, retryMin), retryMax)
 	d := *wait/2 + rand.N(*wait/2+1)
 	t := time.NewTimer(d)
@@ -705,7 +709,7 @@ func (a *Agent) report(ctx context.Context, cli *clientv3.Client) {
 			return
 		}
 		a.log.Warn("agent: reporting the status", "err", err)
-		if sleep(ctx, &wait) != nil {
+		if Backoff(ctx, &wait) != nil {
 			return
 		}
 	}

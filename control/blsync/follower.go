@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/tiergate/tiergate/control/agent"
 	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/internal/promreg"
@@ -158,7 +158,7 @@ func (f *Follower) Run(ctx context.Context) error {
 					break
 				}
 				f.log.Warn("blsync: opening the store", "err", err)
-				if sleep(ctx, &wait) != nil {
+				if agent.Backoff(ctx, &wait) != nil {
 					break
 				}
 				continue
@@ -175,25 +175,11 @@ func (f *Follower) Run(ctx context.Context) error {
 			return fmt.Errorf("blsync: %w", store.ErrClosed)
 		}
 		f.log.Warn("blsync: following the blacklists", "err", err)
-		if sleep(ctx, &wait) != nil {
+		if agent.Backoff(ctx, &wait) != nil {
 			break
 		}
 	}
 	return ctx.Err()
-}
-
-// sleep waits the next backoff: 100ms doubling to 10s, with jitter.
-func sleep(ctx context.Context, wait *time.Duration) error {
-	*wait = min(max(2**wait, 100*time.Millisecond), 10*time.Second)
-	d := *wait/2 + rand.N(*wait/2+1)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // maxSeenBytes bounds the values the watch delivered that are kept for a
