@@ -176,14 +176,8 @@ func FromStore(ss *store.Snapshot) (*Snapshot, error) {
 // the snapshot decodes, every object is valid (Validate) and the whole is consistent
 // (Consistent).
 func Check(ss *store.Snapshot) error {
-	s, err := FromStore(ss)
-	if err != nil {
-		return err
-	}
-	if err := s.Validate(); err != nil {
-		return err
-	}
-	return s.Consistent()
+	_, err := new(Checker).Check(ss)
+	return err
 }
 
 // Validate checks every object alone (its Validate) and returns every problem, each
