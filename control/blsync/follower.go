@@ -261,12 +261,14 @@ func listOf(key string) (string, bool) {
 
 // syncNow syncs a list with its manifest at rev (0: now), recording the outcome.
 func (f *Follower) syncNow(ctx context.Context, cli *clientv3.Client, name string, rev int64) {
+	f.mu.Lock()
+	old, had := f.errs[name]
+	f.mu.Unlock()
 	err := f.sync(ctx, cli, name, rev)
 	if errors.Is(err, store.ErrCompacted) && rev > 0 {
 		err = f.sync(ctx, cli, name, 0) // read all at a revision not yet compacted
 	}
 	f.mu.Lock()
-	old, had := f.errs[name]
 	if err != nil && ctx.Err() == nil {
 		f.errs[name] = err.Error()
 	} else {
@@ -347,6 +349,7 @@ func (f *Follower) sync(ctx context.Context, cli *clientv3.Client, name string, 
 	}
 	f.mu.Lock()
 	f.versions[name] = m.Version
+	delete(f.errs, name) // with the version: the two are never seen out of step
 	f.mu.Unlock()
 	f.version.WithLabelValues(name).Set(float64(m.Version))
 	f.forget(name)

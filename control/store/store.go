@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -245,7 +246,8 @@ func (s *Store) Close() error {
 // ClientURLs returns the client URLs of the etcd the Store uses, as other
 // processes reach it: for an embedded etcd, the unix socket and the loopback URL
 // of Config.ListenClientURL (with the port it got, for port 0); for an external
-// one, Config.Endpoints. Nodes are given these as their etcd_endpoints.
+// one, Config.Endpoints. Nodes are given these as their etcd_endpoints. The
+// socket comes first: etcd keeps its listeners in no fixed order.
 func (s *Store) ClientURLs() []string {
 	if s.etcd == nil {
 		return slices.Clone(s.cfg.Endpoints)
@@ -259,7 +261,18 @@ func (s *Store) ClientURLs() []string {
 			out = append(out, "http://"+a.String())
 		}
 	}
+	slices.SortStableFunc(out, func(a, b string) int {
+		return cmp.Compare(urlRank(a), urlRank(b))
+	})
 	return out
+}
+
+// urlRank orders client URLs: the unix socket before TCP.
+func urlRank(u string) int {
+	if strings.HasPrefix(u, "unix://") {
+		return 0
+	}
+	return 1
 }
 
 // Client returns the etcd client, for what the Store does not wrap (leases).
