@@ -406,7 +406,7 @@ func TestEndpointKeyAndLDs(t *testing.T) {
 	if want := []byte{0x20, 0, 0x08, 0, 0xde, 0xad, 0xbe, 0xef}; !bytes.Equal(pl[:8], want) {
 		t.Fatalf("reply's GRE header % x, want % x (key bit, IPv4, the key)", pl[:8], want)
 	}
-	if s := tb.stats(func(s Stats) bool { return s.In["bad_key"] == 3 }); s.In["bad_key"] != 3 || s.In["ok"] != 1 {
+	if s := tb.stats(func(s Stats) bool { return s.In["bad_key"] == 3 && s.In["ok"] == 1 }); s.In["bad_key"] != 3 || s.In["ok"] != 1 {
 		t.Fatalf("stats %+v: want 3 bad_key (none, IPIP, wrong), 1 ok", s)
 	}
 
