@@ -9,7 +9,7 @@ GOBIN      := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(GOBIN)/staticcheck
 BIN        := bin
-DEB_PACKAGES := softhsm2 opensc libdpdk-dev pkg-config openssl iproute2 curl procps nginx haproxy tshark ethtool etcd-server crowdsec prometheus chromium
+DEB_PACKAGES := softhsm2 opensc libdpdk-dev pkg-config openssl iproute2 curl procps nginx haproxy tshark ethtool etcd-server crowdsec prometheus chromium bird2 nghttp2-client wrk nftables
 DEMO_DIR   ?= $(CURDIR)/.demo
 # More tgdemo flags: make demo DEMO_FLAGS="-duration 30s"
 DEMO_FLAGS ?=
@@ -32,7 +32,8 @@ endif
 all: build
 
 # Debian packages (apt-get only when one is missing), staticcheck and Go modules. The
-# services some packages bring (nginx, haproxy: peers for the benchmarks; etcd: the
+# services some packages bring (nginx, haproxy: peers for the benchmarks; bird: the BGP
+# router of the L4 cluster tests, started by them in a namespace; etcd: the
 # external store the control-plane tests start themselves; crowdsec: the risk engine whose
 # Local API the crowdsec tests run themselves) are not started: policy-rc.d refuses that
 # during the install, and they are disabled so a reboot does not start them. crowdsec's
@@ -47,7 +48,7 @@ deps:
 		case " $$missing " in *" crowdsec "*) mkdir -p /etc/crowdsec; [ -s /etc/crowdsec/online_api_credentials.yaml ] || echo '# not registered with the online API' > /etc/crowdsec/online_api_credentials.yaml;; esac; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; rc=$$?; \
 		[ -n "$$guard" ] && rm -f /usr/sbin/policy-rc.d; \
-		if [ $$rc = 0 ] && command -v systemctl >/dev/null; then systemctl disable -q nginx haproxy etcd crowdsec prometheus 2>/dev/null || true; systemctl stop crowdsec prometheus 2>/dev/null || true; fi; exit $$rc; \
+		if [ $$rc = 0 ] && command -v systemctl >/dev/null; then systemctl disable -q nginx haproxy etcd crowdsec prometheus bird nftables 2>/dev/null || true; systemctl stop crowdsec prometheus bird 2>/dev/null || true; fi; exit $$rc; \
 	fi
 	@[ -x $(STATICCHECK) ] && $(STATICCHECK) -version 2>/dev/null | grep -q "$(STATICCHECK_VERSION:v%=%)" || { echo "deps: installing staticcheck $(STATICCHECK_VERSION)"; $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); }
 	@$(GO) mod download
