@@ -32,6 +32,9 @@ const StatusPrefix = "/tiergate/nodes/v1/"
 // alive every third of it).
 const StatusTTL = 10 * time.Second
 
+// DefaultHitsInterval is Config.HitsInterval's default.
+const DefaultHitsInterval = 5 * time.Second
+
 // Bounds of the backoff between tries of the store.
 const (
 	retryMin = 100 * time.Millisecond
@@ -85,6 +88,10 @@ type Status struct {
 	// Blacklists are the versions of the blacklists the node enforces, by list
 	// name (Config.Blacklists, control/blsync's Follower.Versions).
 	Blacklists map[string]int64 `json:"blacklists,omitempty"`
+	// BlacklistHits are the addresses each blacklist the node enforces refused
+	// since the node started, by list name (Config.BlacklistHits), refreshed every
+	// Config.HitsInterval.
+	BlacklistHits map[string]uint64 `json:"blacklist_hits,omitempty"`
 	// Updated is when the status last changed.
 	Updated time.Time `json:"updated"`
 }
@@ -130,6 +137,18 @@ type Config struct {
 	// called at each write of the status; Agent.Report writes them after they
 	// changed. It must be safe to call from the agent's goroutines. Default none.
 	Blacklists func() map[string]int64
+
+	// BlacklistHits returns the hits of each blacklist the node enforces since it
+	// started, by list name (control/blsync's Follower.Hits), reported in its
+	// status. It is called every HitsInterval and at each write of the status; the
+	// status is written again when they changed. It must be safe to call from the
+	// agent's goroutines. Default none.
+	BlacklistHits func() map[string]uint64
+
+	// HitsInterval is how often BlacklistHits is read and, when the hits changed,
+	// the status written again: hits change with every refused client, so they are
+	// not written as they come. Default 5s.
+	HitsInterval time.Duration
 
 	// CacheFile keeps the last snapshot applied, with its revision, so that a start
 	// while the store cannot be reached applies it. Default none: nothing is kept,
@@ -241,6 +260,23 @@ func (a *Agent) refreshBlacklists() bool {
 		return false
 	}
 	a.status.Blacklists = maps.Clone(bl)
+	a.status.Updated = time.Now()
+	return true
+}
+
+// refreshHits takes the hits from Config.BlacklistHits into the status and
+// reports whether they changed.
+func (a *Agent) refreshHits() bool {
+	if a.cfg.BlacklistHits == nil {
+		return false
+	}
+	hits := a.cfg.BlacklistHits()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if maps.Equal(hits, a.status.BlacklistHits) {
+		return false
+	}
+	a.status.BlacklistHits = maps.Clone(hits)
 	a.status.Updated = time.Now()
 	return true
 }
@@ -738,6 +774,7 @@ func (a *Agent) reportLease(ctx context.Context, cli *clientv3.Client) error {
 	put := func() error {
 		a.refreshCertificates()
 		a.refreshBlacklists()
+		a.refreshHits()
 		data, err := json.Marshal(a.Status())
 		if err != nil {
 			return err
@@ -754,10 +791,24 @@ func (a *Agent) reportLease(ctx context.Context, cli *clientv3.Client) error {
 	if err := put(); err != nil {
 		return err
 	}
+	var hits <-chan time.Time
+	if a.cfg.BlacklistHits != nil {
+		every := a.cfg.HitsInterval
+		if every <= 0 {
+			every = DefaultHitsInterval
+		}
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		hits = tick.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-hits:
+			if a.refreshHits() {
+				a.signal()
+			}
 		case _, ok := <-ka:
 			if !ok {
 				return errors.New("the status lease was lost")

@@ -108,6 +108,9 @@ type BlacklistInfo struct {
 	Nodes      []BlacklistNode `json:"nodes,omitempty"`
 	Applied    int             `json:"applied"`
 	NodesTotal int             `json:"nodes_total"`
+	// Hits, in a show, is the sum of the nodes' hits of the list (those still
+	// reporting and those lost alike).
+	Hits uint64 `json:"hits"`
 }
 
 // BlacklistNode is a node in a blacklist's show.
@@ -117,6 +120,9 @@ type BlacklistNode struct {
 	Version int64  `json:"version"`
 	// State is applied (the latest version), behind, or lost (no longer reports).
 	State string `json:"state"`
+	// Hits is the addresses the list refused on the node since it started, as of
+	// its last status (agent.Status.BlacklistHits, written every few seconds).
+	Hits uint64 `json:"hits"`
 }
 
 func info(m *blsync.Manifest) BlacklistInfo {
@@ -150,6 +156,9 @@ func (b *blacklistAPI) show(w http.ResponseWriter, r *http.Request, _ Token) err
 		return storeError("reading the nodes", err)
 	}
 	out.Nodes, out.Applied, out.NodesTotal = nodes, applied, total
+	for _, n := range nodes {
+		out.Hits += n.Hits
+	}
 	daemon.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
@@ -174,7 +183,7 @@ func (b *blacklistAPI) nodeVersions(ctx context.Context, name string, v int64) (
 		if !follows(n.st, name) {
 			continue
 		}
-		bn := BlacklistNode{Node: n.st.Node, Role: n.st.Role, Version: n.st.Blacklists[name]}
+		bn := BlacklistNode{Node: n.st.Node, Role: n.st.Role, Version: n.st.Blacklists[name], Hits: n.st.BlacklistHits[name]}
 		switch {
 		case !n.live:
 			bn.State = "lost"

@@ -59,6 +59,7 @@ func (f *fixture) runNode(t *testing.T, name string) *node {
 	go func() { defer close(done); fl.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	a, err = agent.New(agent.Config{Store: f.st, Node: name, Role: "l7d", Logger: slog.New(slog.DiscardHandler), Blacklists: fl.Versions,
+		BlacklistHits: fl.Hits, HitsInterval: 50 * time.Millisecond,
 		Apply: func(context.Context, *model.Snapshot, int64) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
@@ -154,6 +155,22 @@ func TestBlacklistPushes(t *testing.T) {
 			t.Fatal("a node's list is not the one pushed")
 		}
 	}
+	// Hits: each node's in its row, their sum in the show's.
+	for i, n := range []*node{n1, n2} {
+		for range 3 - i {
+			n.list("global").Hit(blacklist.SourcePacket)
+		}
+	}
+	until(t, "the nodes' hits in the show", func() (bool, string) {
+		a := f.do(t, viewer, "GET", "/v1/blacklists/global", "")
+		info := decode[BlacklistInfo](t, a)
+		hits := map[string]uint64{}
+		for _, n := range info.Nodes {
+			hits[n.Node] = n.Hits
+		}
+		return info.Hits == 5 && hits["l7-a"] == 3 && hits["l7-b"] == 2, string(a.body)
+	})
+
 	a = f.do(t, viewer, "GET", "/v1/operations/"+pr.Operation, "")
 	op := decode[Operation](t, a)
 	if a.status != http.StatusOK || op.State != OpApplied || op.Message != "applied on 2 of 2 nodes" || op.Version != 1 || op.List != "global" {

@@ -587,3 +587,31 @@ func TestConcurrentWriters(t *testing.T) {
 		t.Logf("%d chunk keys for %d chunks named (left by a writer whose manifest lost)", len(present), len(m.Base.Chunks))
 	}
 }
+
+// TestFollowerHits: Hits gives, for each list in force, the hits its List
+// counted of every source; a list not yet in force is not in it.
+func TestFollowerHits(t *testing.T) {
+	st := openStore(t)
+	w := NewWriter(st, WriterConfig{Logger: quiet()})
+	ls := &listSet{}
+	f, _ := runFollower(t, FollowerConfig{Store: st, List: ls.get})
+	if h := f.Hits(); len(h) != 0 {
+		t.Fatalf("Hits before any list: %v", h)
+	}
+	d := &blacklist.Delta{Add: []blacklist.Entry{{Prefix: netip.MustParsePrefix("203.0.113.9/32")}}}
+	if _, err := w.Delta(ctx, "global", d, "a"); err != nil {
+		t.Fatal(err)
+	}
+	waitVersion(t, f, "global", 1)
+	if h := f.Hits(); len(h) != 1 || h["global"] != 0 {
+		t.Fatalf("Hits with no hit: %v", h)
+	}
+	l := ls.get("global")
+	l.Hit(blacklist.SourcePacket)
+	l.Hit(blacklist.SourcePacket)
+	l.Hit(blacklist.SourceHeader)
+	l.Hit("other")
+	if h := f.Hits(); h["global"] != 4 {
+		t.Fatalf("Hits after 4: %v", h)
+	}
+}

@@ -71,8 +71,9 @@ type Follower struct {
 	log *slog.Logger
 
 	mu       sync.Mutex
-	versions map[string]int64  // in force, by list
-	errs     map[string]string // the last sync's error, by list
+	versions map[string]int64           // in force, by list
+	errs     map[string]string          // the last sync's error, by list
+	lists    map[string]*blacklist.List // in force, by list: their hits
 
 	// seen are chunk and delta values the watch delivered, by key, used instead of
 	// fetching them again (checked as any other).
@@ -103,7 +104,7 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	f := &Follower{cfg: cfg, log: cfg.Logger, versions: map[string]int64{}, errs: map[string]string{},
+	f := &Follower{cfg: cfg, log: cfg.Logger, versions: map[string]int64{}, errs: map[string]string{}, lists: map[string]*blacklist.List{},
 		seen: map[string][]byte{}, saving: map[string]saveReq{}, saveSig: make(chan struct{}, 1),
 		version: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tiergate_blsync_version",
 			Help: "The version of each blacklist of the store the node enforces."}, []string{"list"}),
@@ -128,6 +129,19 @@ func (f *Follower) Versions() map[string]int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return maps.Clone(f.versions)
+}
+
+// Hits returns, by list in force, the addresses its List refused since the node
+// started (blacklist.List.Hits of every source): for control/agent's
+// Config.BlacklistHits.
+func (f *Follower) Hits() map[string]uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[string]uint64, len(f.lists))
+	for name, l := range f.lists {
+		out[name] = l.Hits(blacklist.SourcePacket) + l.Hits(blacklist.SourceHeader) + l.Hits("")
+	}
+	return out
 }
 
 // Errors returns, by list, why the last version of the store could not be put in
@@ -349,6 +363,7 @@ func (f *Follower) sync(ctx context.Context, cli *clientv3.Client, name string, 
 	}
 	f.mu.Lock()
 	f.versions[name] = m.Version
+	f.lists[name] = l
 	delete(f.errs, name) // with the version: the two are never seen out of step
 	f.mu.Unlock()
 	f.version.WithLabelValues(name).Set(float64(m.Version))
@@ -558,6 +573,7 @@ func (f *Follower) loadDir() {
 		l.Replace(s)
 		f.mu.Lock()
 		f.versions[name] = v
+		f.lists[name] = l
 		f.mu.Unlock()
 		f.version.WithLabelValues(name).Set(float64(v))
 		loaded = true

@@ -45,9 +45,11 @@ type blacklistInfo struct {
 		Role    string `json:"role"`
 		Version int64  `json:"version"`
 		State   string `json:"state"`
+		Hits    uint64 `json:"hits"`
 	} `json:"nodes,omitempty"`
-	Applied    int `json:"applied"`
-	NodesTotal int `json:"nodes_total"`
+	Applied    int    `json:"applied"`
+	NodesTotal int    `json:"nodes_total"`
+	Hits       uint64 `json:"hits"`
 }
 
 type blOperation struct {
@@ -88,6 +90,7 @@ tokens push; any token reads):
                                                            binary format, gzip, or
                                                            NDJSON (.ndjson, .jsonl)
   tgctl blacklist show global                              size, version, each node's
+                                                           version and hits
   tgctl blacklist list
   tgctl blacklist operation <id> --wait 1m                 where a push stands
 
@@ -309,7 +312,7 @@ func (o *options) waitOperation(cmd *cobra.Command, id string, wait, interval ti
 func (o *options) blacklistShowCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:               "show <name>",
-		Short:             "A blacklist: size, version, and the version each node enforces",
+		Short:             "A blacklist: size, version, and the version each node enforces and its hits",
 		Args:              exactArgs(1, "a blacklist's name"),
 		ValidArgsFunction: o.blacklistCompletion,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -318,13 +321,13 @@ func (o *options) blacklistShowCommand() *cobra.Command {
 				return err
 			}
 			return o.printer(cmd).data(b, func(t *tabwriter.Writer) {
-				row(t, "NAME", "VERSION", "ENTRIES", "CHUNKS", "BYTES", "DELTAS", "UPDATED", "BY", "APPLIED")
-				row(t, b.Name, b.Version, b.Entries, b.Chunks, b.Bytes, b.Deltas, b.Updated.Format(time.RFC3339), orDash(b.Who), fmt.Sprintf("%d/%d", b.Applied, b.NodesTotal))
+				row(t, "NAME", "VERSION", "ENTRIES", "CHUNKS", "BYTES", "DELTAS", "UPDATED", "BY", "APPLIED", "HITS")
+				row(t, b.Name, b.Version, b.Entries, b.Chunks, b.Bytes, b.Deltas, b.Updated.Format(time.RFC3339), orDash(b.Who), fmt.Sprintf("%d/%d", b.Applied, b.NodesTotal), b.Hits)
 				if len(b.Nodes) > 0 {
 					fmt.Fprintln(t)
-					row(t, "NODE", "ROLE", "VERSION", "STATE")
+					row(t, "NODE", "ROLE", "VERSION", "STATE", "HITS")
 					for _, n := range b.Nodes {
-						row(t, n.Node, orDash(n.Role), n.Version, n.State)
+						row(t, n.Node, orDash(n.Role), n.Version, n.State, n.Hits)
 					}
 				}
 			})

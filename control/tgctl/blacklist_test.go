@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tiergate/tiergate/control/agent"
 	"github.com/tiergate/tiergate/control/api"
@@ -51,7 +52,8 @@ func (f *fixture) startBlacklistNode(t *testing.T, name string) *blNode {
 		t.Fatal(err)
 	}
 	mu.Lock()
-	a, err = agent.New(agent.Config{Store: f.st, Node: name, Role: "l7d", Blacklists: fl.Versions, Logger: slog.New(slog.DiscardHandler),
+	a, err = agent.New(agent.Config{Store: f.st, Node: name, Role: "l7d", Blacklists: fl.Versions,
+		BlacklistHits: fl.Hits, HitsInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
 		Apply: func(context.Context, *model.Snapshot, int64) error { return nil }})
 	mu.Unlock()
 	if err != nil {
@@ -106,9 +108,25 @@ func TestBlacklistCommands(t *testing.T) {
 	if !l.Contains(netip.MustParseAddr("198.51.100.7")) || l.Contains(netip.MustParseAddr("203.0.113.1")) || !l.Contains(netip.MustParseAddr("203.0.113.201")) {
 		t.Fatal("the node does not enforce what was added and removed")
 	}
+	// Hits the node counted: in its row and the list's total.
+	l.Hit(blacklist.SourcePacket)
+	l.Hit(blacklist.SourceHeader)
+	for deadline := time.Now().Add(10 * time.Second); info.Hits != 2 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		r = as(risk, "blacklist", "show", "global", "-o", "json")
+		if err := json.Unmarshal([]byte(r.stdout), &info); err != nil {
+			t.Fatalf("show -o json: %d %s %s", r.code, r.stdout, r.stderr)
+		}
+	}
+	if info.Hits != 2 || len(info.Nodes) != 1 || info.Nodes[0].Hits != 2 {
+		t.Fatalf("show's hits: %+v", info)
+	}
 	r = as(risk, "blacklist", "show", "global")
 	if r.code != 0 || !strings.Contains(r.stdout, "l7-a") || !strings.Contains(r.stdout, "applied") || !strings.Contains(r.stdout, "1/1") {
 		t.Fatalf("show:\n%s%s", r.stdout, r.stderr)
+	}
+	if fs := strings.Fields(lineWith(r.stdout, "l7-a")); len(fs) != 5 || fs[4] != "2" || !strings.Contains(r.stdout, "HITS") {
+		t.Fatalf("show: the node's row %q has no hits column of 2:\n%s", fs, r.stdout)
 	}
 
 	file := f.file(t, "list.txt", "192.0.2.1\n192.0.2.2 ttl=1h\n# a comment\n2001:db8::/48\n")
@@ -172,4 +190,14 @@ func TestNoServerImports(t *testing.T) {
 			t.Errorf("tgctl imports %s", imp)
 		}
 	}
+}
+
+// lineWith is the first line of s holding sub.
+func lineWith(s, sub string) string {
+	for line := range strings.Lines(s) {
+		if strings.Contains(line, sub) {
+			return line
+		}
+	}
+	return ""
 }

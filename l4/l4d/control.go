@@ -51,8 +51,9 @@ func (d *Daemon) startControl(ctx context.Context) (stop func(), err error) {
 		return nil, fmt.Errorf("control: %w", err)
 	}
 	var versions func() map[string]int64
+	var hits func() map[string]uint64
 	if fol != nil {
-		versions = fol.Versions
+		versions, hits = fol.Versions, fol.Hits
 	}
 	a, err := agent.New(agent.Config{
 		Open:    nc.OpenWith(d.Log),
@@ -61,11 +62,12 @@ func (d *Daemon) startControl(ctx context.Context) (stop func(), err error) {
 		Address: addr,
 		Metrics: addr, // the admin endpoint's /metrics
 
-		Blacklists: versions,
-		CacheFile:  nc.CacheFile,
-		Apply:      d.applyControl,
-		Logger:     d.Log,
-		Registerer: d.Reg,
+		Blacklists:    versions,
+		BlacklistHits: hits,
+		CacheFile:     nc.CacheFile,
+		Apply:         d.applyControl,
+		Logger:        d.Log,
+		Registerer:    d.Reg,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("control: %w", err)

@@ -295,17 +295,18 @@ func (d *Daemon) runAgent(ctx context.Context, cfg *FileConfig) (stop func(), er
 	}
 	d.blsync = sl
 	a, err := agent.New(agent.Config{
-		Open:         nc.OpenWith(d.Log.With("component", "store")),
-		Node:         nc.Node,
-		Role:         Role,
-		Address:      addr, // the admin endpoint's, none when it is off
-		Metrics:      addr,
-		Certificates: d.certificatesInUse,
-		Blacklists:   sl.versions,
-		CacheFile:    nc.CacheFile,
-		Apply:        d.applySnapshot,
-		Logger:       d.Log,
-		Registerer:   d.Reg,
+		Open:          nc.OpenWith(d.Log.With("component", "store")),
+		Node:          nc.Node,
+		Role:          Role,
+		Address:       addr, // the admin endpoint's, none when it is off
+		Metrics:       addr,
+		Certificates:  d.certificatesInUse,
+		Blacklists:    sl.versions,
+		BlacklistHits: sl.f.Hits,
+		CacheFile:     nc.CacheFile,
+		Apply:         d.applySnapshot,
+		Logger:        d.Log,
+		Registerer:    d.Reg,
 	})
 	if err != nil {
 		return nil, err
