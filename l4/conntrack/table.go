@@ -45,7 +45,7 @@ type entry struct {
 	key    Key    // 20 bytes
 	member uint16 // member ID the flow is scheduled to
 	state  State  // 0 when free
-	_      uint8
+	flags  uint8  // flagSent, flagSynced (session sync)
 	expire uint32 // alive while now ≤ expire (modulo 2^32)
 	prev   uint32 // timeout list links (circular, through a sentinel)
 	next   uint32 // also the free-list link
@@ -84,6 +84,10 @@ type Table struct {
 
 	stats Stats
 	sink  uint32 // written by Prefetch so that its loads are not optimised away
+
+	// events, when EnableEvents made it, records state changes and deletions for
+	// session sync (sync.go); nil otherwise.
+	events *eventRing
 }
 
 // New makes a table holding up to cfg.Capacity entries, allocating all its memory.
@@ -253,6 +257,9 @@ func (t *Table) LookupTCP(k *Key, hash uint64, flags uint8, now uint32) (member 
 	}
 	if ns := nextState(e.state, flags); ns != e.state {
 		t.refile(i, ns, now)
+		if t.events != nil {
+			t.note(i, hash, false)
+		}
 	} else {
 		t.touch(i, now)
 	}
@@ -320,6 +327,9 @@ func (t *Table) LookupReply(k *Key, hash uint64, confirmed State, now uint32) (m
 		if confirmed == StateEstablished || confirmed == StateUDP {
 			t.refile(i, confirmed, now)
 			t.stats.Confirmed++
+			if t.events != nil {
+				t.note(i, hash, false)
+			}
 		}
 	default:
 		t.touch(i, now)
@@ -389,6 +399,7 @@ func (t *Table) Insert(k *Key, hash uint64, member uint16, st State, now uint32)
 	e.key = *k
 	e.member = member
 	e.state = st
+	e.flags = 0
 	e.expire = now + t.timeouts[st]
 	b := hash & t.mask
 	head, link := t.buckets[b], i|tagOf(hash)
@@ -432,6 +443,9 @@ func (t *Table) Delete(k *Key, hash uint64) bool {
 	i, link, plink := t.find(k, hash)
 	if i == 0 {
 		return false
+	}
+	if t.events != nil && t.entries[i].flags != 0 {
+		t.note(i, hash, true)
 	}
 	t.unlink(i, link, plink)
 	t.release(i)

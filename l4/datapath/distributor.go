@@ -64,6 +64,8 @@ type Distributor struct {
 	// bl is the blacklists in force (SetBlacklists), nil for none; the workers
 	// read it for every packet to a VIP.
 	bl atomic.Pointer[[]*blacklist.List]
+	// sync is session sync's shared state (sync.go), nil when off.
+	sync *syncShared
 
 	ctlFrames  chan ctlFrame // from workers to the control goroutine
 	ctlTx      chan ctlFrame // from the control goroutine to worker 0, to transmit

@@ -85,6 +85,8 @@ type worker struct {
 
 	c   counters // written only by this worker
 	pub *published
+
+	sync *workerSync // session sync (sync.go); nil when off
 }
 
 // tokenBucket limits a rate on the worker's nanosecond clock: a token every interval,
@@ -183,6 +185,9 @@ func (w *worker) run(stop *atomic.Bool, idleSleep time.Duration) {
 			n += w.poll(w.int, vInt)
 		}
 		w.table.Expire(w.now, 64)
+		if w.sync != nil {
+			n += w.syncStep()
+		}
 		w.blSync()
 		if w.blSweep != 0 {
 			// A sweep under way is work: an idle worker does not sleep between steps.
