@@ -1,0 +1,481 @@
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"os"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	api "github.com/osrg/gobgp/v3/api"
+	"github.com/osrg/gobgp/v3/pkg/server"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/tiergate/tiergate/internal/config"
+)
+
+// Reasons a VIP is withdrawn, as Status, GET /bgp and the metrics' reason label give
+// them. A gate of l4d's (warm-up) gives its own name.
+const (
+	ReasonDrain           = "drain"             // POST /drain: the operator took the LD out
+	ReasonShutdown        = "shutdown"          // SIGTERM or SIGINT: l4d is stopping
+	ReasonDatapathStopped = "datapath_stopped"  // the datapath is not running
+	ReasonPortsDown       = "ports_down"        // a port's link is down
+	ReasonNoHealthyMember = "no_healthy_member" // none of the VIP's rules has a member up and not drained
+	ReasonRemoved         = "removed"           // the VIP is no longer in any rule
+	ReasonNotStarted      = "not_started"       // the speaker has not started or has stopped
+)
+
+// Options are what a Speaker gets from its daemon.
+type Options struct {
+	// Logger receives the speaker's and gobgp's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Registerer, when set, gets the tiergate_l4_bgp_* metrics.
+	Registerer prometheus.Registerer
+}
+
+// Speaker is a BGP speaker announcing VIPs. Its methods may be called from any
+// goroutine.
+type Speaker struct {
+	cfg       Config
+	log       *slog.Logger
+	passwords []string // by peer index
+
+	mu      sync.Mutex
+	srv     *server.BgpServer // nil before Start and after Stop
+	started time.Time
+	vips    map[netip.Addr]*vipState
+	// counters, under mu
+	announcements uint64
+	withdrawals   map[string]uint64 // by reason
+}
+
+// vipState is one VIP: announced (with the path's gobgp UUID) or withdrawn, why, and
+// since when.
+type vipState struct {
+	announced bool
+	uuid      []byte
+	reason    string
+	since     time.Time
+}
+
+// New returns a speaker for cfg, whose defaults must be filled in and which must be
+// valid (Defaults, Validate); it reads the peers' password files. Nothing is
+// announced until Start and Set.
+func New(cfg Config, opts Options) (*Speaker, error) {
+	s := &Speaker{cfg: cfg, log: opts.Logger, vips: map[netip.Addr]*vipState{}, withdrawals: map[string]uint64{}}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	for i, p := range cfg.Peers {
+		pw := ""
+		if p.PasswordFile != "" {
+			data, err := os.ReadFile(p.PasswordFile)
+			if err != nil {
+				return nil, &config.FieldError{Path: config.Index("peers", i) + ".password_file", Err: fmt.Errorf("reading the TCP MD5 key: %w", err)}
+			}
+			pw = strings.TrimSpace(string(data))
+			if len(pw) == 0 || len(pw) > 80 {
+				return nil, &config.FieldError{Path: config.Index("peers", i) + ".password_file",
+					Err: fmt.Errorf("%s holds a key of %d bytes: want 1..80 (TCP_MD5SIG_MAXKEYLEN)", p.PasswordFile, len(pw))}
+			}
+		}
+		s.passwords = append(s.passwords, pw)
+		if (pw != "" || p.TTLSecurity) && !plainTCP() {
+			return nil, &config.FieldError{Path: config.Index("peers", i), Err: errors.New(
+				"TCP MD5 and TTL security need plain TCP listeners, and this program listens with MPTCP (Go's default): build it with //go:debug multipathtcp=0 (cmd/l4d is) or run it with GODEBUG=multipathtcp=0")}
+		}
+	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(&collector{s: s}); err != nil {
+			return nil, fmt.Errorf("registering the BGP metrics: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// plainTCP reports whether the program's listeners are plain TCP: GODEBUG, or the
+// binary's default of it, says multipathtcp=0 (or 3, MPTCP for dialing only).
+func plainTCP() bool {
+	setting := ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, kv := range bi.Settings {
+			if kv.Key == "DefaultGODEBUG" {
+				setting = godebugValue(kv.Value, setting)
+			}
+		}
+	}
+	setting = godebugValue(os.Getenv("GODEBUG"), setting)
+	return setting == "0" || setting == "3"
+}
+
+// godebugValue returns the last multipathtcp value in the GODEBUG list s, or def.
+func godebugValue(s, def string) string {
+	for kv := range strings.SplitSeq(s, ",") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(kv), "multipathtcp="); ok {
+			def = v
+		}
+	}
+	return def
+}
+
+// Config returns the speaker's configuration.
+func (s *Speaker) Config() Config { return s.cfg }
+
+// Start starts the BGP server, listening on ListenPort, and adds the peers; it
+// connects out to them in the background and announces what Set says.
+func (s *Speaker) Start(ctx context.Context) error {
+	srv := server.NewBgpServer(server.LoggerOption(newLogger(s.log)))
+	go srv.Serve()
+	listen := make([]string, 0, len(s.cfg.ListenAddresses))
+	for _, a := range s.cfg.ListenAddresses {
+		listen = append(listen, a.String())
+	}
+	if err := srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
+		Asn:             s.cfg.ASN,
+		RouterId:        s.cfg.RouterID.String(),
+		ListenPort:      s.cfg.ListenPort,
+		ListenAddresses: listen,
+	}}); err != nil {
+		srv.Stop()
+		return fmt.Errorf("starting the BGP speaker (AS %d, port %d): %w", s.cfg.ASN, s.cfg.ListenPort, err)
+	}
+	for i, p := range s.cfg.Peers {
+		if err := srv.AddPeer(ctx, &api.AddPeerRequest{Peer: s.peer(i, p)}); err != nil {
+			_ = srv.StopBgp(context.WithoutCancel(ctx), &api.StopBgpRequest{})
+			srv.Stop()
+			return fmt.Errorf("adding BGP peer %v (AS %d): %w", p.Address, p.AS, err)
+		}
+	}
+	s.mu.Lock()
+	s.srv, s.started = srv, time.Now()
+	// What Set asked before Start is announced now.
+	var errs []error
+	for _, vip := range slices.SortedFunc(maps.Keys(s.vips), netip.Addr.Compare) {
+		if st := s.vips[vip]; st.announced && st.uuid == nil {
+			if err := s.addLocked(ctx, vip, st); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	s.mu.Unlock()
+	s.log.Info("BGP speaker started", "asn", s.cfg.ASN, "router_id", s.cfg.RouterID, "listen_port", s.cfg.ListenPort, "peers", len(s.cfg.Peers))
+	return errors.Join(errs...)
+}
+
+// peer is the gobgp configuration of peer i.
+func (s *Speaker) peer(i int, p PeerConfig) *api.Peer {
+	sec := func(d config.Duration) uint64 { return uint64(d.D() / time.Second) }
+	ap := &api.Peer{
+		Conf: &api.PeerConf{
+			NeighborAddress: p.Address.String(),
+			PeerAsn:         p.AS,
+			AuthPassword:    s.passwords[i],
+		},
+		Timers: &api.Timers{Config: &api.TimersConfig{
+			HoldTime:          sec(p.HoldTime),
+			KeepaliveInterval: sec(p.KeepaliveInterval),
+			ConnectRetry:      sec(p.ConnectRetry),
+			// A session reset is retried after a second, not gobgp's default 30.
+			IdleHoldTimeAfterReset: 1,
+		}},
+		Transport: &api.Transport{
+			RemotePort:  uint32(p.Port),
+			PassiveMode: p.Passive,
+		},
+	}
+	if p.LocalAddress.IsValid() {
+		ap.Transport.LocalAddress = p.LocalAddress.String()
+	}
+	if p.TTLSecurity {
+		ap.TtlSecurity = &api.TtlSecurity{Enabled: true, TtlMin: uint32(256 - p.TTLHops)}
+	}
+	for _, fam := range s.families() {
+		ap.AfiSafis = append(ap.AfiSafis, &api.AfiSafi{Config: &api.AfiSafiConfig{Family: fam, Enabled: true}})
+	}
+	return ap
+}
+
+var (
+	familyIPv4 = &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
+	familyIPv6 = &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}
+)
+
+// families are the address families the speaker announces: those it has a next hop
+// of.
+func (s *Speaker) families() []*api.Family {
+	var f []*api.Family
+	if s.cfg.NextHop.IsValid() {
+		f = append(f, familyIPv4)
+	}
+	if s.cfg.NextHop6.IsValid() {
+		f = append(f, familyIPv6)
+	}
+	return f
+}
+
+// Set makes the announced VIPs what want says: a VIP whose reason is "" is
+// announced, one with a reason is withdrawn for it, and a VIP Set announced or
+// withdrew before that is not in want is withdrawn and forgotten (ReasonRemoved).
+// Only changes reach the peers. A VIP of a family the speaker has no next hop of is
+// refused in the error, and the others are still set.
+func (s *Speaker) Set(ctx context.Context, want map[netip.Addr]string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, vip := range slices.SortedFunc(maps.Keys(s.vips), netip.Addr.Compare) {
+		if _, ok := want[vip]; !ok {
+			if err := s.setLocked(ctx, vip, ReasonRemoved); err != nil {
+				errs = append(errs, err)
+			}
+			delete(s.vips, vip)
+		}
+	}
+	for _, vip := range slices.SortedFunc(maps.Keys(want), netip.Addr.Compare) {
+		if err := s.setLocked(ctx, vip, want[vip]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// WithdrawAll withdraws every VIP for reason (not "").
+func (s *Speaker) WithdrawAll(ctx context.Context, reason string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, vip := range slices.SortedFunc(maps.Keys(s.vips), netip.Addr.Compare) {
+		if err := s.setLocked(ctx, vip, reason); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// setLocked announces vip (reason "") or withdraws it for reason.
+func (s *Speaker) setLocked(ctx context.Context, vip netip.Addr, reason string) error {
+	vip = vip.Unmap()
+	if (vip.Is4() && !s.cfg.NextHop.IsValid()) || (vip.Is6() && !s.cfg.NextHop6.IsValid()) {
+		return fmt.Errorf("announcing VIP %v: no next hop of its family (set bgp.next_hop or next_hop6)", vip)
+	}
+	st, ok := s.vips[vip]
+	if !ok {
+		st = &vipState{reason: ReasonNotStarted, since: time.Now()}
+		s.vips[vip] = st
+	}
+	if reason == "" {
+		if st.announced {
+			return nil
+		}
+		st.announced, st.reason, st.since = true, "", time.Now()
+		s.announcements++
+		s.log.Info("announcing VIP", "vip", vip)
+		if s.srv == nil {
+			return nil // Start announces it
+		}
+		return s.addLocked(ctx, vip, st)
+	}
+	if !st.announced {
+		if st.reason != reason {
+			st.reason = reason // still withdrawn, now for this reason
+		}
+		return nil
+	}
+	st.announced, st.reason, st.since = false, reason, time.Now()
+	s.withdrawals[reason]++
+	s.log.Info("withdrawing VIP", "vip", vip, "reason", reason)
+	if st.uuid == nil || s.srv == nil {
+		st.uuid = nil
+		return nil
+	}
+	uuid := st.uuid
+	st.uuid = nil
+	if err := s.srv.DeletePath(ctx, &api.DeletePathRequest{TableType: api.TableType_GLOBAL, Uuid: uuid}); err != nil {
+		return fmt.Errorf("withdrawing VIP %v: %w", vip, err)
+	}
+	return nil
+}
+
+// addLocked adds vip's path to the global table, which the peers are sent.
+func (s *Speaker) addLocked(ctx context.Context, vip netip.Addr, st *vipState) error {
+	path, err := s.path(vip)
+	if err != nil {
+		return err
+	}
+	res, err := s.srv.AddPath(ctx, &api.AddPathRequest{TableType: api.TableType_GLOBAL, Path: path})
+	if err != nil {
+		return fmt.Errorf("announcing VIP %v: %w", vip, err)
+	}
+	st.uuid = res.Uuid
+	return nil
+}
+
+// path is vip's host route with the LD's next hop, origin IGP.
+func (s *Speaker) path(vip netip.Addr) (*api.Path, error) {
+	nlri, err := anypb.New(&api.IPAddressPrefix{Prefix: vip.String(), PrefixLen: uint32(vip.BitLen())})
+	if err != nil {
+		return nil, err
+	}
+	origin, err := anypb.New(&api.OriginAttribute{Origin: 0})
+	if err != nil {
+		return nil, err
+	}
+	if vip.Is4() {
+		nh, err := anypb.New(&api.NextHopAttribute{NextHop: s.cfg.NextHop.String()})
+		if err != nil {
+			return nil, err
+		}
+		return &api.Path{Family: familyIPv4, Nlri: nlri, Pattrs: []*anypb.Any{origin, nh}}, nil
+	}
+	mp, err := anypb.New(&api.MpReachNLRIAttribute{Family: familyIPv6, NextHops: []string{s.cfg.NextHop6.String()}, Nlris: []*anypb.Any{nlri}})
+	if err != nil {
+		return nil, err
+	}
+	return &api.Path{Family: familyIPv6, Nlri: nlri, Pattrs: []*anypb.Any{origin, mp}}, nil
+}
+
+// Stop closes the sessions (a Cease notification to each established peer, which
+// withdraws everything the speaker announced) and stops the server. The VIPs are
+// reported withdrawn for ReasonNotStarted, unless withdrawn already.
+func (s *Speaker) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	srv := s.srv
+	s.srv = nil
+	for _, st := range s.vips {
+		if st.announced {
+			st.announced, st.reason, st.since = false, ReasonNotStarted, time.Now()
+			s.withdrawals[ReasonNotStarted]++
+		}
+		st.uuid = nil
+	}
+	s.mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	err := srv.StopBgp(ctx, &api.StopBgpRequest{})
+	srv.Stop()
+	if err != nil {
+		return fmt.Errorf("stopping the BGP speaker: %w", err)
+	}
+	s.log.Info("BGP speaker stopped")
+	return nil
+}
+
+// Status is the speaker's view: its sessions and its VIPs.
+type Status struct {
+	ASN      uint32 `json:"asn"`
+	RouterID string `json:"router_id"`
+	// Running is true between Start and Stop.
+	Running bool         `json:"running"`
+	Peers   []PeerStatus `json:"peers"`
+	VIPs    []VIPStatus  `json:"vips"`
+	// Announced and Withdrawn count the VIPs in each state now.
+	Announced int `json:"announced"`
+	Withdrawn int `json:"withdrawn"`
+	// Announcements counts the VIPs announced since start, Withdrawals those
+	// withdrawn, by reason.
+	Announcements uint64            `json:"announcements"`
+	Withdrawals   map[string]uint64 `json:"withdrawals"`
+}
+
+// PeerStatus is one session.
+type PeerStatus struct {
+	Address string `json:"address"`
+	AS      uint32 `json:"as"`
+	// State is the session's FSM state: idle, connect, active, opensent,
+	// openconfirm or established.
+	State string `json:"state"`
+	// Since is when the session was established (when it is) or went down.
+	Since time.Time `json:"since,omitzero"`
+	// UptimeSeconds is how long it has been established; 0 when it is not.
+	UptimeSeconds float64 `json:"uptime_seconds"`
+	// HoldTime is the negotiated hold time in seconds, when established.
+	HoldTime uint64 `json:"hold_time,omitempty"`
+	// Advertised counts the prefixes sent to the peer and in force there.
+	Advertised uint64 `json:"advertised"`
+	// Flaps counts the times the session went down after having been established.
+	Flaps uint32 `json:"flaps"`
+}
+
+// VIPStatus is one VIP.
+type VIPStatus struct {
+	VIP       string    `json:"vip"`
+	Announced bool      `json:"announced"`
+	Reason    string    `json:"reason,omitempty"` // why it is withdrawn
+	Since     time.Time `json:"since"`
+}
+
+// Status returns the speaker's sessions and VIPs.
+func (s *Speaker) Status(ctx context.Context) Status {
+	s.mu.Lock()
+	st := Status{ASN: s.cfg.ASN, RouterID: s.cfg.RouterID.String(), Running: s.srv != nil,
+		Announcements: s.announcements, Withdrawals: maps.Clone(s.withdrawals), VIPs: []VIPStatus{}}
+	for _, vip := range slices.SortedFunc(maps.Keys(s.vips), netip.Addr.Compare) {
+		v := s.vips[vip]
+		st.VIPs = append(st.VIPs, VIPStatus{VIP: vip.String(), Announced: v.announced, Reason: v.reason, Since: v.since})
+		if v.announced {
+			st.Announced++
+		} else {
+			st.Withdrawn++
+		}
+	}
+	srv := s.srv
+	s.mu.Unlock()
+	st.Peers = s.peers(ctx, srv)
+	return st
+}
+
+// peers reports the sessions, in the configuration's order; without a server, every
+// one idle.
+func (s *Speaker) peers(ctx context.Context, srv *server.BgpServer) []PeerStatus {
+	byAddr := map[string]*api.Peer{}
+	if srv != nil {
+		_ = srv.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
+			if p.Conf != nil {
+				byAddr[p.Conf.NeighborAddress] = p
+			}
+		})
+	}
+	out := make([]PeerStatus, 0, len(s.cfg.Peers))
+	now := time.Now()
+	for _, pc := range s.cfg.Peers {
+		ps := PeerStatus{Address: pc.Address.String(), AS: pc.AS, State: "idle"}
+		if p := byAddr[ps.Address]; p != nil {
+			if p.State != nil {
+				ps.State = strings.ToLower(p.State.SessionState.String())
+				if ps.State == "unknown" {
+					ps.State = "idle"
+				}
+				ps.Flaps = p.State.Flops
+			}
+			established := ps.State == "established"
+			if t := p.Timers; t != nil && t.State != nil {
+				if established && t.State.Uptime != nil {
+					ps.Since = t.State.Uptime.AsTime()
+					ps.UptimeSeconds = now.Sub(ps.Since).Seconds()
+					ps.HoldTime = t.State.NegotiatedHoldTime
+				} else if !established && t.State.Downtime != nil && t.State.Downtime.AsTime().Unix() > 0 {
+					ps.Since = t.State.Downtime.AsTime()
+				}
+			}
+			for _, af := range p.AfiSafis {
+				if af.State != nil {
+					ps.Advertised += af.State.Advertised
+				}
+			}
+		}
+		out = append(out, ps)
+	}
+	return out
+}
+
+// SessionStates are the states a session reports, in FSM order.
+var SessionStates = []string{"idle", "connect", "active", "opensent", "openconfirm", "established"}
