@@ -237,10 +237,10 @@ type peer struct {
 
 // Syncer sends this LD's long connections to its peers and installs theirs.
 type Syncer struct {
-	cfg   Config
-	dp    Datapath
-	opts  Options
-	log   *slog.Logger
+	cfg    Config
+	dp     Datapath
+	opts   Options
+	log    *slog.Logger
 	peers  []*peer
 	byAddr map[netip.AddrPort]*peer
 	runs   atomic.Bool
