@@ -13,19 +13,21 @@
 //   - push: real processes from -bin (make build), started by testkit/cluster:
 //     controld on its embedded etcd, two keyserverd and two l7d fed only by
 //     controld; and -agents simulated nodes in this process, each the real
-//     blsync.Follower with a store client of its own, a disk cache of its own and a
-//     policy/blacklist List it swaps the list into, as l7d's and l4d's followers
-//     do. A list of -entries random IPv4 addresses (the binary format) is pushed
-//     with PUT /v1/blacklists/global; push_10m_to_applied_s is from the request
-//     sent to the last node (l7d or agent) enforcing its version. The store's
-//     size for it is the embedded etcd's database in use after the push less
-//     before (store_mib_10m).
-//     Each simulated node holds the list and, while it applies a delta, the
-//     list being built: some 75 bytes an entry at its peak (715 MiB for 10M), so
-//     a hundred of them need some 70 GiB. The benchmark runs as many as
-//     fit in -agent-memory of the memory available at its start (/proc/meminfo's
-//     MemAvailable) and says so in the table and the JSON line (agents_asked,
-//     agents); it never lets them push the machine into its OOM killer.
+//     blsync.Follower with a store client of its own, fetching what a node fetches
+//     (the manifest, the chunks the watch did not deliver, the deltas) and
+//     checking it (each chunk's size and SHA-256, each delta decoded), then
+//     reporting the version it would enforce, but building no lookup table
+//     (blsync.FollowerConfig.VerifyOnly): a node's table of a 10M list takes some
+//     715 MiB, a hundred would not fit in the machine, and the two l7d build
+//     theirs. A list of -entries random IPv4 addresses (the binary format) is
+//     pushed with PUT /v1/blacklists/global; push_10m_to_applied_s is from the
+//     request sent to the last node (l7d or agent) enforcing its version. The
+//     store's size for it is the embedded etcd's database in use after the push
+//     less before (store_mib_10m). The simulated nodes run when they fit in
+//     -agent-memory of the memory available at its start (/proc/meminfo's
+//     MemAvailable; a few bytes an entry each), else as many as fit, said in the
+//     table and the JSON line (agents_asked, agents); the process's peak
+//     resident memory is reported (rss_peak_mib).
 //   - delta: -deltas deltas of -delta-entries random IPv4 addresses (NDJSON, an
 //     hour's expiry), each with POST /v1/blacklists/global/delta once the one
 //     before was applied everywhere, timed from the request to the last node
@@ -62,7 +64,6 @@ type options struct {
 	agents       int
 	deltas       int
 	deltaEntries int
-	agentCache   bool
 	agentMemory  float64
 	skipL4       bool
 	l4Args       string
@@ -78,10 +79,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.bin, "bin", "bin", "`directory` holding controld, keyserverd and l7d (make build)")
 	fs.IntVar(&o.entries, "entries", 10_000_000, "IPv4 entries of the list pushed whole")
-	fs.IntVar(&o.agents, "agents", 100, "simulated nodes (blsync.Follower, each with its own store client) beside the two l7d")
+	fs.IntVar(&o.agents, "agents", 100, "simulated nodes (blsync.Follower verifying only, each with its own store client) beside the two l7d")
 	fs.IntVar(&o.deltas, "deltas", 20, "deltas pushed one after the other, each once the one before was applied everywhere")
 	fs.IntVar(&o.deltaEntries, "delta-entries", 10_000, "IPv4 addresses added by each delta")
-	fs.BoolVar(&o.agentCache, "agent-cache", true, "each simulated node keeps the lists on disk, as l7d and l4d do")
 	fs.Float64Var(&o.agentMemory, "agent-memory", 0.6, "share of the memory available at start the simulated nodes may take (fewer run when -agents would take more)")
 	fs.BoolVar(&o.skipL4, "skip-l4", false, "skip the l4 phase (go run ./bench/l4)")
 	fs.StringVar(&o.l4Args, "l4-args", "-table 1000 -skip-veth", "flags of go run ./bench/l4 for the l4 phase (space-separated)")

@@ -52,7 +52,10 @@ type summary struct {
 	Deltas       int    `json:"deltas"`
 	DeltaEntries int    `json:"delta_entries"`
 	CPUs         int    `json:"cpus"`
-	L4Source     string `json:"l4_source,omitempty"`
+	// RSSPeakMiB is the benchmark process's peak resident memory (the simulated
+	// nodes and the pushed list).
+	RSSPeakMiB float64 `json:"rss_peak_mib"`
+	L4Source   string  `json:"l4_source,omitempty"`
 
 	Targets map[string]*bool `json:"targets_met"`
 }
@@ -102,7 +105,7 @@ func met(b *bool) string {
 // write prints the table and the JSON line.
 func (r *report) write(w io.Writer) {
 	o := r.opts
-	s := summary{Entries: o.entries, AgentsAsked: o.agents, Agents: r.agentsRun, AgentsNote: r.agentFitNote, Deltas: o.deltas, DeltaEntries: o.deltaEntries, CPUs: runtime.NumCPU(),
+	s := summary{Entries: o.entries, AgentsAsked: o.agents, Agents: r.agentsRun, AgentsNote: r.agentFitNote, Deltas: o.deltas, DeltaEntries: o.deltaEntries, CPUs: runtime.NumCPU(), RSSPeakMiB: r.peakRSSMiB,
 		L4Ratio: r.l4Ratio, L4Source: r.l4Source, ListMiB: float64(r.listBytes) / (1 << 20), L7d: len(r.l7Applied)}
 	if r.lastApplied > 0 {
 		s.PushToAppliedS = secs(r.lastApplied)
@@ -140,7 +143,7 @@ func (r *report) write(w io.Writer) {
 		t.Row(fmt.Sprintf("  l7d %d applied", i+1), fmt.Sprintf("%.2f s", d), "", "", "its status (GET /v1/blacklists/global, polled every 20ms)")
 	}
 	t.Row("  simulated first / last", fmtOr(s.PushAgentsFirstS, "%.2f s")+" / "+fmtOr(s.PushAgentsLastS, "%.2f s"), "", "",
-		fmt.Sprintf("blsync.Follower's Changed, %d in this process", r.agentsRun))
+		fmt.Sprintf("blsync.Follower's Changed, %d in this process verifying only (peak RSS %.0f MiB)", r.agentsRun, r.peakRSSMiB))
 	t.Row("delta_10k_p99_ms", fmtOr(s.DeltaP99Ms, "%.0f ms"), fmt.Sprintf("≤ %.0f ms", targetDeltaP99Ms), met(s.Targets["delta_10k_p99_ms"]),
 		fmt.Sprintf("POST …/delta sent → last node enforcing it, %d deltas", len(r.deltaLat)))
 	t.Row("  p50", fmtOr(s.DeltaP50Ms, "%.0f ms"), "", "", "")

@@ -15,7 +15,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -66,12 +65,14 @@ type report struct {
 	agentsRun      int
 	memAvailable   int64 // bytes, at the start of the push phase
 	agentFitNote   string
+	peakRSSMiB     float64 // this process's (VmHWM), at the end
 }
 
-// agentPeakBytesPerEntry is a simulated node's memory at its peak (a delta's
-// list built beside the one in force), per entry of the list: 715 MiB for 10M,
-// measured (the process's peak less the pushed list's, over 27 nodes).
-const agentPeakBytesPerEntry = 75
+// agentPeakBytesPerEntry bounds a simulated node's memory at its peak, per entry
+// of the list: it holds no table (blsync's VerifyOnly), but the chunks the watch
+// delivered (some 2.2 bytes an entry) until their manifest comes, and the store
+// client's buffers.
+const agentPeakBytesPerEntry = 4
 
 // fitAgents returns how many of o.agents simulated nodes fit in o.agentMemory of
 // the memory available now, less what this process takes for the list it pushes
@@ -96,21 +97,24 @@ func fitAgents(o options, r *report) int {
 }
 
 // memAvailable reads MemAvailable from /proc/meminfo, in bytes.
-func memAvailable() (int64, error) {
-	data, err := os.ReadFile("/proc/meminfo")
+func memAvailable() (int64, error) { return procKB("/proc/meminfo", "MemAvailable:") }
+
+// procKB reads a field given in kB from a /proc file, in bytes.
+func procKB(file, field string) (int64, error) {
+	data, err := os.ReadFile(file)
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+		if rest, ok := strings.CutPrefix(line, field); ok {
 			var kb int64
 			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err != nil {
-				return 0, fmt.Errorf("/proc/meminfo: %q: %w", line, err)
+				return 0, fmt.Errorf("%s: %q: %w", file, line, err)
 			}
 			return kb << 10, nil
 		}
 	}
-	return 0, fmt.Errorf("/proc/meminfo has no MemAvailable")
+	return 0, fmt.Errorf("%s has no %s", file, field)
 }
 
 func (r *report) fail(format string, args ...any) {
@@ -135,6 +139,9 @@ func run(ctx context.Context, o options) error {
 		if err := r.runCluster(ctx); err != nil {
 			r.fail("push: %v", err)
 		}
+	}
+	if peak, err := procKB("/proc/self/status", "VmHWM:"); err == nil {
+		r.peakRSSMiB = float64(peak) / (1 << 20)
 	}
 	r.write(o.out)
 	if len(r.failures) > 0 {
@@ -175,7 +182,10 @@ func (r *report) runL4(ctx context.Context) error {
 	return nil
 }
 
-// agent is a simulated node: the real Follower on a store client of its own.
+// agent is a simulated node: the real Follower on a store client of its own,
+// fetching and checking each version as a node does (manifest, chunks and their
+// SHA-256, deltas) and reporting the version it would enforce, with no table
+// built (blsync.FollowerConfig.VerifyOnly): the two l7d build theirs.
 type agent struct {
 	f       *blsync.Follower
 	list    *blacklist.List
@@ -247,7 +257,7 @@ func (r *report) runCluster(ctx context.Context) error {
 	r.clusterStartup = time.Since(start)
 
 	r.agentsRun = fitAgents(o, r)
-	r.progress("%d simulated nodes (blsync.Follower, a store client each)", r.agentsRun)
+	r.progress("%d simulated nodes (blsync.Follower verifying only, a store client each)", r.agentsRun)
 	actx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -258,15 +268,11 @@ func (r *report) runCluster(ctx context.Context) error {
 	agents := make([]*agent, r.agentsRun)
 	for i := range agents {
 		a := &agent{list: blacklist.NewList(listName, blacklist.Options{}), applied: map[int64]time.Time{}}
-		cacheDir := ""
-		if o.agentCache {
-			cacheDir = filepath.Join(dir, "agents", fmt.Sprint(i))
-		}
 		a.f, err = blsync.NewFollower(blsync.FollowerConfig{
 			Open: func(ctx context.Context) (*store.Store, error) {
 				return store.Open(ctx, store.Config{Endpoints: []string{c.StoreEndpoint}, DialTimeout: config.Duration(2 * time.Second), Logger: quiet})
 			},
-			Dir: cacheDir,
+			VerifyOnly: true,
 			List: func(name string) *blacklist.List {
 				if name == listName {
 					return a.list

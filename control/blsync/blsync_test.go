@@ -615,3 +615,58 @@ func TestFollowerHits(t *testing.T) {
 		t.Fatalf("Hits after 4: %v", h)
 	}
 }
+
+// TestFollowerVerifyOnly: a verify-only follower reaches each version, by base
+// and by delta, with nothing put in its List nor kept on disk, and refuses a
+// chunk whose bytes are not its hash's, keeping the version before.
+func TestFollowerVerifyOnly(t *testing.T) {
+	st := openStore(t)
+	w := NewWriter(st, WriterConfig{Logger: quiet()})
+	dir := t.TempDir()
+	ls := &listSet{}
+	f, _ := runFollower(t, FollowerConfig{Store: st, Dir: dir, List: ls.get, VerifyOnly: true})
+	if _, err := w.Replace(ctx, "global", randomSet(9, 1_000_000), "a"); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := w.Show(ctx, "global")
+	if len(m.Base.Chunks) < 2 {
+		t.Fatalf("the base is %d chunk(s), want several", len(m.Base.Chunks))
+	}
+	waitVersion(t, f, "global", 1)
+	d := &blacklist.Delta{Add: []blacklist.Entry{{Prefix: netip.MustParsePrefix("203.0.113.9/32")}}}
+	if _, err := w.Delta(ctx, "global", d, "a"); err != nil {
+		t.Fatal(err)
+	}
+	waitVersion(t, f, "global", 2)
+	if n := ls.get("global").Len(); n != 0 {
+		t.Fatalf("a verify-only follower put %d entries in force", n)
+	}
+	if files, _ := os.ReadDir(dir); len(files) != 0 {
+		t.Fatalf("a verify-only follower kept %d files in its Dir", len(files))
+	}
+
+	// A replace whose first chunk is not what its hash says: refused.
+	if _, err := w.Replace(ctx, "global", randomSet(10, 1_000_000), "a"); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = w.Show(ctx, "global")
+	ls2 := &listSet{}
+	key := ChunkKey("global", m.Base.Chunks[0].SHA256)
+	resp, _ := st.Client().Get(ctx, key)
+	bad := append([]byte(nil), resp.Kvs[0].Value...)
+	bad[len(bad)/2] ^= 0x40
+	if _, err := st.Client().Put(ctx, key, string(bad)); err != nil {
+		t.Fatal(err)
+	}
+	f2, _ := runFollower(t, FollowerConfig{Store: st, List: ls2.get, VerifyOnly: true})
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(f2.Errors()["global"], "corrupt") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the corrupt chunk was not reported: errors %v, versions %v", f2.Errors(), f2.Versions())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if v, ok := f2.Versions()["global"]; ok {
+		t.Fatalf("version %d counted in force with a corrupt chunk", v)
+	}
+}

@@ -272,10 +272,18 @@ func estimate(e blacklist.Entry, prev4 *uint32) int {
 	return 32 + exp
 }
 
+// checkChunk checks a chunk's bytes against its reference: size and SHA-256.
+func checkChunk(ref ChunkRef, data []byte) error {
+	if len(data) != ref.Bytes || sum(data) != ref.SHA256 {
+		return fmt.Errorf("chunk %s: %d bytes whose SHA-256 is not the manifest's: %w", ref.SHA256, len(data), ErrCorrupt)
+	}
+	return nil
+}
+
 // decodeChunk checks a chunk's bytes against its reference and decodes them.
 func decodeChunk(ref ChunkRef, data []byte) (*blacklist.Set, error) {
-	if len(data) != ref.Bytes || sum(data) != ref.SHA256 {
-		return nil, fmt.Errorf("chunk %s: %d bytes whose SHA-256 is not the manifest's: %w", ref.SHA256, len(data), ErrCorrupt)
+	if err := checkChunk(ref, data); err != nil {
+		return nil, err
 	}
 	s, err := blacklist.ReadBinary(bytes.NewReader(data))
 	if err != nil {
