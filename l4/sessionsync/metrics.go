@@ -17,7 +17,7 @@ var (
 	descFullSyncSeconds = prometheus.NewDesc("tiergate_l4_sync_full_sync_last_seconds",
 		"How long the last full sync took.", nil, nil)
 	descWarm = prometheus.NewDesc("tiergate_l4_sync_warmed_up",
-		"1 once the warm-up is over (the peers' full syncs arrived or the timeout passed), else 0.", nil, nil)
+		"Whether the warm-up is over: 1 once every peer's full sync arrived or the warm-up timeout passed, else 0.", nil, nil)
 	descQueued = prometheus.NewDesc("tiergate_l4_sync_queued_total",
 		"Entries the workers queued for the peers (emitted), or could not queue for a full ring (dropped; the next full sync repairs them).",
 		[]string{"result"}, nil)
