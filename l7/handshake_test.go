@@ -125,7 +125,9 @@ func TestHandshakeMetrics(t *testing.T) {
 	b := startBackend(t, "b1")
 	cfg := baseConfig(t, b.addr)
 	cfg.Listeners[0].TLS = multiCertTLS(t)
-	cfg.Listeners[0].HandshakeTimeout = config.Duration(400 * time.Millisecond)
+	// Long enough that a handshake the client fails (client alert) is not taken for a
+	// timeout on a loaded machine; the timeout case waits it out once.
+	cfg.Listeners[0].HandshakeTimeout = config.Duration(2 * time.Second)
 	cfg.IsNoCertificate = func(err error) bool { return errors.Is(err, errTestNoCert) }
 	ts := startServer(t, cfg)
 
@@ -177,16 +179,18 @@ func TestHandshakeMetrics(t *testing.T) {
 	}
 
 	t.Run("timeout", func(t *testing.T) {
+		timeouts := map[string]string{"transport": "tcp", "result": "timeout"}
+		before := ts.handshakeCount(t, timeouts)
 		c, err := net.Dial("tcp", ts.addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		if err := readClosed(c, 2*time.Second); err != nil {
+		if err := readClosed(c, 8*time.Second); err != nil {
 			t.Errorf("half-open connection: %v", err)
 		}
 		waitFor(t, "timeout counted", func() bool {
-			return ts.handshakeCount(t, map[string]string{"transport": "tcp", "result": "timeout"}) == 1
+			return ts.handshakeCount(t, timeouts) == before+1
 		})
 	})
 	t.Run("protocol", func(t *testing.T) {
@@ -196,7 +200,7 @@ func TestHandshakeMetrics(t *testing.T) {
 		}
 		defer c.Close()
 		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-		if err := readClosed(c, 2*time.Second); err != nil {
+		if err := readClosed(c, 8*time.Second); err != nil {
 			t.Errorf("plain HTTP on the TLS port: %v", err)
 		}
 		waitFor(t, "protocol counted", func() bool {
