@@ -87,6 +87,9 @@ type configBody struct {
 //	POST   /pools/{pool}/members/{member}/undrain
 //	POST   /reload                              re-read the configuration file (as SIGHUP)
 //	GET    /control                             the control plane's agent: node, revision in force or refused
+//	GET    /bgp                                 BGP sessions, VIPs announced or withdrawn and why (bgp section)
+//	POST   /drain                               withdraw every VIP from the routers (operator drain of the LD)
+//	POST   /undrain                             announce them again
 //
 // Every change builds a whole new configuration and applies it atomically; one the
 // datapath rejects is answered 400 with the reason and changes nothing. With a
@@ -259,6 +262,7 @@ func (d *Daemon) adminHandler() http.Handler {
 			}, nil)
 		})
 	}
+	d.bgpRoutes(handle)
 	return d.Auth.Wrap(mux)
 }
 

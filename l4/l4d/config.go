@@ -16,6 +16,7 @@ import (
 	"github.com/tiergate/tiergate/control/blsync"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
+	"github.com/tiergate/tiergate/l4/bgp"
 	"github.com/tiergate/tiergate/l4/conntrack"
 	"github.com/tiergate/tiergate/l4/datapath"
 	"github.com/tiergate/tiergate/l4/dpdk"
@@ -97,6 +98,17 @@ type FileConfig struct {
 	// so that l4d started while the store is out of reach drops what it dropped
 	// before. Fixed at start. Default <state_dir>/blacklists.
 	BlacklistDir string `yaml:"blacklist_dir" json:"blacklist_dir,omitempty"`
+
+	// BGP, when set, announces the rules' VIPs to the routers (l4/bgp.Config):
+	// asn and peers (address, as, hold_time, password_file, ttl_security, ...) are
+	// required; next_hop and next_hop6 default to ports.external's addresses. A VIP
+	// is announced while the LD can serve it and withdrawn, with the reason in GET
+	// /bgp and tiergate_l4_bgp_*, on POST /drain, SIGTERM (then l4d forwards for
+	// withdraw_delay, default 3s, before it stops), datapath stopped, a port down,
+	// no member up and undrained in any of its rules (withdraw_unhealthy, default
+	// true), or an announce gate closed (warm-up). Fixed at start. Default none: no
+	// BGP.
+	BGP *bgp.Config `yaml:"bgp" json:"bgp,omitempty"`
 
 	// DPDK sets the EAL, the workers and the packet buffers.
 	DPDK DPDKFile `yaml:"dpdk" json:"dpdk"`
@@ -313,6 +325,7 @@ func (c *FileConfig) validate() error {
 			bad(pf.field+".mtu", "%d is outside 576..9600", pf.p.MTU)
 		}
 	}
+	c.validateBGP(&ck)
 	if err := ck.Err(); err != nil {
 		return err
 	}

@@ -72,6 +72,9 @@ type Daemon struct {
 	// control is the control plane's agent and what it applied, with a control
 	// section.
 	control controlState
+
+	// bgp is the BGP speaker and its announce gates, with a bgp section (bgp.go).
+	bgp bgpState
 }
 
 // inForce is the configuration in force as the owner publishes it; neither it nor
@@ -233,13 +236,23 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopControl()
+	stopBGP, err := d.startBGP(ctx)
+	if err != nil {
+		stopControl()
+		d.stop(runDone)
+		return err
+	}
+	defer stopBGP()
 	d.MarkServing()
 	for {
 		select {
 		case <-ctx.Done():
-			d.Lame.Delay = d.current().file.LameDuck.D()
+			// BGP first: the VIPs are withdrawn and l4d forwards for at least
+			// withdraw_delay, while the routers move the traffic away.
+			d.Lame.Delay = max(d.current().file.LameDuck.D(), d.withdrawForStop())
 			d.Log.Info("stopping", "lame_duck", d.Lame.Delay)
 			return d.Lame.Stop(context.Background(), func(context.Context) error {
+				stopBGP()
 				stopControl()
 				return d.stop(runDone)
 			})
@@ -247,6 +260,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			// The datapath stopped by itself: a worker failed to start.
 			d.running.Store(false)
 			runDone = nil
+			stopBGP()
 			stopControl()
 			d.stop(nil)
 			if err == nil {
@@ -389,6 +403,9 @@ func fixedChanges(cur, next *FileConfig) error {
 	}
 	if cur.Conntrack.Capacity != next.Conntrack.Capacity {
 		diff = append(diff, "conntrack.capacity")
+	}
+	if !reflect.DeepEqual(cur.BGP, next.BGP) {
+		diff = append(diff, "bgp")
 	}
 	sort.Strings(diff)
 	return daemon.Restart("l4d", diff)
