@@ -162,11 +162,14 @@ type View struct {
 	// Sent says the entry lived sync_after and was sent; Synced that it was
 	// received from a peer.
 	Sent, Synced bool
+	// MarkSent, set by Walk's fn, marks the entry sent.
+	MarkSent bool
 }
 
 // Walk visits up to n positions of the table's entries from position from (1 to
 // begin), in storage order, and calls fn with each live entry at now. fn returns
-// false to stop before that entry is counted as visited: the walk resumes there.
+// false to stop before that entry is counted as visited: the walk resumes there;
+// it sets the view's MarkSent to mark the entry sent.
 // Walk returns the position to go on from, or 0 once it has passed the last entry.
 // Entries inserted during a walk may be visited or not. fn must not use the table.
 func (t *Table) Walk(from uint32, n int, now uint32, fn func(v *View) bool) (next uint32) {
@@ -184,6 +187,9 @@ func (t *Table) Walk(from uint32, n int, now uint32, fn func(v *View) bool) (nex
 			Sent: e.flags&flagSent != 0, Synced: e.flags&flagSynced != 0}
 		if !fn(&v) {
 			return i
+		}
+		if v.MarkSent {
+			e.flags |= flagSent
 		}
 	}
 	if i > t.used {

@@ -26,10 +26,11 @@ import (
 //     close) and deletions of an entry that was sent, or received, are queued at
 //     once. The sender drains the rings (Distributor.SyncDrain).
 //   - Full sync: SyncFullStart asks every worker to walk its table, a few hundred
-//     positions per loop, queueing every live entry that was sent (and, from worker
-//     0, those received from peers) on a second ring that the sender drains at its
-//     own pace; a full ring pauses the walk, so a full sync never takes more from the
-//     packet loop than a bounded step.
+//     positions per loop, queueing every live established, fin or UDP entry (those
+//     received from peers from worker 0 only: see below), young ones too, which
+//     also repairs what a full FIFO or ring dropped, on a second ring that the
+//     sender drains at its own pace; a full ring pauses the walk, so a full sync
+//     never takes more from the packet loop than a bounded step.
 //   - In: SyncInstall queues received entries on the workers' incoming rings; each
 //     worker installs them in its own table (conntrack.Table.Install), marked
 //     synced, with the member the peer chose, found by its address in the rule's
@@ -50,7 +51,8 @@ type SyncOptions struct {
 	// Default 3s.
 	After time.Duration
 	// Queue is the length of each worker's rings (outgoing, full sync, incoming),
-	// in entries. Default 16384.
+	// in entries. Default 16384. The FIFO of connections waiting to have lived
+	// After holds up to 262,144 per worker (or its table's capacity).
 	Queue int
 }
 
@@ -180,7 +182,7 @@ func (d *Distributor) EnableSync(o SyncOptions) error {
 		w.table.EnableEvents(max(1024, o.Queue/4))
 		w.sync = &workerSync{
 			after: int64(o.After), out: newSPSC(o.Queue), full: newSPSC(o.Queue), in: newSPSC(o.Queue),
-			delay: make([]delayed, o.Queue),
+			delay: make([]delayed, min(1<<18, w.table.Cap())),
 		}
 		ws, wk := w.sync, w
 		ws.fullFn = func(v *conntrack.View) bool { return wk.fullVisit(v) }
@@ -210,8 +212,8 @@ func (d *Distributor) SyncDrain(dst []sessionsync.Entry, full bool, max int) []s
 }
 
 // SyncInstall queues received entries for the workers (every worker when there are
-// several: see the package notes) and returns how many it queued; the rest found a
-// ring full and are counted as QueueDropped.
+// several: see the package notes) and returns how many it queued; it waits a little
+// for room in a full ring, then counts the entry as QueueDropped.
 func (d *Distributor) SyncInstall(es []sessionsync.Entry) int {
 	if d.sync == nil {
 		return 0
@@ -222,7 +224,7 @@ func (d *Distributor) SyncInstall(es []sessionsync.Entry) int {
 	for i := range es {
 		ok := false
 		for _, w := range d.workers {
-			if w.sync.in.push(&es[i]) {
+			if w.sync.in.push(&es[i]) || waitPush(w.sync.in, &es[i]) {
 				ok = true
 			} else {
 				w.sync.qDropped.Add(1)
@@ -233,6 +235,19 @@ func (d *Distributor) SyncInstall(es []sessionsync.Entry) int {
 		}
 	}
 	return queued
+}
+
+// waitPush retries a push onto a full incoming ring for up to 50 ms, while the
+// worker installs what it holds (a full sync arrives faster than a busy worker takes
+// it; the socket's buffer holds the datagrams meanwhile).
+func waitPush(r *spsc, e *sessionsync.Entry) bool {
+	for deadline := time.Now().Add(50 * time.Millisecond); time.Now().Before(deadline); {
+		time.Sleep(20 * time.Microsecond)
+		if r.push(e) {
+			return true
+		}
+	}
+	return false
 }
 
 // SyncFullStart asks every worker to walk its table and queue its long connections
@@ -334,8 +349,8 @@ func (w *worker) syncStep() int {
 
 // fullVisit queues one entry of a full sync; false when the ring is full.
 func (w *worker) fullVisit(v *conntrack.View) bool {
-	if !v.Sent && !(v.Synced && w.id == 0) {
-		return true
+	if v.Synced && w.id != 0 {
+		return true // every worker holds the copies: worker 0 sends them
 	}
 	switch v.State {
 	case conntrack.StateEstablished, conntrack.StateFin, conntrack.StateUDP:
@@ -346,6 +361,7 @@ func (w *worker) fullVisit(v *conntrack.View) bool {
 		return false
 	}
 	w.emit(w.sync.fullSnap, w.sync.full, &v.Key, v.Member, v.State, v.Expire, sessionsync.OpUpsert)
+	v.MarkSent = !v.Synced
 	return true
 }
 

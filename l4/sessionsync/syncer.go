@@ -284,6 +284,7 @@ func New(cfg Config, dp Datapath, opts Options) (*Syncer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("session sync: listening on %s: %w", cfg.Listen, err)
 	}
+	setBuffers(s.conn, socketBuffer)
 	s.seq.Store(uint64(time.Now().UnixNano()))
 	why := "waiting for the peers' full sync"
 	s.warmWhy.Store(&why)
