@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -113,6 +115,8 @@ type client struct {
 	verifyEvery uint64
 	roots       *x509.CertPool
 
+	request bool // each connection makes one HTTP/1.1 request after the handshake (requestOp)
+
 	cfgs     []*tls.Config // per worker
 	records  [][]record    // per worker
 	verified atomic.Int64
@@ -168,6 +172,16 @@ func (c *client) op(ctx context.Context, w int, seq uint64) error {
 			return err
 		}
 	}
+	if c.request {
+		// As h2load --h1 does: one kept-alive request, its response read, then the
+		// client closes (close_notify, FIN).
+		if err := getOK(tc); err != nil {
+			return err
+		}
+		tc.Close()
+		c.records[w] = append(c.records[w], record{end: time.Now().UnixNano(), handshake: hsDone.Sub(start), bytes: cc.n, resumed: st.DidResume})
+		return nil
+	}
 	if err := tc.CloseWrite(); err != nil {
 		return fmt.Errorf("sending close_notify: %w", err)
 	}
@@ -181,6 +195,31 @@ func (c *client) op(ctx context.Context, w int, seq uint64) error {
 		return fmt.Errorf("the server sent %d bytes of application data", n)
 	}
 	c.records[w] = append(c.records[w], record{end: time.Now().UnixNano(), handshake: hsDone.Sub(start), bytes: cc.n, resumed: st.DidResume})
+	return nil
+}
+
+// getRequest is the request of the rows with one: HTTP/1.1, kept alive, as a browser
+// or h2load sends it.
+const getRequest = "GET / HTTP/1.1\r\nHost: " + siteName + "\r\nUser-Agent: bench-handshake\r\nAccept: */*\r\n\r\n"
+
+// getOK sends getRequest on tc and reads the response, which must be 200 with
+// okBody.
+func getOK(tc *tls.Conn) error {
+	if _, err := io.WriteString(tc, getRequest); err != nil {
+		return fmt.Errorf("sending the request: %w", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReaderSize(tc, 1024), nil)
+	if err != nil {
+		return fmt.Errorf("reading the response: %w", err)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	resp.Body.Close()
+	if err != nil {
+		return fmt.Errorf("reading the response body: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK || string(body) != okBody {
+		return fmt.Errorf("answered %d %q, want 200 %q", resp.StatusCode, body, okBody)
+	}
 	return nil
 }
 

@@ -1,4 +1,16 @@
-// Command bench-handshake measures the server CPU time of TLS handshakes with an
+// Command bench-handshake measures, first, the load-shape matrix: the server CPU
+// time per connection, each a full TLS 1.3 handshake (RSA-2048, X25519) and one
+// HTTPS request answered `200 ok` by the server itself (or no request, the _hs
+// shapes), in every shape users bring: one client in sequence; closed loops of 8, 32
+// and 256; bursts of -burst (2,000) new connections at once; Poisson arrivals at half
+// of nginx's best closed-loop rate. This program's Go clients drive every shape;
+// h2load (--h1 -n 2000 -c 2000) drives a burst and `openssl s_time -new -tls1_3` the
+// sequential ones, each row naming its generator. The last line gains
+// vs_nginx_min and offload_gain_min (the least over the shapes with a request),
+// vs_nginx_by_shape and offload_gain_by_shape; l7d-offload's figure is l7d's CPU,
+// keyserverd's shown beside it.
+//
+// Then (-classic) it measures the server CPU time of TLS handshakes with an
 // RSA-2048 certificate and ECDHE (X25519), TLS 1.3 and TLS 1.2, full (no resumption)
 // and resumed (session tickets), from one bounded client load against, in the same
 // run: l7d with the private key local, l7d with the key on keyserverd (SoftHSM2), and
@@ -88,6 +100,15 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.scrapeRate, "scrape-cost-rate", 1000, "after the other rows, l7d-local at this many TLS 1.3 `handshakes/s`, its /metrics scraped once a second or not, for what the scrapes cost it (0: not run)")
 	fs.StringVar(&o.scrapeMode, "scrape-cost-mode", modeResumed, "handshakes of the scrape-cost rows: resumed (1,000/s fits on two cores beside the load generator; the least l7d CPU, so the largest share for the scrapes) or full")
 	fs.IntVar(&o.scrapePairs, "scrape-cost-pairs", 2, "windows of the scrape-cost rows without and with the scrapes, alternated, `n` each")
+	fs.BoolVar(&o.classic, "classic", true, "also the handshake-only rows at -workers by -tls and -modes, and the scrape-cost rows")
+	matrix := fs.String("matrix", "all", "load shapes of the matrix: all, none, or comma-separated names (see the report)")
+	fs.IntVar(&o.burst, "burst", 2000, "connections of the burst shapes")
+	fs.DurationVar(&o.matrixDuration, "matrix-duration", 3*time.Second, "measured time of a matrix row (closed, Poisson, s_time)")
+	fs.DurationVar(&o.matrixWarmup, "matrix-warmup", 500*time.Millisecond, "warm-up of a closed-loop matrix row")
+	fs.IntVar(&o.matrixRepeat, "matrix-repeat", 2, "rows per shape and server (the figures are their median)")
+	fs.DurationVar(&o.matrixQuiet, "matrix-quiet-wait", 3*time.Second, "before each matrix row, wait up to this for a quiet machine (0: do not wait)")
+	fs.Float64Var(&o.poissonRate, "poisson-rate", 0, "arrival `rate` of the Poisson shapes; 0: half of nginx's best closed-loop rate with a request in this run")
+	fs.IntVar(&o.poissonMaxInFlight, "poisson-max-in-flight", 2000, "connections in flight at most in the Poisson shapes (arrivals past it are dropped and counted)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -96,6 +117,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	var err error
+	if o.burst <= 0 || o.matrixDuration <= 0 || o.matrixWarmup < 0 || o.matrixRepeat <= 0 || o.matrixQuiet < 0 || o.poissonRate < 0 || o.poissonMaxInFlight <= 0 {
+		fmt.Fprintln(stderr, "bench-handshake: -burst, -matrix-duration, -matrix-repeat and -poisson-max-in-flight must be positive, -matrix-warmup, -matrix-quiet-wait and -poisson-rate not negative")
+		return 2
+	}
+	if o.matrix, err = parseShapes(*matrix, matrixShapes(o.burst)); err != nil {
+		fmt.Fprintf(stderr, "bench-handshake: -matrix: %v\n", err)
+		return 2
+	}
 	if o.servers, err = benchkit.ParseList(*servers, append(serverNames, srvGoTLS)); err != nil {
 		fmt.Fprintf(stderr, "bench-handshake: -servers: %v\n", err)
 		return 2

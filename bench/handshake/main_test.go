@@ -305,3 +305,69 @@ func testSite() (*siteFiles, error) {
 	})
 	return siteVal, siteErr
 }
+
+func TestParseH2load(t *testing.T) {
+	out := `TLS Protocol: TLSv1.3
+Cipher: TLS_AES_128_GCM_SHA256
+Server Temp Key: X25519 253 bits
+Application protocol: http/1.1
+
+finished in 2.11s, 113.18 req/s, 13.15KB/s
+requests: 2000 total, 1999 started, 1998 done, 1997 succeeded, 3 failed, 3 errored, 0 timeout
+status codes: 1997 2xx, 0 3xx, 0 4xx, 0 5xx
+`
+	ok, failed, err := parseH2load(out)
+	if err != nil || ok != 1997 || failed != 3 {
+		t.Errorf("got %d ok, %d failed, %v; want 1997, 3", ok, failed, err)
+	}
+	for _, bad := range []string{
+		strings.Replace(out, "TLSv1.3", "TLSv1.2", 1),
+		strings.Replace(out, "X25519", "P-256", 1),
+		strings.Replace(out, "requests:", "reqs:", 1),
+		strings.Replace(out, "status codes:", "codes:", 1),
+	} {
+		if _, _, err := parseH2load(bad); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+}
+
+func TestParseSTime(t *testing.T) {
+	out := "Collecting connection statistics for 3 seconds\n" +
+		"tttttttt\n\n1052 connections in 2.87s; 366.55 connections/user sec, bytes read 0\n" +
+		"1052 connections in 3 real seconds, 0 bytes read per connection\n"
+	n, secs, err := parseSTime(out)
+	if err != nil || n != 1052 || secs != 3 {
+		t.Errorf("got %d, %d, %v", n, secs, err)
+	}
+	if _, _, err := parseSTime("ERROR\n"); err == nil {
+		t.Error("accepted an output without a count")
+	}
+}
+
+func TestParseShapes(t *testing.T) {
+	all := matrixShapes(2000)
+	got, err := parseShapes("poisson, sequential,burst2000_h2load", all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, sh := range got {
+		names = append(names, sh.name)
+	}
+	// Run order: the Poisson rate comes from the closed loops, which run first.
+	if want := []string{"sequential", "burst2000_h2load", "poisson"}; !slices.Equal(names, want) {
+		t.Errorf("got %v, want %v", names, want)
+	}
+	if _, err := parseShapes("closed9", all); err == nil {
+		t.Error("accepted an unknown shape")
+	}
+	if got, _ := parseShapes("none", all); len(got) != 0 {
+		t.Errorf("none: %v", got)
+	}
+	for _, sh := range all {
+		if strings.HasSuffix(sh.name, "_hs") == sh.request {
+			t.Errorf("%s: request %v; the _hs shapes and only they make none", sh.name, sh.request)
+		}
+	}
+}

@@ -21,6 +21,10 @@ const (
 // summary is the last line of the output. The first seven fields are the headline
 // figures the issue asks for, all TLS 1.3; a figure that was not measured is null.
 type summary struct {
+	// The load-shape matrix: vs_nginx_min, offload_gain_min (over the shapes with a
+	// request on each connection), by shape, and its rows; absent when not run.
+	*matrixSummary
+
 	L7LocalMs       *float64 `json:"l7_local_cpu_ms_per_hs"`
 	L7OffloadMs     *float64 `json:"l7_offload_cpu_ms_per_hs"`
 	NginxMs         *float64 `json:"nginx_cpu_ms_per_hs"`
@@ -111,11 +115,21 @@ func met(r *float64, target float64) *bool {
 
 func (b *bench) report() {
 	w := b.o.out
+	msum := b.matrixReport(w)
+	if !b.o.classic {
+		s := summary{matrixSummary: msum, Cores: runtime.NumCPU(), NginxWorkers: b.o.nginxWorkers, Profiled: b.o.profileDir != "", Failures: b.Failures}
+		if s.Failures == nil {
+			s.Failures = []string{}
+		}
+		benchkit.WriteReportEnd(w, b.Failures, s)
+		return
+	}
 	b.header(w)
 	rows, maxOther := b.table(w)
 
 	t13, t12 := uint16(tls.VersionTLS13), uint16(tls.VersionTLS12)
 	s := summary{
+		matrixSummary:  msum,
 		L7LocalMs:      b.cpuMs(srvL7Local, t13, modeFull),
 		L7OffloadMs:    b.cpuMs(srvL7Offload, t13, modeFull),
 		NginxMs:        b.cpuMs(srvNginx, t13, modeFull),

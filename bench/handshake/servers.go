@@ -5,14 +5,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -49,11 +46,9 @@ type server struct {
 type fleet struct {
 	servers []*server
 	ks      *benchkit.Process // keyserverd, for l7d-offload
-	backend *http.Server
-	hits    atomic.Int64 // requests the backend answered: the load makes none
 }
 
-// startFleet starts the backend, keyserverd, both l7d and nginx, and checks each
+// startFleet starts keyserverd, both l7d and nginx, and checks each
 // serves the site certificate, verified against its CA. On error, what was started
 // is stopped.
 func (b *bench) startFleet(ctx context.Context) (err error) {
@@ -64,20 +59,6 @@ func (b *bench) startFleet(ctx context.Context) (err error) {
 			b.stopFleet()
 		}
 	}()
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	fl.backend = &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			fl.hits.Add(1)
-			io.WriteString(w, "backend\n")
-		}),
-		ReadHeaderTimeout: 5 * time.Second,
-	}
-	go fl.backend.Serve(ln)
-	backendAddr := ln.Addr().String()
 
 	want := b.wanted()
 	if want[srvL7Offload] {
@@ -92,7 +73,7 @@ func (b *bench) startFleet(ctx context.Context) (err error) {
 		var s *server
 		switch id {
 		case srvL7Local, srvL7Offload:
-			s, err = b.startL7d(ctx, id, backendAddr)
+			s, err = b.startL7d(ctx, id)
 		case srvNginx:
 			s, err = b.startNginx(ctx)
 		case srvGoTLS:
@@ -141,7 +122,7 @@ func (b *bench) startKeyserver(ctx context.Context) error {
 	return nil
 }
 
-func (b *bench) startL7d(ctx context.Context, id, backendAddr string) (*server, error) {
+func (b *bench) startL7d(ctx context.Context, id string) (*server, error) {
 	addr, err := benchkit.FreeAddr()
 	if err != nil {
 		return nil, err
@@ -151,7 +132,7 @@ func (b *bench) startL7d(ctx context.Context, id, backendAddr string) (*server, 
 		return nil, err
 	}
 	local := id == srvL7Local
-	cfg, err := b.f.l7dConfig(id, addr, admin, backendAddr, local, b.ksAddr)
+	cfg, err := b.f.l7dConfig(id, addr, admin, local, b.ksAddr)
 	if err != nil {
 		return nil, err
 	}
@@ -356,9 +337,6 @@ func (b *bench) stopFleet() {
 		if err := fl.ks.Stop(10 * time.Second); err != nil {
 			b.Fail("stopping keyserverd: %v; log:\n%s", err, fl.ks.LogTail(10))
 		}
-	}
-	if fl.backend != nil {
-		fl.backend.Close()
 	}
 	b.fl = nil
 }

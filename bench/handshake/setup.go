@@ -161,10 +161,15 @@ pkcs11:
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
 }
 
-// l7dConfig writes an l7d configuration with one TCP-only listener on addr in front
-// of backend, serving the site certificate with its key from the PEM file (local) or
-// from keyserverd at ksAddr, and returns its path.
-func (f *fixture) l7dConfig(name, addr, admin, backend string, local bool, ksAddr string) (string, error) {
+// l7dConfig writes an l7d configuration with one TCP-only listener on addr that
+// answers every request `200 ok` itself (a respond route, as nginx's `return 200`),
+// serving the site certificate with its key from the PEM file (local) or from
+// keyserverd at ksAddr, and returns its path. The listener's handshake admission
+// limits (max_handshakes, max_handshakes_per_source: 1000 and 100 by default) are
+// raised past the largest burst: the load comes from one address standing for many
+// clients, and a refused connection would do none of the work measured; nginx has
+// no such limits.
+func (f *fixture) l7dConfig(name, addr, admin string, local bool, ksAddr string) (string, error) {
 	keyLine, keyservers := "", ""
 	if local {
 		keyLine = fmt.Sprintf("      key_file: %q\n", f.siteKey)
@@ -179,11 +184,17 @@ func (f *fixture) l7dConfig(name, addr, admin, backend string, local bool, ksAdd
 	cfg := fmt.Sprintf(`listeners:
   - name: bench
     addr: %q
-    pool: origin
     disable_http3: true
-backends:
-  origin:
-    members: [%q]
+    max_handshakes: %d
+    max_handshakes_per_source: %d
+routing:
+  listeners:
+    - name: bench
+      vhosts:
+        - names: ["*"]
+          routes:
+            - name: ok
+              action: {respond: {status: 200, body: %q}}
 certificates:
   certificates:
     - name: site
@@ -194,15 +205,22 @@ certificates:
 state_dir: %q
 shutdown_grace: 2s
 log_level: warn
-`, addr, backend, f.siteCert, keyLine, f.ticketKey, keyservers, admin, filepath.Join(f.dir, "l7d-"+name+"-state"))
+`, addr, admitHandshakes, admitHandshakes, okBody, f.siteCert, keyLine, f.ticketKey, keyservers, admin, filepath.Join(f.dir, "l7d-"+name+"-state"))
 	path := filepath.Join(f.dir, "l7d-"+name+".yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
 }
 
+// admitHandshakes is l7d's max_handshakes and max_handshakes_per_source in the
+// benchmark: more than a burst's connections (-burst, 2000 by default).
+const admitHandshakes = 1 << 16
+
+// okBody is what every server answers a request with, status 200.
+const okBody = "ok\n"
+
 // nginxConfig returns a minimal nginx.conf: as many workers as cores, TLS 1.2 and
-// 1.3 on addr with the site certificate and key, no session cache, session tickets
-// on (one per handshake, as crypto/tls sends), and a fixed answer that the
-// handshake-only load never asks for. Everything nginx writes goes under dir.
+// 1.3 on addr (`ssl deferred`) with the site certificate and key, no session cache,
+// session tickets on (one per handshake, as crypto/tls sends), and every request
+// answered `200 ok` by nginx itself. Everything nginx writes goes under dir.
 func nginxConfig(dir, addr, cert, key string, workers int) string {
 	return benchkit.NginxHTTPTop(dir, workers) + fmt.Sprintf(`
     server {
