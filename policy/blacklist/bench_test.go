@@ -101,6 +101,35 @@ func BenchmarkContainsV4_10M(b *testing.B) {
 	benchLookups(b, loadBench(b, "v4-10M", func() *benchData { return exactData(10_000_000, randV4) }))
 }
 
+// BenchmarkContainsV4_10MOverlay is BenchmarkContainsV4_10M with the list carrying
+// the overlay of 15 deltas of 10k additions, about as large as it gets before the
+// list folds it.
+func BenchmarkContainsV4_10MOverlay(b *testing.B) {
+	if testing.Short() {
+		b.Skip("10M entries: skipped in -short mode")
+	}
+	d := loadBench(b, "v4-10M", func() *benchData { return exactData(10_000_000, randV4) })
+	benchLookups(b, loadBench(b, "v4-10M-overlay", func() *benchData {
+		r := rand.New(rand.NewPCG(5, 5))
+		s := d.list.Snapshot()
+		now := nowSeconds(time.Now())
+		for range 15 {
+			var delta Delta
+			for range 10_000 {
+				delta.Add = append(delta.Add, Entry{Prefix: netip.PrefixFrom(randV4(r), 32)})
+			}
+			var err error
+			if s, err = s.applyHow(&delta, now, applyOverlay); err != nil {
+				panic(err)
+			}
+		}
+		o := *d
+		o.list = NewList("bench", Options{})
+		o.list.set.Store(s) // not Replace: that would fold it
+		return &o
+	}))
+}
+
 func BenchmarkContainsV6_1M(b *testing.B) {
 	benchLookups(b, loadBench(b, "v6-1M", func() *benchData { return exactData(1_000_000, randV6) }))
 }
@@ -378,4 +407,42 @@ func ExampleLists() {
 	// 203.0.113.9 true global
 	// 198.51.100.7 true www
 	// 192.0.2.1 false
+}
+
+// BenchmarkApplyDelta10kOn10M applies 5k additions and 5k removals to a list of 10M
+// IPv4 addresses, alternating with the delta that undoes it: the time until the
+// delta is in force, with the list folding its overlay in the background as it
+// would in service.
+func BenchmarkApplyDelta10kOn10M(b *testing.B) {
+	d := loadBench(b, "v4-10M", func() *benchData { return exactData(10_000_000, randV4) })
+	l := NewList("bench", Options{})
+	l.Replace(d.list.Snapshot())
+	fwd, back := benchDeltas(d)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		delta := fwd
+		if i%2 == 1 {
+			delta = back
+		}
+		if err := l.Apply(delta); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	b.StopTimer()
+	l.waitFold()
+	// Every pair of deltas leaves what the first pair left (the /24s added are
+	// then removed with what the list held in them).
+	want := d.list.Snapshot()
+	now := nowSeconds(time.Now())
+	for _, delta := range []*Delta{fwd, back}[:2-i%2] {
+		var err error
+		if want, err = want.applyHow(delta, now, applyRebuild); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if got := l.Snapshot(); got.Len() != want.Len() || got.Stats() != want.Stats() {
+		b.Fatalf("after %d deltas: %d entries, %+v; the rebuild: %d, %+v", i, got.Len(), got.Stats(), want.Len(), want.Stats())
+	}
 }

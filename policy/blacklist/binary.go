@@ -84,57 +84,51 @@ func WriteBinary(w io.Writer, s *Set) error {
 		bw.Write(buf)
 		buf = buf[:0]
 	}
-	for _, tab := range []struct {
-		s4 *singles4
-		r4 *ranges4
-		s6 *singles6
-		r6 *ranges6
-	}{{s4: &s.p4}, {r4: &s.pr4}, {s6: &s.p6}, {r6: &s.pr6}, {s4: &s.e4}, {r4: &s.er4}, {s6: &s.e6}, {r6: &s.er6}} {
-		switch {
-		case tab.s4 != nil:
-			keys := tab.s4.t.appendKeys(grab[a4](&sc, tab.s4.t.n))
-			buf = binary.AppendUvarint(buf, uint64(len(keys)))
-			for i, k := range keys {
+	secs := writeSections(&sc, s)
+	for k, sec := range secs {
+		switch kind := k % numKinds; kind {
+		case secAddrs4:
+			buf = binary.AppendUvarint(buf, uint64(len(sec.k4)))
+			for i, k := range sec.k4 {
 				if i == 0 {
 					buf = binary.AppendUvarint(buf, uint64(k))
 				} else {
-					buf = binary.AppendUvarint(buf, uint64(k-keys[i-1]-1))
+					buf = binary.AppendUvarint(buf, uint64(k-sec.k4[i-1]-1))
 				}
-				buf = appendExp(buf, tab.s4.exp, i)
+				buf = appendExp(buf, sec.exp, i)
 				if len(buf) > 32<<10 {
 					put()
 				}
 			}
-		case tab.r4 != nil:
-			starts := tab.r4.start.appendKeys(grab[a4](&sc, tab.r4.start.n))
-			buf = binary.AppendUvarint(buf, uint64(len(starts)))
-			for i, k := range starts {
+		case secRanges4:
+			buf = binary.AppendUvarint(buf, uint64(len(sec.k4)))
+			for i, k := range sec.k4 {
 				if i == 0 {
 					buf = binary.AppendUvarint(buf, uint64(k))
 				} else {
-					buf = binary.AppendUvarint(buf, uint64(k-tab.r4.end[i-1]-1))
+					buf = binary.AppendUvarint(buf, uint64(k-sec.end4[i-1]-1))
 				}
-				buf = binary.AppendUvarint(buf, uint64(tab.r4.end[i]-k))
-				buf = appendExp(buf, tab.r4.exp, i)
+				buf = binary.AppendUvarint(buf, uint64(sec.end4[i]-k))
+				buf = appendExp(buf, sec.exp, i)
 				if len(buf) > 32<<10 {
 					put()
 				}
 			}
-		case tab.s6 != nil:
-			buf = binary.AppendUvarint(buf, uint64(tab.s6.t.n))
-			for i, k := range tab.s6.t.keys {
+		case secAddrs6:
+			buf = binary.AppendUvarint(buf, uint64(len(sec.k6)))
+			for i, k := range sec.k6 {
 				buf = append6(buf, k)
-				buf = appendExp(buf, tab.s6.exp, i)
+				buf = appendExp(buf, sec.exp, i)
 				if len(buf) > 32<<10 {
 					put()
 				}
 			}
 		default:
-			buf = binary.AppendUvarint(buf, uint64(tab.r6.start.n))
-			for i, k := range tab.r6.start.keys {
+			buf = binary.AppendUvarint(buf, uint64(len(sec.k6)))
+			for i, k := range sec.k6 {
 				buf = append6(buf, k)
-				buf = append6(buf, tab.r6.end[i])
-				buf = appendExp(buf, tab.r6.exp, i)
+				buf = append6(buf, sec.end6[i])
+				buf = appendExp(buf, sec.exp, i)
 				if len(buf) > 32<<10 {
 					put()
 				}
@@ -149,6 +143,35 @@ func WriteBinary(w io.Writer, s *Set) error {
 		return fmt.Errorf("writing a binary blacklist: %w", err)
 	}
 	return nil
+}
+
+// section is what one section of the binary format lists: keys (single addresses
+// or range starts), range ends, expiries (nil for permanent entries).
+type section struct {
+	k4, end4 []a4
+	k6, end6 []a6
+	exp      []uint32
+}
+
+// writeSections returns s's entries by section, in the order written; arrays that
+// are not the Set's own are taken from sc. A Set with an overlay is merged first.
+func writeSections(sc *scratch, s *Set) [2 * numKinds]section {
+	if s.ov != nil {
+		p, e, pr, er := splitTables(s.spans4(sc), sc, sc)
+		p6, e6, pr6, er6 := splitTables(s.spans6(sc), sc, sc)
+		return [2 * numKinds]section{
+			{k4: p.keys}, {k4: pr.start, end4: pr.end}, {k6: p6.keys}, {k6: pr6.start, end6: pr6.end},
+			{k4: e.keys, exp: e.exp}, {k4: er.start, end4: er.end, exp: er.exp},
+			{k6: e6.keys, exp: e6.exp}, {k6: er6.start, end6: er6.end, exp: er6.exp},
+		}
+	}
+	keys := func(t *t4) []a4 { return t.appendKeys(grab[a4](sc, t.n)) }
+	return [2 * numKinds]section{
+		{k4: keys(&s.p4.t)}, {k4: keys(&s.pr4.start), end4: s.pr4.end},
+		{k6: s.p6.t.keys}, {k6: s.pr6.start.keys, end6: s.pr6.end},
+		{k4: keys(&s.e4.t), exp: s.e4.exp}, {k4: keys(&s.er4.start), end4: s.er4.end, exp: s.er4.exp},
+		{k6: s.e6.t.keys, exp: s.e6.exp}, {k6: s.er6.start.keys, end6: s.er6.end, exp: s.er6.exp},
+	}
 }
 
 func appendExp(b []byte, exp []uint32, i int) []byte {

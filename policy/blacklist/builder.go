@@ -125,8 +125,22 @@ func addSpans(p netip.Prefix, exp uint32, add4 func(span[a4]), add6 func(span[a6
 // ErrInvalidPrefix reports an invalid (zero) prefix in a Delta.
 var ErrInvalidPrefix = errors.New("blacklist: invalid prefix")
 
-// apply returns s changed by d, with expiry judged at now.
-func (s *Set) apply(d *Delta, now uint32) (*Set, error) {
+// How apply makes the new Set: an overlay on a large Set, else a rebuild (auto);
+// always a rebuild; always an overlay (tests).
+type applyMode int
+
+const (
+	applyAuto applyMode = iota
+	applyRebuild
+	applyOverlay
+)
+
+// apply returns s changed by d, with expiry judged at now: a Set sharing s's
+// tables with an overlay when s is large and d small beside it (see overlay), else
+// a rebuild, which drops every entry expired at now.
+func (s *Set) apply(d *Delta, now uint32) (*Set, error) { return s.applyHow(d, now, applyAuto) }
+
+func (s *Set) applyHow(d *Delta, now uint32, mode applyMode) (*Set, error) {
 	if d == nil {
 		return s, nil
 	}
@@ -153,7 +167,13 @@ func (s *Set) apply(d *Delta, now uint32) (*Set, error) {
 	sort4(&sc, add4)
 	sort6(rm6)
 	sort6(add6)
-	cur4 := subtract(&sc, s.spans4(&sc), normalize(&sc, rm4, 0))
-	cur6 := subtract(&sc, s.spans6(&sc), normalize(&sc, rm6, 0))
+	rm4, rm6 = normalize(&sc, rm4, 0), normalize(&sc, rm6, 0)
+	base := s.baseLen()
+	small := base >= overlayMinBase && s.overlaySize()+len(rm4)+len(rm6)+len(add4)+len(add6) <= overlayMax(base)
+	if mode == applyOverlay || mode == applyAuto && small {
+		return s.applyOverlay(&sc, rm4, add4, rm6, add6, now), nil
+	}
+	cur4 := subtract(&sc, s.spans4(&sc), rm4)
+	cur6 := subtract(&sc, s.spans6(&sc), rm6)
 	return newSet(&sc, normalize(&sc, merge(&sc, cur4, add4), now), normalize(&sc, merge(&sc, cur6, add6), now)), nil
 }

@@ -14,7 +14,8 @@
 // prefixes (::ffff:a.b.c.d) are IPv4, and lookups unmap the same way. Expiry has a
 // resolution of one second: an entry expiring at T matches while the clock's Unix
 // second is below T (rounded up). Expired entries stop matching at once and are
-// dropped from memory by the next build (a Replace or an Apply).
+// dropped from memory by the next build (a Replace, an Apply that rebuilds, or the
+// fold of a large list's overlay).
 //
 // # Lookup structure
 //
@@ -37,6 +38,18 @@
 // list gets buckets of a few dozen keys; storing 16-bit suffixes halves the
 // memory of the 4-byte array. Expiring entries live in their own tables so that
 // permanent ones carry no expiry field.
+//
+// # Deltas on large lists
+//
+// A delta on a list of over 65,536 entries does not rebuild its tables: the new Set
+// shares them and carries an overlay, a small Set answering for the address
+// windows the deltas touched (widened to the whole entries they meet), consulted
+// before the tables. A 10k delta on a 10M list is so in force in milliseconds where
+// a rebuild takes over a second, and a lookup pays one search in the windows more.
+// Once the overlay holds more than 1/64 of the tables (at least 4,096 windows and
+// entries), the List folds it into new tables in the background and swaps them in,
+// with the deltas applied meanwhile applied again on top. Len, Stats, All and
+// WriteBinary give what a rebuild would give, expired entries aside.
 //
 // # Updates beside lookups
 //

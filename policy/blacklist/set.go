@@ -25,6 +25,8 @@ type Set struct {
 	pr6 ranges6
 	e6  singles6
 	er6 ranges6
+
+	ov *overlay // nil for none: see overlay
 }
 
 type singles4 struct {
@@ -77,15 +79,23 @@ func (s *Set) contains(a netip.Addr, clock func() time.Time) bool {
 		a = a.Unmap()
 	}
 	if a.Is4() {
+		k := addr4(a)
+		if s.ov != nil && s.ov.in4(k) {
+			return s.ov.patch.has4(k, clock)
+		}
 		if s.others4 == 0 {
 			// Only permanent single addresses: one table to read.
-			_, ok := s.p4.t.has(addr4(a))
+			_, ok := s.p4.t.has(k)
 			return ok
 		}
-		return s.has4(addr4(a), clock)
+		return s.has4(k, clock)
 	}
 	if a.Is6() {
-		return s.has6(from16(a.As16()), clock)
+		k := from16(a.As16())
+		if s.ov != nil && s.ov.in6(k) {
+			return s.ov.patch.has6(k, clock)
+		}
+		return s.has6(k, clock)
 	}
 	return false
 }
@@ -146,25 +156,24 @@ func now(clock func() time.Time) uint32 {
 // Len is the number of entries: single addresses plus address ranges, after
 // overlapping and adjacent entries with the same expiry have merged.
 func (s *Set) Len() int {
-	if s == nil {
+	switch {
+	case s == nil:
 		return 0
+	case s.ov != nil:
+		return s.ov.n
 	}
-	return s.p4.t.n + s.pr4.start.n + s.e4.t.n + s.er4.start.n +
-		s.p6.t.n + s.pr6.start.n + s.e6.t.n + s.er6.start.n
+	return s.baseLen()
 }
 
 // Stats counts the entries by kind.
 func (s *Set) Stats() Stats {
-	if s == nil {
+	switch {
+	case s == nil:
 		return Stats{}
+	case s.ov != nil:
+		return s.ov.st
 	}
-	return Stats{
-		V4Addrs:  s.p4.t.n + s.e4.t.n,
-		V4Ranges: s.pr4.start.n + s.er4.start.n,
-		V6Addrs:  s.p6.t.n + s.e6.t.n,
-		V6Ranges: s.pr6.start.n + s.er6.start.n,
-		Expiring: s.e4.t.n + s.er4.start.n + s.e6.t.n + s.er6.start.n,
-	}
+	return s.baseStats()
 }
 
 // Bytes is the memory held by the set's arrays.
@@ -173,6 +182,9 @@ func (s *Set) Bytes() int {
 		return 0
 	}
 	n := 0
+	if s.ov != nil {
+		n += s.ov.bytes()
+	}
 	for _, t := range []*singles4{&s.p4, &s.e4} {
 		n += t.t.bytes() + 4*cap(t.exp)
 	}
@@ -222,13 +234,13 @@ func yieldSpans[K key[K]](spans []span[K], yield func(Entry) bool) bool {
 // sc holds what is needed only while building.
 func newSet(sc *scratch, s4 []span[a4], s6 []span[a6]) *Set {
 	s := &Set{}
-	p, e, pr, er := splitTables(s4, sc)
+	p, e, pr, er := splitTables(s4, sc, nil)
 	s.p4 = singles4{t: newT4(p.keys)}
 	s.e4 = singles4{t: newT4(e.keys), exp: e.exp}
 	s.pr4 = ranges4{start: newT4(pr.start), end: pr.end}
 	s.er4 = ranges4{start: newT4(er.start), end: er.end, exp: er.exp}
 	s.others4 = s.pr4.start.n + s.e4.t.n + s.er4.start.n
-	p6, e6, pr6, er6 := splitTables(s6, nil)
+	p6, e6, pr6, er6 := splitTables(s6, nil, nil)
 	s.p6 = singles6{t: newT6(p6.keys)}
 	s.e6 = singles6{t: newT6(e6.keys), exp: e6.exp}
 	s.pr6 = ranges6{start: newT6(pr6.start), end: pr6.end}
@@ -260,8 +272,9 @@ type rangesData[K key[K]] struct {
 
 // splitTables sorts normalized spans into the four tables of a family. The arrays
 // of keys (singles and range starts) are taken from keys, which is nil when they
-// are the tables' own, or a scratch when the tables copy them (IPv4: newT4).
-func splitTables[K key[K]](spans []span[K], keys *scratch) (p, e singlesData[K], pr, er rangesData[K]) {
+// are the tables' own, or a scratch when the tables copy them (IPv4: newT4); the
+// others from rest, nil when they are the tables' own.
+func splitTables[K key[K]](spans []span[K], keys, rest *scratch) (p, e singlesData[K], pr, er rangesData[K]) {
 	var np, ne, npr, ner int
 	for _, sp := range spans {
 		c, perm := single(sp), sp.exp == expPermanent
@@ -277,9 +290,9 @@ func splitTables[K key[K]](spans []span[K], keys *scratch) (p, e singlesData[K],
 		}
 	}
 	p.keys = grab[K](keys, np)
-	e.keys, e.exp = grab[K](keys, ne), make([]uint32, 0, ne)
-	pr.start, pr.end = grab[K](keys, npr), make([]K, 0, npr)
-	er.start, er.end, er.exp = grab[K](keys, ner), make([]K, 0, ner), make([]uint32, 0, ner)
+	e.keys, e.exp = grab[K](keys, ne), grab[uint32](rest, ne)
+	pr.start, pr.end = grab[K](keys, npr), grab[K](rest, npr)
+	er.start, er.end, er.exp = grab[K](keys, ner), grab[K](rest, ner), grab[uint32](rest, ner)
 	for _, sp := range spans {
 		c, perm := single(sp), sp.exp == expPermanent
 		switch {
@@ -313,11 +326,11 @@ func (s *Set) spans4(sc *scratch) []span[a4] {
 	if s == nil {
 		return nil
 	}
-	p := singleSpans(sc, s.p4.t.appendKeys(grab[a4](sc, s.p4.t.n)), nil)
-	e := singleSpans(sc, s.e4.t.appendKeys(grab[a4](sc, s.e4.t.n)), s.e4.exp)
-	pr := rangeSpans(sc, s.pr4.start.appendKeys(grab[a4](sc, s.pr4.start.n)), s.pr4.end, nil)
-	er := rangeSpans(sc, s.er4.start.appendKeys(grab[a4](sc, s.er4.start.n)), s.er4.end, s.er4.exp)
-	return coalesce(merge(sc, merge(sc, p, pr), merge(sc, e, er)))
+	b := s.baseSpans4(sc)
+	if s.ov == nil {
+		return b
+	}
+	return coalesce(merge(sc, subtract(sc, b, s.ov.windows4(sc)), s.ov.patch.baseSpans4(sc)))
 }
 
 // spans6 returns the IPv6 part of the set as normalized spans, taken from sc.
@@ -325,6 +338,25 @@ func (s *Set) spans6(sc *scratch) []span[a6] {
 	if s == nil {
 		return nil
 	}
+	b := s.baseSpans6(sc)
+	if s.ov == nil {
+		return b
+	}
+	return coalesce(merge(sc, subtract(sc, b, s.ov.windows6(sc)), s.ov.patch.baseSpans6(sc)))
+}
+
+// baseSpans4 returns the IPv4 part of s's own tables as normalized spans, taken
+// from sc.
+func (s *Set) baseSpans4(sc *scratch) []span[a4] {
+	p := singleSpans(sc, s.p4.t.appendKeys(grab[a4](sc, s.p4.t.n)), nil)
+	e := singleSpans(sc, s.e4.t.appendKeys(grab[a4](sc, s.e4.t.n)), s.e4.exp)
+	pr := rangeSpans(sc, s.pr4.start.appendKeys(grab[a4](sc, s.pr4.start.n)), s.pr4.end, nil)
+	er := rangeSpans(sc, s.er4.start.appendKeys(grab[a4](sc, s.er4.start.n)), s.er4.end, s.er4.exp)
+	return coalesce(merge(sc, merge(sc, p, pr), merge(sc, e, er)))
+}
+
+// baseSpans6 is baseSpans4 for IPv6.
+func (s *Set) baseSpans6(sc *scratch) []span[a6] {
 	p := singleSpans(sc, s.p6.t.keys, nil)
 	e := singleSpans(sc, s.e6.t.keys, s.e6.exp)
 	pr := rangeSpans(sc, s.pr6.start.keys, s.pr6.end, nil)
