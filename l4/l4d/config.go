@@ -20,6 +20,7 @@ import (
 	"github.com/tiergate/tiergate/l4/conntrack"
 	"github.com/tiergate/tiergate/l4/datapath"
 	"github.com/tiergate/tiergate/l4/dpdk"
+	"github.com/tiergate/tiergate/l4/sessionsync"
 	"github.com/tiergate/tiergate/policy/blacklist"
 )
 
@@ -109,6 +110,18 @@ type FileConfig struct {
 	// true), or an announce gate closed (warm-up). Fixed at start. Default none: no
 	// BGP.
 	BGP *bgp.Config `yaml:"bgp" json:"bgp,omitempty"`
+
+	// Sync, when set, shares the long-lived connections with the cluster's other
+	// LDs (l4/sessionsync.Config), so that a flow ECMP moves here from a failed LD
+	// keeps its L7 node: cluster_id and key_file (at least 32 bytes, the same on
+	// every LD) are required; listen (default ":9187", the internal address),
+	// peers (the other LDs' listen addresses), sync_after (default 3s),
+	// flush_interval (100ms), full_sync_every (4m), full_sync_rate (250000 entries
+	// a second), warmup_timeout (30s: with bgp, the VIPs are announced once every
+	// peer's full sync arrived or after it) and mtu (1500). Datagrams that are
+	// forged, replayed, of another cluster or from other addresses are dropped and
+	// counted (tiergate_l4_sync_*). Fixed at start. Default none: no sync.
+	Sync *sessionsync.Config `yaml:"sync" json:"sync,omitempty"`
 
 	// DPDK sets the EAL, the workers and the packet buffers.
 	DPDK DPDKFile `yaml:"dpdk" json:"dpdk"`
@@ -326,6 +339,7 @@ func (c *FileConfig) validate() error {
 		}
 	}
 	c.validateBGP(&ck)
+	c.validateSync(&ck)
 	if err := ck.Err(); err != nil {
 		return err
 	}

@@ -75,6 +75,9 @@ type Daemon struct {
 
 	// bgp is the BGP speaker and its announce gates, with a bgp section (bgp.go).
 	bgp bgpState
+
+	// sync is session sync with the other LDs, with a sync section (sync.go).
+	sync syncState
 }
 
 // inForce is the configuration in force as the owner publishes it; neither it nor
@@ -309,6 +312,10 @@ func (d *Daemon) start(ctx context.Context) (runDone chan error, err error) {
 		ports.close()
 		return nil, err
 	}
+	if err := d.startSync(ctx, dist); err != nil {
+		ports.close()
+		return nil, err
+	}
 	d.ports, d.dist = ports, dist
 	runDone = make(chan error, 1)
 	d.running.Store(true)
@@ -322,6 +329,7 @@ func (d *Daemon) start(ctx context.Context) (runDone chan error, err error) {
 // (unless runDone is nil: it has returned), then closes the ports and DPDK.
 func (d *Daemon) stop(runDone chan error) error {
 	var errs []error
+	d.stopSync()
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	d.ShutdownAdmin(sctx)
 	cancel()
@@ -406,6 +414,9 @@ func fixedChanges(cur, next *FileConfig) error {
 	}
 	if !reflect.DeepEqual(cur.BGP, next.BGP) {
 		diff = append(diff, "bgp")
+	}
+	if !reflect.DeepEqual(cur.Sync, next.Sync) {
+		diff = append(diff, "sync")
 	}
 	sort.Strings(diff)
 	return daemon.Restart("l4d", diff)
