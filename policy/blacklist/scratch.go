@@ -19,15 +19,22 @@ import (
 // next build (whose pages are then already in memory: no page faults, no mapping
 // calls) up to poolMaxBytes, and unmapped once no build took one for poolIdle.
 
-// scratchMinBytes is the smallest array taken from a mapping; smaller ones are
-// cheaper on the heap.
-const scratchMinBytes = 256 << 10
+// scratchMinBytes is the smallest array given a mapping of its own; arrays from
+// arenaMinBytes up to it are cut from shared mappings of arenaBytes (a delta's
+// arrays are mostly of this size: on the heap, each 10k delta would allocate over
+// a megabyte there), and smaller ones are cheaper on the heap.
+const (
+	scratchMinBytes = 256 << 10
+	arenaBytes      = 1 << 20
+	arenaMinBytes   = 1 << 10
+)
 
 // A scratch holds the mappings of one build. A nil *scratch allocates on the heap.
 // The arrays it hands out must hold no pointers, and nothing may keep them after
 // free.
 type scratch struct {
-	maps [][]byte
+	maps  [][]byte
+	arena []byte // what is left of the last arena mapping
 }
 
 // grab returns an empty slice with room for n elements of T, which holds no
@@ -35,20 +42,49 @@ type scratch struct {
 func grab[T any](sc *scratch, n int) []T {
 	var zero T
 	size := int(unsafe.Sizeof(zero)) * n
-	if sc == nil || size < scratchMinBytes {
+	if sc == nil || size < arenaMinBytes {
 		return make([]T, 0, n)
 	}
+	var b []byte
+	if size < scratchMinBytes {
+		b = sc.cut(size)
+	} else {
+		b = sc.mapping(size)
+	}
+	if b == nil {
+		return make([]T, 0, n)
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)[:0]
+}
+
+// mapping returns a mapping of at least size bytes, kept or new, which sc holds;
+// nil if none can be made.
+func (sc *scratch) mapping(size int) []byte {
 	b := pool.take(size)
 	if b == nil {
 		var err error
 		if b, err = mapAnon(size); err != nil {
-			return make([]T, 0, n)
+			return nil
 		}
 		scratchMaps.Add(1)
 	}
 	scratchMapped.Add(int64(len(b)))
 	sc.maps = append(sc.maps, b)
-	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)[:0]
+	return b
+}
+
+// cut returns size bytes (below scratchMinBytes) from sc's arena, 16-byte aligned,
+// starting an arena when the last one is used up; nil if none can be made.
+func (sc *scratch) cut(size int) []byte {
+	size = (size + 15) &^ 15
+	if len(sc.arena) < size {
+		if sc.arena = sc.mapping(arenaBytes); sc.arena == nil {
+			return nil
+		}
+	}
+	b := sc.arena[:size:size]
+	sc.arena = sc.arena[size:]
+	return b
 }
 
 // free hands back every array sc handed out.
@@ -60,7 +96,7 @@ func (sc *scratch) free() {
 		scratchMapped.Add(-int64(len(b)))
 		pool.put(b)
 	}
-	sc.maps = nil
+	sc.maps, sc.arena = nil, nil
 }
 
 // scratchMapped counts the bytes of the mappings in use by scratches, and
