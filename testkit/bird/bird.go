@@ -1,0 +1,227 @@
+// Package bird runs Debian's bird2 as a test's router: a real BGP peer, not Tiergate
+// code, in a network namespace of the test's (testkit/netns), with its own
+// configuration file and control socket in a temporary directory. It accepts routes
+// from its BGP peers and puts them in the namespace's kernel table, with ECMP
+// (`merge paths on`): the routes of several peers for one prefix become one
+// multipath route, as a data-centre router's would. The process is stopped when the
+// test ends, and the namespace's kernel routes with it.
+package bird
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tiergate/tiergate/testkit/netns"
+	"github.com/tiergate/tiergate/testkit/testenv"
+)
+
+// Config is the router's BGP setup.
+type Config struct {
+	// RouterID and Address are the router's identifier and its address on the
+	// peers' network (the sessions' local address).
+	RouterID, Address string
+	// AS is the router's AS number.
+	AS uint32
+	// HoldTime is the hold time offered, in seconds. Default 3 (BGP's shortest).
+	HoldTime int
+	// Peers are the BGP sessions, each a protocol of its Name.
+	Peers []Peer
+}
+
+// Peer is one BGP session.
+type Peer struct {
+	// Name is the session's name in bird (`birdc show protocols`): letters,
+	// digits and underscores.
+	Name string
+	// Address and AS are the peer's.
+	Address string
+	AS      uint32
+	// Password signs the session with TCP MD5 when not empty.
+	Password string
+	// TTLSecurity turns GTSM on (`ttl security on`).
+	TTLSecurity bool
+}
+
+// Router is a running bird.
+type Router struct {
+	ns   *netns.NS
+	dir  string
+	sock string
+	log  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// config renders c as bird.conf.
+func (c Config) config() string {
+	hold := c.HoldTime
+	if hold == 0 {
+		hold = 3
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `log stderr all;
+router id %s;
+protocol device { scan time 1; }
+protocol kernel {
+	ipv4 { import none; export all; };
+	merge paths on;
+}
+template bgp ld {
+	local %s as %d;
+	hold time %d;
+	keepalive time 1;
+	connect delay time 1;
+	connect retry time 1;
+	error wait time 1, 2;
+	ipv4 { import all; export none; };
+}
+`, c.RouterID, c.Address, c.AS, hold)
+	for _, p := range c.Peers {
+		fmt.Fprintf(&b, "protocol bgp %s from ld {\n\tneighbor %s as %d;\n", p.Name, p.Address, p.AS)
+		if p.Password != "" {
+			fmt.Fprintf(&b, "\tpassword %q;\n", p.Password)
+		}
+		if p.TTLSecurity {
+			b.WriteString("\tttl security on;\n")
+		}
+		b.WriteString("}\n")
+	}
+	return b.String()
+}
+
+// Start writes c's configuration, checks it with `bird -p` and runs bird in ns
+// until the test ends.
+func Start(t testing.TB, ns *netns.NS, c Config) *Router {
+	t.Helper()
+	testenv.RequireCommand(t, "bird", "bird2")
+	testenv.RequireCommand(t, "birdc", "bird2")
+	dir := t.TempDir()
+	r := &Router{ns: ns, dir: dir, sock: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log"), done: make(chan struct{})}
+	conf := filepath.Join(dir, "bird.conf")
+	if err := os.WriteFile(conf, []byte(c.config()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("bird", "-p", "-c", conf).CombinedOutput(); err != nil {
+		t.Fatalf("bird rejects its configuration: %v: %s\n%s", err, out, c.config())
+	}
+	logf, err := os.Create(r.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cmd = ns.Command("bird", "-f", "-c", conf, "-s", r.sock, "-P", filepath.Join(dir, "bird.pid"))
+	r.cmd.Stdout, r.cmd.Stderr = logf, logf
+	if err := r.cmd.Start(); err != nil {
+		logf.Close()
+		t.Fatalf("starting bird in %s: %v", ns, err)
+	}
+	go func() {
+		r.cmd.Wait()
+		logf.Close()
+		close(r.done)
+	}()
+	t.Cleanup(r.stop)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := r.Birdc("show", "status"); err == nil {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bird did not answer on %s within 10s\n%s", r.sock, r.LogTail())
+		}
+		select {
+		case <-r.done:
+			t.Fatalf("bird exited: %v\n%s", r.cmd.ProcessState, r.LogTail())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// stop ends bird (SIGTERM, then SIGKILL after 5 s) and waits for it.
+func (r *Router) stop() {
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.done:
+	case <-time.After(5 * time.Second):
+		_ = r.cmd.Process.Kill()
+		<-r.done
+	}
+}
+
+// Birdc runs a birdc command on the router's control socket and returns its output.
+func (r *Router) Birdc(args ...string) (string, error) {
+	out, err := exec.Command("birdc", append([]string{"-s", r.sock}, args...)...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("birdc %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// Established reports whether the session named name is established.
+func (r *Router) Established(name string) bool {
+	out, err := r.Birdc("show", "protocols", name)
+	if err != nil {
+		return false
+	}
+	for line := range strings.SplitSeq(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && f[0] == name {
+			return slices.Contains(f, "Established")
+		}
+	}
+	return false
+}
+
+// NextHops returns the gateways of the kernel's route for prefix (like
+// "203.0.113.10/32") in the router's namespace, sorted: one for a plain route,
+// several for a multipath one, none without a route.
+func (r *Router) NextHops(prefix string) ([]string, error) {
+	out, err := r.ns.Run("ip", "-j", "route", "show", "exact", prefix)
+	if err != nil {
+		return nil, err
+	}
+	var routes []struct {
+		Gateway  string `json:"gateway"`
+		Nexthops []struct {
+			Gateway string `json:"gateway"`
+		} `json:"nexthops"`
+	}
+	if err := json.Unmarshal(bytes.TrimSpace([]byte(out)), &routes); err != nil {
+		return nil, fmt.Errorf("ip -j route: %w: %s", err, out)
+	}
+	var gws []string
+	for _, rt := range routes {
+		if rt.Gateway != "" {
+			gws = append(gws, rt.Gateway)
+		}
+		for _, nh := range rt.Nexthops {
+			gws = append(gws, nh.Gateway)
+		}
+	}
+	slices.Sort(gws)
+	return gws, nil
+}
+
+// Routes returns `ip route` in the router's namespace, for failure messages.
+func (r *Router) Routes() string {
+	out, _ := r.ns.Run("ip", "route")
+	return out
+}
+
+// LogTail returns the end of bird's log.
+func (r *Router) LogTail() string {
+	data, _ := os.ReadFile(r.log)
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > 40 {
+		lines = lines[len(lines)-40:]
+	}
+	return strings.Join(lines, "\n")
+}
