@@ -5,7 +5,13 @@ package main
 import (
 	"os"
 
+	"github.com/tiergate/tiergate/l7"
 	"github.com/tiergate/tiergate/l7/l7d"
 )
 
-func main() { os.Exit(l7d.Main(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "run" {
+		l7.ExecWithRuntimeSettings() // the runtime's idle wake-ups (l7/runtime.go)
+	}
+	os.Exit(l7d.Main(os.Args[1:], os.Stdout, os.Stderr))
+}
