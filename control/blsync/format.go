@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"iter"
 	"net/netip"
+	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tiergate/tiergate/control/store"
@@ -166,38 +168,61 @@ type chunk struct {
 }
 
 // encodeChunks cuts the entries of s, in address order, into chunks of the
-// policy/blacklist binary format, each within MaxChunkBytes.
+// policy/blacklist binary format, each within MaxChunkBytes. The entries are cut
+// in one pass; each chunk is built and encoded by a goroutine of its own, as many
+// at once as there are CPUs.
 func encodeChunks(s *blacklist.Set) ([]chunk, error) {
-	var out []chunk
-	var b blacklist.Builder
+	var (
+		mu    sync.Mutex
+		parts [][]chunk
+		first error
+		wg    sync.WaitGroup
+		sem   = make(chan struct{}, runtime.GOMAXPROCS(0))
+	)
+	b := new(blacklist.Builder)
 	n, est := 0, 0
 	var prev4 uint32
-	flush := func() error {
+	flush := func() {
 		if n == 0 {
-			return nil
+			return
 		}
-		cs, err := encodeChunk(b.Build(), n)
-		if err != nil {
-			return err
-		}
-		out = append(out, cs...)
-		b.Reset()
+		mu.Lock()
+		i := len(parts)
+		parts = append(parts, nil)
+		mu.Unlock()
+		full, entries := b, n
+		b = new(blacklist.Builder)
 		n, est = 0, 0
-		return nil
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			cs, err := encodeChunk(full.Build(), entries)
+			mu.Lock()
+			defer mu.Unlock()
+			parts[i] = cs
+			if err != nil && first == nil {
+				first = err
+			}
+		}()
 	}
 	for e := range s.All() {
 		add := estimate(e, &prev4)
 		if est+add > targetChunkBytes {
-			if err := flush(); err != nil {
-				return nil, err
-			}
+			flush()
 		}
 		b.Add(e.Prefix, e.Expires)
 		n++
 		est += add
 	}
-	if err := flush(); err != nil {
-		return nil, err
+	flush()
+	wg.Wait()
+	if first != nil {
+		return nil, first
+	}
+	var out []chunk
+	for _, cs := range parts {
+		out = append(out, cs...)
 	}
 	if len(out) > MaxChunks {
 		return nil, fmt.Errorf("the list takes %d chunks, over %d: %w", len(out), MaxChunks, store.ErrTooLarge)
@@ -349,8 +374,11 @@ func DecodeDelta(v int64, data []byte) (*blacklist.Delta, *DeltaRecord, error) {
 		return nil, nil, fmt.Errorf("delta %d: %d bytes: %w", v, len(data), ErrCorrupt)
 	}
 	var rec DeltaRecord
-	if err := json.Unmarshal(data, &rec); err != nil {
-		return nil, nil, fmt.Errorf("delta %d: %w: %w", v, ErrCorrupt, err)
+	if !deltaFast(data, &rec) {
+		rec = DeltaRecord{}
+		if err := json.Unmarshal(data, &rec); err != nil {
+			return nil, nil, fmt.Errorf("delta %d: %w: %w", v, ErrCorrupt, err)
+		}
 	}
 	if rec.Version != v {
 		return nil, nil, fmt.Errorf("delta %d holds version %d: %w", v, rec.Version, ErrCorrupt)

@@ -2,7 +2,9 @@ package blsync
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
 
@@ -86,4 +88,74 @@ func FuzzDecodeChunk(f *testing.F) {
 			t.Fatal("no set and no error")
 		}
 	})
+}
+
+// FuzzDeltaFast: the fast reading of a stored delta accepts only what
+// encoding/json accepts, and reads it the same.
+func FuzzDeltaFast(f *testing.F) {
+	d := &blacklist.Delta{Add: []blacklist.Entry{{Prefix: netip.MustParsePrefix("198.51.100.7/32"), Expires: time.Unix(2000000000, 0)},
+		{Prefix: netip.MustParsePrefix("2001:db8::/48")}}, Remove: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}
+	data, _ := encodeDelta(4, d, Meta{Who: "risk", Reasons: []string{"scan"}}, time.Unix(1700000000, 5))
+	f.Add(data)
+	for _, s := range []string{
+		`{"version":1,"time":"2026-01-02T03:04:05Z","add":[{"p":"1.2.3.4","x":0,"r":""}],"remove":[]}`,
+		`{ "version" : -0 , "add" : [ ] , "remove" : [ "::1" ] }`, `{"version":01}`, `{"version":1e3}`, `{"version":1.0}`,
+		`{"version":9223372036854775808}`, `{"version":1,"version":2}`, `{"Version":1}`, `{"version":1,"add":null}`,
+		`{"version":1,"add":[{"p":"a\"b"}]}`, `{"version":1,"add":[{"p":"1.2.3.4","p":"1.2.3.5"}]}`, `{"version":1,"add":[{"x":"1"}]}`,
+		`{"version":1,"time":"yesterday"}`, `{"version":1,"who":"é"}`, `{"version":1} x`, `{"version":1,}`, `{"version":1,"add":[1]}`,
+		`{"version":1,"remove":["1.2.3.4",]}`, `{}`, `{"version":1,"extra":true}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var fast, slow DeltaRecord
+		if !deltaFast(b, &fast) {
+			return
+		}
+		if err := json.Unmarshal(b, &slow); err != nil {
+			t.Fatalf("%q: read fast, refused by encoding/json: %v", b, err)
+		}
+		if !reflect.DeepEqual(fast, slow) {
+			t.Fatalf("%q: fast %+v, encoding/json %+v", b, fast, slow)
+		}
+	})
+}
+
+// TestDeltaFastReadsTheWriters: what encodeDelta writes is read by the fast
+// path, the same as encoding/json reads it; a reason json.Marshal escapes is
+// left to encoding/json, which DecodeDelta then uses.
+func TestDeltaFastReadsTheWriters(t *testing.T) {
+	var d blacklist.Delta
+	for i := range 1000 {
+		e := blacklist.Entry{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), 32)}
+		if i%3 == 0 {
+			e.Expires = time.Unix(1900000000+int64(i), 0)
+		}
+		d.Add = append(d.Add, e)
+	}
+	d.Remove = []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}
+	for _, c := range []struct {
+		reasons []string
+		fast    bool
+	}{{[]string{"crowdsecurity/ssh-bf", "scan"}, true}, {[]string{"ssh-bf", "scan <x> & \"q\""}, false}} {
+		data, err := encodeDelta(7, &d, Meta{Who: "crowdsec", Reasons: c.reasons}, time.Unix(1700000000, 123))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fast, slow DeltaRecord
+		if got := deltaFast(data, &fast); got != c.fast {
+			t.Fatalf("reasons %q: read by the fast path %v, want %v:\n%.300s", c.reasons, got, c.fast, data)
+		}
+		if err := json.Unmarshal(data, &slow); err != nil {
+			t.Fatal(err)
+		}
+		if c.fast && !reflect.DeepEqual(fast, slow) {
+			t.Fatalf("fast %+v\nencoding/json %+v", fast.Add[:2], slow.Add[:2])
+		}
+		got, rec, err := DecodeDelta(7, data)
+		if err != nil || len(got.Add) != 1000 || len(got.Remove) != 1 || !got.Add[0].Expires.Equal(time.Unix(1900000000, 0)) ||
+			!reflect.DeepEqual(*rec, slow) {
+			t.Fatalf("DecodeDelta: %v", err)
+		}
+	}
 }
