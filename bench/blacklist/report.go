@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/tiergate/tiergate/bench/benchkit"
@@ -32,6 +33,9 @@ type summary struct {
 	PushL7AppliedS   []float64 `json:"push_l7d_applied_s,omitempty"`
 	PushAgentsFirstS *float64  `json:"push_agents_first_applied_s"`
 	PushAgentsLastS  *float64  `json:"push_agents_last_applied_s"`
+	// PushCPUS is the CPU time, in seconds, of controld, each l7d and the
+	// benchmark's process (the simulated nodes) during the push, in that order.
+	PushCPUS []float64 `json:"push_cpu_s,omitempty"`
 	// The deltas as the two l7d alone applied them.
 	DeltaL7P50Ms *float64 `json:"delta_10k_l7d_p50_ms"`
 	DeltaL7P99Ms *float64 `json:"delta_10k_l7d_p99_ms"`
@@ -113,6 +117,9 @@ func (r *report) write(w io.Writer) {
 		for _, d := range r.l7Applied {
 			s.PushL7AppliedS = append(s.PushL7AppliedS, *secs(d))
 		}
+		for _, d := range r.pushCPU {
+			s.PushCPUS = append(s.PushCPUS, *secs(d))
+		}
 		if r.agentsRun > 0 {
 			s.PushAgentsFirstS, s.PushAgentsLastS = secs(r.agentsFirst), secs(r.agentsLast)
 		}
@@ -144,6 +151,14 @@ func (r *report) write(w io.Writer) {
 	}
 	t.Row("  simulated first / last", fmtOr(s.PushAgentsFirstS, "%.2f s")+" / "+fmtOr(s.PushAgentsLastS, "%.2f s"), "", "",
 		fmt.Sprintf("blsync.Follower's Changed, %d in this process verifying only (peak RSS %.0f MiB)", r.agentsRun, r.peakRSSMiB))
+	if n := len(s.PushCPUS); n >= 2 {
+		var l7 []string
+		for _, v := range s.PushCPUS[1 : n-1] {
+			l7 = append(l7, fmt.Sprintf("%.1f", v))
+		}
+		t.Row("  CPU: controld / l7d / simulated", fmt.Sprintf("%.1f / %s / %.1f s", s.PushCPUS[0], strings.Join(l7, ", "), s.PushCPUS[n-1]), "", "",
+			"/proc/<pid>/stat from the push sent to the last node applying it")
+	}
 	t.Row("delta_10k_p99_ms", fmtOr(s.DeltaP99Ms, "%.0f ms"), fmt.Sprintf("≤ %.0f ms", targetDeltaP99Ms), met(s.Targets["delta_10k_p99_ms"]),
 		fmt.Sprintf("POST …/delta sent → last node enforcing it, %d deltas", len(r.deltaLat)))
 	t.Row("  p50", fmtOr(s.DeltaP50Ms, "%.0f ms"), "", "", "")

@@ -66,6 +66,9 @@ type report struct {
 	memAvailable   int64 // bytes, at the start of the push phase
 	agentFitNote   string
 	peakRSSMiB     float64 // this process's (VmHWM), at the end
+	// pushCPU is the CPU time of controld, each l7d and this process (the
+	// simulated nodes) from the push sent to the last node applying it.
+	pushCPU []time.Duration
 }
 
 // agentPeakBytesPerEntry bounds a simulated node's memory at its peak, per entry
@@ -226,7 +229,9 @@ func (r *report) runCluster(ctx context.Context) error {
 	defer os.RemoveAll(dir)
 	start := time.Now()
 	r.progress("cluster: controld, 2 keyserverd, 2 l7d from %s", o.bin)
-	c, err := cluster.Start(ctx, cluster.Options{Bin: o.bin, Dir: dir, EtcdListen: true})
+	// At info: etcd logs each request it applies at debug, a chunk's megabyte
+	// quoted, which would cost controld a fifth of its CPU during the push.
+	c, err := cluster.Start(ctx, cluster.Options{Bin: o.bin, Dir: dir, EtcdListen: true, LogLevel: "info"})
 	if err != nil {
 		return err
 	}
@@ -321,6 +326,11 @@ func (r *report) runCluster(ctx context.Context) error {
 	}
 
 	r.progress("push: %.1f MiB to PUT /v1/blacklists/%s", float64(body.Len())/(1<<20), listName)
+	procs := []*cluster.Proc{c.Controld}
+	for _, l := range c.L7 {
+		procs = append(procs, &l.Proc)
+	}
+	cpu0 := cpuTimes(procs)
 	sent := time.Now()
 	var ans struct {
 		Operation string `json:"operation"`
@@ -367,6 +377,10 @@ func (r *report) runCluster(ctx context.Context) error {
 		r.agentsLast = max(r.agentsLast, d)
 	}
 	r.lastApplied = max(r.lastApplied, r.agentsLast)
+	cpu1 := cpuTimes(procs)
+	for i := range cpu1 {
+		r.pushCPU = append(r.pushCPU, cpu1[i]-cpu0[i])
+	}
 	r.progress("push: applied everywhere %v after it was sent", r.lastApplied.Round(time.Millisecond))
 
 	// The backend's sizes are updated on its commit interval.
@@ -516,4 +530,36 @@ func slicesMax(d []time.Duration) time.Duration {
 		m = max(m, x)
 	}
 	return m
+}
+
+// cpuTimes returns the CPU time (user and system) so far of each process, then
+// of this one.
+func cpuTimes(procs []*cluster.Proc) []time.Duration {
+	var out []time.Duration
+	for _, p := range procs {
+		out = append(out, procCPU(fmt.Sprintf("/proc/%d/stat", p.PID())))
+	}
+	return append(out, procCPU("/proc/self/stat"))
+}
+
+// procCPU reads a process's utime and stime from its /proc stat file (0 when it
+// cannot), in the kernel's clock ticks of 10ms.
+func procCPU(file string) time.Duration {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return 0
+	}
+	// The command, in parentheses, may hold spaces: the fields follow the last ')'.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	var ut, st int64
+	fmt.Sscan(f[11], &ut)
+	fmt.Sscan(f[12], &st)
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }

@@ -88,6 +88,9 @@ type Options struct {
 	// as a YAML flow mapping, such as `{proxy_protocol: true, proxy_trusted:
 	// ["127.0.0.1"]}`. Default none: the client is the connection's peer.
 	L7ClientIP string
+
+	// LogLevel is the log_level of controld and of every node. Default debug.
+	LogLevel string
 }
 
 // Cluster is a running cluster.
@@ -170,6 +173,14 @@ type L7 struct {
 	StateDir, CacheFile string
 }
 
+// PID is the process's ID while it runs, 0 when it does not.
+func (p *Proc) PID() int {
+	if p == nil || p.p == nil {
+		return 0
+	}
+	return p.p.PID()
+}
+
 // Start starts the store (external etcd when asked), the keyservers and controld,
 // and waits for each to answer. On an error it stops what it started.
 func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
@@ -187,6 +198,9 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 	if o.StartTimeout == 0 {
 		o.StartTimeout = 20 * time.Second
+	}
+	if o.LogLevel == "" {
+		o.LogLevel = "debug"
 	}
 	if o.Bin, err = filepath.Abs(o.Bin); err != nil {
 		return nil, err
@@ -341,7 +355,7 @@ func (c *Cluster) prepareKeyserver(node string) error {
 	cfg := fmt.Sprintf(`listen: %q
 admin_listen: %q
 state_dir: %q
-log_level: debug
+log_level: `+c.Opts.LogLevel+`
 shutdown_grace: 5s
 tls:
   cert_file: %q
@@ -424,7 +438,7 @@ func (c *Cluster) startControld(ctx context.Context) error {
 	pki := filepath.Join(c.Opts.Dir, "pki")
 	cfg := fmt.Sprintf(`data_dir: %q
 listen: %q
-log_level: debug
+log_level: `+c.Opts.LogLevel+`
 keyservers:
   servers: [%s]
   cert_file: %q
@@ -512,7 +526,7 @@ node_listeners:
   %s: {addr: %q%s}
 state_dir: %q
 admin_listen: %q
-log_level: debug
+log_level: `+c.Opts.LogLevel+`
 `, node, c.L7Endpoint, strings.Join(servers, ", "), c.l7ClientCert, c.l7ClientKey, c.KeyserverPKI.ServerCAFile,
 		c.Opts.Listener, l.Listen, clientIP, l.StateDir, l.Admin)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
@@ -607,7 +621,7 @@ func (c *Cluster) AddL4On(ctx context.Context, node string, p L4Ports) (*L4, err
 	}
 	cfg := fmt.Sprintf(`admin_listen: %q
 state_dir: %q
-log_level: debug
+log_level: `+c.Opts.LogLevel+`
 dpdk:
   eal_args: [--no-pci, --no-huge, -m, "256", --no-telemetry, "--file-prefix=%s", %s]
 ports:
