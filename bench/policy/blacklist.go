@@ -424,7 +424,7 @@ const (
 	updBinary  = "binary upload: read + build + swap"
 	updBuilder = "Builder: add + build + swap"
 	updDelta   = "delta of 10k: List.Apply"
-	updControl = "control: no update, a busy goroutine"
+	updControl = "control: no update, a busy goroutine, after each"
 )
 
 // spin keeps the goroutine busy for d without allocating.
@@ -524,18 +524,41 @@ func (b *bench) measureUpdates(ctx context.Context, d *blData, ref *blacklist.Se
 		}
 	}
 
-	// The same updates with a goroutine timing each of its lookups meanwhile.
+	// The same updates with a goroutine timing each of its lookups meanwhile (a
+	// delta's until the list has folded it in the background too), each followed
+	// by the control for as long: the same lookup goroutine beside a goroutine that
+	// keeps a core busy without touching the list or allocating. What the control
+	// sees is the scheduler and the rest of the machine, not the list, over as much
+	// time as the updates and at about the same moments, so that the longest
+	// lookups of the two are drawn alike.
+	ctl := &blUpdate{Name: updControl, StallUs: ptr(0.0), Over1ms: ptr(0), Probes: ptr(int64(0)), GCs: ptr(uint32(0))}
+	control := func(d time.Duration) {
+		l.Replace(ref)
+		runtime.GC()
+		gc0 := numGC()
+		pr := startProbe(l, p.mixed)
+		spin(d)
+		pr.stop()
+		ctl.RunsMs = append(ctl.RunsMs, round(benchkit.Ms(d), 2))
+		*ctl.StallUs = max(*ctl.StallUs, round(float64(pr.worst)/float64(time.Microsecond), 1))
+		*ctl.Over1ms += pr.over
+		*ctl.Probes += pr.count
+		*ctl.GCs += numGC() - gc0
+	}
 	for i, u := range updates {
 		l.Replace(ref)
 		runtime.GC()
 		gc0 := numGC()
 		pr := startProbe(l, p.mixed)
+		t0 := time.Now()
 		for j := range b.o.updateRuns {
 			if err := u.run(j); err != nil {
 				pr.stop()
 				return fmt.Errorf("%s (with lookups): %w", u.name, err)
 			}
 		}
+		l.WaitFold()
+		took := time.Since(t0)
 		pr.stop()
 		r := res.updates[i]
 		r.StallUs, r.Over1ms, r.Probes = ptr(round(float64(pr.worst)/float64(time.Microsecond), 1)), ptr(pr.over), ptr(pr.count)
@@ -543,32 +566,24 @@ func (b *bench) measureUpdates(ctx context.Context, d *blData, ref *blacklist.Se
 		if pr.count == 0 {
 			return fmt.Errorf("%s: the lookup goroutine made no lookup", u.name)
 		}
+		control(took)
 	}
-	// The control: the same lookup goroutine beside a goroutine that keeps a core
-	// busy without touching the list or allocating, for as long as the text updates
-	// took. What it sees is the scheduler and the rest of the machine, not the list.
-	l.Replace(ref)
-	runtime.GC()
-	var busy time.Duration
-	if u := res.update(updText); u != nil {
-		for _, v := range u.RunsMs {
-			busy += time.Duration(v * float64(time.Millisecond))
-		}
-	}
-	gc0 := numGC()
-	pr := startProbe(l, p.mixed)
-	spin(busy)
-	pr.stop()
-	res.control = &blUpdate{Name: updControl, RunsMs: []float64{round(benchkit.Ms(busy), 2)}, MedianMs: round(benchkit.Ms(busy), 2),
-		StallUs: ptr(round(float64(pr.worst)/float64(time.Microsecond), 1)), Over1ms: ptr(pr.over), Probes: ptr(pr.count),
-		GCs: ptr(numGC() - gc0)}
 
 	l.Replace(nil)
+	t0 := time.Now()
 	worst := blacklist.MeasureSwapStall(l, ref, 1<<20)
+	took := time.Since(t0)
 	res.swapStallUs = ptr(round(float64(worst)/float64(time.Microsecond), 1))
 	if l.Snapshot() != ref {
 		return fmt.Errorf("MeasureSwapStall left another set in force")
 	}
+	control(took)
+	var busy float64
+	for _, v := range ctl.RunsMs {
+		busy += v
+	}
+	ctl.MedianMs = round(busy, 2)
+	res.control = ctl
 	res.updateOther = round(others.cores(), 2)
 	for _, u := range res.updates {
 		b.Progress("  %s: median %.1f ms of %v; longest lookup beside it %.1f µs, %d collections meanwhile", u.Name, u.MedianMs, u.RunsMs, *u.StallUs, *u.GCs)

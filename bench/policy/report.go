@@ -19,6 +19,9 @@ const (
 	targetBytesV6      = 24.0  // per IPv6 address
 	targetSwap1MMs     = 1000.0
 	targetMaxStallUs   = 1000.0
+	// An update may add a quarter to the longest lookup the control saw, and 200 µs.
+	targetStallVsControl     = 1.25
+	targetStallOverControlUs = 200.0
 	headlineLookupSize = 1_000_000
 	largeLookupSize    = 10_000_000
 )
@@ -138,6 +141,13 @@ func (b *bench) report() {
 	row("bl_bytes_v6", fmt.Sprintf("bytes per IPv6 address ≤ %.0f", targetBytesV6), atMost(s.BLBytesV6, targetBytesV6), numUnit(s.BLBytesV6, "%.2f B"))
 	row("bl_swap_1m", fmt.Sprintf("1M entries parsed, built and swapped in ≤ %.0f ms", targetSwap1MMs), atMost(s.BLSwap1MMs, targetSwap1MMs), numUnit(s.BLSwap1MMs, "%.1f ms"))
 	row("bl_max_stall", fmt.Sprintf("no lookup stalled over %.0f µs by an update", targetMaxStallUs), atMost(s.BLMaxStallUs, targetMaxStallUs), numUnit(s.BLMaxStallUs, "%.1f µs"))
+	stallText, stallMet := "not measured", (*bool)(nil)
+	if s.BLMaxStallUs != nil && s.BLControlStallUs != nil {
+		limit := targetStallVsControl**s.BLControlStallUs + targetStallOverControlUs
+		stallText = fmt.Sprintf("%.1f µs, control %.1f µs: limit %.1f µs", *s.BLMaxStallUs, *s.BLControlStallUs, limit)
+		stallMet = atMost(s.BLMaxStallUs, limit)
+	}
+	row("bl_stall_vs_control", fmt.Sprintf("longest lookup beside updates ≤ %.2f × the control's + %.0f µs", targetStallVsControl, targetStallOverControlUs), stallMet, stallText)
 	cpuText, cpuMet := "not measured", (*bool)(nil)
 	if s.L7CPUUs != nil && s.NginxCPUUs != nil {
 		cpuText = fmt.Sprintf("l7d %.1f µs, nginx %.1f µs: nginx ÷ l7d = %.2f", *s.L7CPUUs, *s.NginxCPUUs, *s.L7VsNginx)
