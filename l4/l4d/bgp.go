@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -86,11 +87,30 @@ func (c *FileConfig) validateBGP(ck *config.Checker) {
 	}
 }
 
+// bgpSummary is l4d check's line about the bgp section; "" without one.
+func (c *FileConfig) bgpSummary() string {
+	b := c.BGP
+	if b == nil {
+		return ""
+	}
+	var nh, peers []string
+	for _, a := range []netip.Addr{b.NextHop, b.NextHop6} {
+		if a.IsValid() {
+			nh = append(nh, a.String())
+		}
+	}
+	for _, p := range b.Peers {
+		peers = append(peers, fmt.Sprintf("%v AS %d (hold %v)", p.Address, p.AS, p.HoldTime))
+	}
+	return fmt.Sprintf("BGP: AS %d, router id %v, next hop %s; peers %s; withdraw_delay %v",
+		b.ASN, b.RouterID, strings.Join(nh, ", "), strings.Join(peers, ", "), b.WithdrawDelay)
+}
+
 // startBGP starts the speaker when the file has a bgp section, and the evaluation of
 // what it announces every check_interval. stop withdraws nothing by itself: it ends
 // the evaluations and closes the sessions (the peers drop the routes with them).
 func (d *Daemon) startBGP(ctx context.Context) (stop func(), err error) {
-	cfg := d.file.BGP
+	cfg := d.current().file.BGP
 	if cfg == nil {
 		return func() {}, nil
 	}
@@ -164,7 +184,7 @@ func (d *Daemon) evaluateBGP(ctx context.Context) {
 		global = bgp.ReasonPortsDown
 	}
 	fwd := d.forwarding()
-	cfg := d.file.BGP
+	cfg := d.current().file.BGP
 	var schedulable map[string]int
 	if global == "" && *cfg.WithdrawUnhealthy && d.dist != nil {
 		schedulable = map[string]int{}
@@ -220,7 +240,7 @@ func (d *Daemon) withdrawForStop() time.Duration {
 		return 0
 	}
 	d.evaluateBGP(context.Background())
-	delay := d.file.BGP.WithdrawDelay.D()
+	delay := d.current().file.BGP.WithdrawDelay.D()
 	d.Log.Info("VIPs withdrawn from BGP; forwarding while the routers move the traffic", "withdraw_delay", delay)
 	return delay
 }

@@ -180,6 +180,17 @@ func TestBGPAnnounce(t *testing.T) {
 	}
 }
 
+// TestBGPReload: the bgp section is fixed at start; a reload of the same file keeps
+// it, one that changes it is refused.
+func TestBGPReload(t *testing.T) {
+	const section = "bgp: {asn: 65001, listen_port: -1, peers: [{address: 127.0.0.9, as: 65000, passive: true}]}\n"
+	td := startWith(t, testConfig+section)
+	td.want("GET", "/bgp", "", 200, `"address": "127.0.0.9"`, `"asn": 65001`, `"announced": true`)
+	td.want("POST", "/reload", "", 200)
+	writeFile(t, td.Path, testConfig+strings.Replace(section, "65001", "65002", 1))
+	apiErr(t, td.want("POST", "/reload", "", 409, "bgp cannot change at runtime"), 409, "restart_required")
+}
+
 func TestBGPConfig(t *testing.T) {
 	td := startWith(t, testConfig)
 	apiErr(t, td.want("GET", "/bgp", "", 404), 404, "not_found")
@@ -207,5 +218,7 @@ func TestBGPConfig(t *testing.T) {
 	if b := c.BGP; b.NextHop.String() != "198.18.0.2" || b.RouterID != b.NextHop || b.Peers[0].HoldTime.D() != 9*time.Second {
 		t.Errorf("defaults: %+v", b)
 	}
+	if got, want := c.bgpSummary(), "BGP: AS 65001, router id 198.18.0.2, next hop 198.18.0.2; peers 198.18.0.1 AS 65000 (hold 9s); withdraw_delay 3s"; got != want {
+		t.Errorf("l4d check says %q, want %q", got, want)
+	}
 }
-

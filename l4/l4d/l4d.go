@@ -191,6 +191,9 @@ func (d *Daemon) Check(out io.Writer) error {
 		ports += ", " + cfg.Ports.Internal.Device
 	}
 	fmt.Fprintf(out, "ports %s; %d workers; %d mbufs per port\n", ports, cfg.DPDK.Workers, cfg.DPDK.MbufsPerPort())
+	if b := cfg.bgpSummary(); b != "" {
+		fmt.Fprintln(out, b)
+	}
 	if nc := cfg.Control; nc != nil {
 		fmt.Fprintf(out, "rules and pools from the control plane: node %s at %s; last snapshot kept in %s\n",
 			nc.Node, strings.Join(nc.EtcdEndpoints, ","), nc.CacheFile)
