@@ -670,3 +670,32 @@ func TestFollowerVerifyOnly(t *testing.T) {
 		t.Fatalf("version %d counted in force with a corrupt chunk", v)
 	}
 }
+
+// TestFollowerSavesLatest: versions put in force one after the other are kept on
+// disk, the latest of them at the latest saveGap after it, with the follower still
+// running.
+func TestFollowerSavesLatest(t *testing.T) {
+	st := openStore(t)
+	w := NewWriter(st, WriterConfig{Logger: quiet()})
+	dir := t.TempDir()
+	ls := &listSet{}
+	f, _ := runFollower(t, FollowerConfig{Store: st, Dir: dir, List: ls.get})
+	for i := range 3 {
+		d := &blacklist.Delta{Add: []blacklist.Entry{{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), 32)}}}
+		if _, err := w.Delta(ctx, "global", d, "a"); err != nil {
+			t.Fatal(err)
+		}
+		waitVersion(t, f, "global", int64(i+1))
+	}
+	deadline := time.Now().Add(3 * saveGap)
+	for {
+		_, v, err := readCache(dir, "global")
+		if err == nil && v == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("on disk: version %d (%v), want 3 within %v", v, err, 3*saveGap)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

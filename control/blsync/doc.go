@@ -68,7 +68,8 @@
 // and swapped in (blacklist.List.Replace or Apply); entries expire on the node
 // with no store write. Each list put in force is written to FollowerConfig.Dir
 // (<name>.bl, <name>.json with its version and SHA-256) by a goroutine of its
-// own, and loaded from there at start, so a node started while the store is out
-// of reach enforces its last lists. Follower.Versions is what the node enforces,
+// own, at most every 5s (the latest version; at the follower's end too), and
+// loaded from there at start, so a node started while the store is out of reach
+// enforces its last lists. Follower.Versions is what the node enforces,
 // for control/agent's Config.Blacklists.
 package blsync

@@ -38,9 +38,10 @@ type FollowerConfig struct {
 	Open func(ctx context.Context) (*store.Store, error)
 
 	// Dir keeps the last version of each list applied (<name>.bl in the
-	// policy/blacklist binary format, <name>.json its version and SHA-256), loaded
-	// at start so a node started while the store is out of reach enforces its last
-	// lists. Created when missing. Default none: nothing is kept.
+	// policy/blacklist binary format, <name>.json its version and SHA-256),
+	// written at most every 5s and at the follower's end, loaded at start so a
+	// node started while the store is out of reach enforces its last lists.
+	// Created when missing. Default none: nothing is kept.
 	Dir string
 
 	// List returns the list a name of the store is put in force in, nil for a list
@@ -502,16 +503,34 @@ func (f *Follower) save(name string, v int64, s *blacklist.Set) {
 	}
 }
 
-// saver writes the lists save was given, each its latest, until ctx is done
-// (then what is left).
+// saveGap is the least time between two writes of the lists to Dir: a list of
+// 10M entries is 17 MiB to encode, hash and write, which a delta a second would
+// otherwise cost the node each second. The latest version is written at the
+// latest saveGap after it is in force, and at the follower's end.
+const saveGap = 5 * time.Second
+
+// saver writes the lists save was given, each its latest, at most every saveGap,
+// until ctx is done (then what is left).
 func (f *Follower) saver(ctx context.Context) {
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			f.flush()
 			return
 		case <-f.saveSig:
+			if wait := saveGap - time.Since(last); !last.IsZero() && wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					f.flush()
+					return
+				case <-t.C:
+				}
+			}
 			f.flush()
+			last = time.Now()
 		}
 	}
 }
