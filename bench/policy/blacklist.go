@@ -414,17 +414,23 @@ func (b *bench) measureSet(ctx context.Context, kind string, size int) error {
 			return fmt.Errorf("updates: %w", err)
 		}
 	}
+	if kind == kindV4 && size == largeLookupSize {
+		if err := b.measureLargeDelta(d, s, p); err != nil {
+			return fmt.Errorf("delta on %s: %w", sizeName(size), err)
+		}
+	}
 	runtime.KeepAlive(s)
 	return nil
 }
 
 // Names of the updates, as in the table.
 const (
-	updText    = "text upload: parse + build + swap"
-	updBinary  = "binary upload: read + build + swap"
-	updBuilder = "Builder: add + build + swap"
-	updDelta   = "delta of 10k: List.Apply"
-	updControl = "control: no update, a busy goroutine, after each"
+	updText     = "text upload: parse + build + swap"
+	updBinary   = "binary upload: read + build + swap"
+	updBuilder  = "Builder: add + build + swap"
+	updDelta    = "delta of 10k: List.Apply"
+	updDelta10M = "delta of 10k on the 10M list: List.Apply"
+	updControl  = "control: no update, a busy goroutine, after each"
 )
 
 // spin keeps the goroutine busy for d without allocating.
@@ -531,20 +537,7 @@ func (b *bench) measureUpdates(ctx context.Context, d *blData, ref *blacklist.Se
 	// sees is the scheduler and the rest of the machine, not the list, over as much
 	// time as the updates and at about the same moments, so that the longest
 	// lookups of the two are drawn alike.
-	ctl := &blUpdate{Name: updControl, StallUs: ptr(0.0), Over1ms: ptr(0), Probes: ptr(int64(0)), GCs: ptr(uint32(0))}
-	control := func(d time.Duration) {
-		l.Replace(ref)
-		runtime.GC()
-		gc0 := numGC()
-		pr := startProbe(l, p.mixed)
-		spin(d)
-		pr.stop()
-		ctl.RunsMs = append(ctl.RunsMs, round(benchkit.Ms(d), 2))
-		*ctl.StallUs = max(*ctl.StallUs, round(float64(pr.worst)/float64(time.Microsecond), 1))
-		*ctl.Over1ms += pr.over
-		*ctl.Probes += pr.count
-		*ctl.GCs += numGC() - gc0
-	}
+	control := func(d time.Duration) { res.controlFor(l, ref, p, d) }
 	for i, u := range updates {
 		l.Replace(ref)
 		runtime.GC()
@@ -578,18 +571,81 @@ func (b *bench) measureUpdates(ctx context.Context, d *blData, ref *blacklist.Se
 		return fmt.Errorf("MeasureSwapStall left another set in force")
 	}
 	control(took)
-	var busy float64
-	for _, v := range ctl.RunsMs {
-		busy += v
-	}
-	ctl.MedianMs = round(busy, 2)
-	res.control = ctl
 	res.updateOther = round(others.cores(), 2)
 	for _, u := range res.updates {
 		b.Progress("  %s: median %.1f ms of %v; longest lookup beside it %.1f µs, %d collections meanwhile", u.Name, u.MedianMs, u.RunsMs, *u.StallUs, *u.GCs)
 	}
 	b.Progress("  MeasureSwapStall: longest lookup %.1f µs; control (no update): %.1f µs; others %.2f cores",
 		*res.swapStallUs, *res.control.StallUs, res.updateOther)
+	return nil
+}
+
+// controlFor runs the control (see measureUpdates) for d: the probe on l, holding
+// ref, beside a busy goroutine. The control row adds up every window.
+func (r *blacklistResults) controlFor(l *blacklist.List, ref *blacklist.Set, p *probes, d time.Duration) {
+	if r.control == nil {
+		r.control = &blUpdate{Name: updControl, StallUs: ptr(0.0), Over1ms: ptr(0), Probes: ptr(int64(0)), GCs: ptr(uint32(0))}
+	}
+	c := r.control
+	l.Replace(ref)
+	runtime.GC()
+	gc0 := numGC()
+	pr := startProbe(l, p.mixed)
+	spin(d)
+	pr.stop()
+	c.RunsMs = append(c.RunsMs, round(benchkit.Ms(d), 2))
+	c.MedianMs = round(c.MedianMs+benchkit.Ms(d), 2) // the total, shown as such
+	*c.StallUs = max(*c.StallUs, round(float64(pr.worst)/float64(time.Microsecond), 1))
+	*c.Over1ms += pr.over
+	*c.Probes += pr.count
+	*c.GCs += numGC() - gc0
+}
+
+// measureLargeDelta times a delta of 10k (as in measureUpdates) on the 10M IPv4
+// list s, alone and then beside a lookup goroutine until the list has folded it,
+// followed by the control for as long.
+func (b *bench) measureLargeDelta(d *blData, s *blacklist.Set, p *probes) error {
+	res := b.bl
+	fwd, back := makeDeltas(d)
+	l := blacklist.NewList("bench", blacklist.Options{})
+	l.Replace(s)
+	u := &blUpdate{Name: updDelta10M}
+	apply := func(i int) error {
+		delta := fwd
+		if i%2 == 1 {
+			delta = back
+		}
+		return l.Apply(delta)
+	}
+	for i := range b.o.updateRuns {
+		t := time.Now()
+		if err := apply(i); err != nil {
+			return err
+		}
+		u.RunsMs = append(u.RunsMs, round(benchkit.Ms(time.Since(t)), 2))
+	}
+	u.MedianMs = median(u.RunsMs)
+	l.WaitFold()
+	l.Replace(s)
+	runtime.GC()
+	gc0 := numGC()
+	pr := startProbe(l, p.mixed)
+	t0 := time.Now()
+	for i := range b.o.updateRuns {
+		if err := apply(i); err != nil {
+			pr.stop()
+			return err
+		}
+	}
+	l.WaitFold()
+	took := time.Since(t0)
+	pr.stop()
+	u.StallUs, u.Over1ms, u.Probes = ptr(round(float64(pr.worst)/float64(time.Microsecond), 1)), ptr(pr.over), ptr(pr.count)
+	u.GCs = ptr(numGC() - gc0)
+	res.updates = append(res.updates, u)
+	res.controlFor(l, s, p, took)
+	b.Progress("  %s: median %.1f ms of %v; longest lookup beside it (fold included, %.0f ms) %.1f µs; control %.1f µs",
+		u.Name, u.MedianMs, u.RunsMs, benchkit.Ms(took), *u.StallUs, *res.control.StallUs)
 	return nil
 }
 
