@@ -25,6 +25,7 @@ import (
 
 	"github.com/tiergate/tiergate/control/blsync"
 	"github.com/tiergate/tiergate/control/crowdsec/crowdsectest"
+	"github.com/tiergate/tiergate/internal/proc"
 	"github.com/tiergate/tiergate/testkit/cluster"
 	"github.com/tiergate/tiergate/testkit/netns"
 	"github.com/tiergate/tiergate/testkit/testenv"
@@ -38,17 +39,26 @@ const (
 	blBulk     = "198.18.0.5" // in the 1M-entry push
 	blVIP      = "198.18.2.10"
 	blL4Addr   = "198.18.0.2"
+	blL4In     = "198.18.1.2"     // l4d's internal port
+	blMember   = "198.18.1.11"    // l7-t, the l7d behind l4d's tunnel
+	blTunnel   = "l7-t"           // its node name
 	blBound    = 15 * time.Second // a decision enforced (or lifted) everywhere within
 )
 
 // blCluster is the blacklist test's cluster: controld a bouncer of a CrowdSec
-// Local API, two l7d taking PROXY headers from loopback, and an l4d whose external
-// port is a veth to namespace cl (DPDK net_af_packet), its internal a null device.
+// Local API, two l7d taking PROXY headers from loopback (the path that reaches
+// l7d directly), and an l4d whose external port is a veth to namespace cl and its
+// internal one a veth to namespace l7t (DPDK net_af_packet both), where a third
+// l7d, l7-t, is the end of l4d's GRE tunnel: cl's clients reach it through l4d.
+//
+//	cl (clients 198.18.0.1, .3, .5) ── c0 ═ tgbl<pid> ─ l4d (198.18.0.2 | 198.18.1.2) ─ tgbi<pid> ═ t0 ── l7t (198.18.1.11, l7-t: tunnel, VIP 198.18.2.10)
 type blCluster struct {
 	*controlCluster
 	lapi *crowdsectest.LAPI
 	cl   *netns.NS
 	l4   *cluster.L4
+	l7t  *netns.NS
+	tun  *daemon // l7-t
 }
 
 func startBlacklistCluster(t *testing.T) *blCluster {
@@ -135,10 +145,25 @@ func (b *blCluster) startL4(ctx context.Context) {
 			t.Fatalf("%v: %v\n%s", args, err, out)
 		}
 	}
+	// The internal port: a veth to namespace l7t, where l7-t ends the tunnel.
+	in := fmt.Sprintf("tgbi%d", os.Getpid()%100000)
+	b.l7t = netns.New(t, "l7t")
+	netns.Veth(t, nil, in, b.l7t, "t0")
+	b.l7t.Addr("t0", blMember+"/24")
+	b.l7t.MustRun("ethtool", "-K", "t0", "tx", "off", "tso", "off", "gso", "off", "gro", "off")
+	for _, args := range [][]string{
+		{"sysctl", "-qw", "net.ipv6.conf." + in + ".disable_ipv6=1"},
+		{"ethtool", "-K", in, "tx", "off", "tso", "off", "gso", "off", "gro", "off"},
+	} {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	b.startTunnelNode()
 	l4, err := b.AddL4On(ctx, "l4-a", cluster.L4Ports{
-		VDevs:    []string{"net_af_packet0,iface=" + host, "net_null1"},
-		External: "net_af_packet0", ExternalAddr: blL4Addr + "/24",
-		Internal: "net_null1", InternalAddr: "198.18.1.2/24",
+		VDevs:    []string{"net_af_packet0,iface=" + host, "net_af_packet1,iface=" + in},
+		External: "net_af_packet0", ExternalAddr: blL4Addr + "/24", Gateway: blUnlisted,
+		Internal: "net_af_packet1", InternalAddr: blL4In + "/24",
 		Blacklists: "[global, web]",
 	})
 	if err != nil {
@@ -147,7 +172,7 @@ func (b *blCluster) startL4(ctx context.Context) {
 	b.l4 = l4
 	r := b.admin(0, "apply", "-o", "json", "-f", b.file("l4.yaml", []byte(`kind: l4-pools
 name: l7
-members: [{name: a, address: 198.18.1.11}, {name: b, address: 198.18.1.12}]
+members: [{name: t, address: `+blMember+`}]
 health: {type: none}
 ---
 kind: l4-rules
@@ -166,11 +191,123 @@ pool: l7
 	b.waitNodes("l4-a applying the L4 rule", func(n map[string]nodeRow) bool {
 		return n["l4-a"].State == "ok" && n["l4-a"].AppliedRevision >= applied.Revision
 	})
-	// The l4d sees the unlisted client's SYNs (and answers ARP for its address).
+	// The l4d sees the unlisted client's SYNs (and answers ARP for its address),
+	// and tunnels its requests to l7-t, which answers through it.
 	waitFor(t, 10*time.Second, "l4d counting the client's packets", func() bool {
 		b.l4SYN(blUnlisted)
 		return b.l4Packets(`!result="blacklisted"`) > 0
 	})
+	waitFor(t, 20*time.Second, "a request of the unlisted client through l4d and the tunnel to l7-t", func() bool {
+		return b.getL4(blUnlisted) == nil
+	})
+}
+
+// startTunnelNode starts l7-t in namespace l7t: an l7d fed by controld's store
+// (its unix socket, which the namespace reaches), the end of l4d's tunnel for
+// the VIP, serving listener web there with the clients' own addresses. What it
+// reaches on the host's loopback (the keyservers, the backend) it reaches through
+// relays listening on the same addresses in l7t.
+func (b *blCluster) startTunnelNode() {
+	t := b.t
+	var servers []string
+	for _, ks := range b.Keyservers {
+		relayInto(t, b.l7t, ks.Addr)
+		servers = append(servers, fmt.Sprintf("%q", ks.Addr))
+	}
+	relayInto(t, b.l7t, b.backend.addr)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "l7d.yaml")
+	pki := b.KeyserverPKI
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`control:
+  node: %s
+  etcd_endpoints: [%q]
+  dial_timeout: 1s
+keyservers:
+  servers: [%s]
+  cert_file: %q
+  key_file: %q
+  ca_file: %q
+node_listeners:
+  web: {addr: "0.0.0.0:443"}
+tunnel: {vips: [%s], lds: [%q]}
+state_dir: %q
+admin_listen: "127.0.0.1:9241"
+log_level: debug
+`, blTunnel, b.StoreEndpoint, strings.Join(servers, ", "), pki.ClientCert, pki.ClientKey, pki.ServerCAFile, blVIP, blL4In, filepath.Join(dir, "state"))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.tun = nsDaemon(t, b.l7t, "l7d "+blTunnel, "http://127.0.0.1:9241/healthz", filepath.Join(binaries(t), "l7d"), "run", "-config", cfg)
+	b.waitNodes(blTunnel+" applying the configuration", func(n map[string]nodeRow) bool { return n[blTunnel].State == "ok" })
+}
+
+// relayInto listens on addr (host:port) inside ns and relays each connection to
+// addr as the test's own namespace reaches it, until the test ends.
+func relayInto(t *testing.T, ns *netns.NS, addr string) {
+	t.Helper()
+	var ln net.Listener
+	ns.MustDo(func() error {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		return err
+	})
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.DialTimeout("tcp", addr, 5*time.Second)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				done := make(chan struct{})
+				go func() {
+					io.Copy(up, c)
+					up.(*net.TCPConn).CloseWrite()
+					close(done)
+				}()
+				io.Copy(c, up)
+				c.(*net.TCPConn).CloseWrite()
+				<-done
+			}()
+		}
+	}()
+}
+
+// getL4 sends one request from src in namespace cl to the VIP, through l4d and
+// its tunnel to l7-t, on a new connection: nil when the backend answered it and
+// l7-t saw src as the client.
+func (b *blCluster) getL4(src string) error {
+	var conn net.Conn
+	if err := b.cl.Do(func() error {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 2 * time.Second}
+		var err error
+		conn, err = d.Dial("tcp", blVIP+":443")
+		return err
+	}); err != nil {
+		return fmt.Errorf("through l4d for %s: %w", src, err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	tc := tls.Client(conn, &tls.Config{RootCAs: b.SiteCA.Pool(), ServerName: controlSite, NextProtos: []string{"http/1.1"}})
+	if _, err := io.WriteString(tc, "GET /bl HTTP/1.1\r\nHost: "+controlSite+"\r\nConnection: close\r\n\r\n"); err != nil {
+		return fmt.Errorf("through l4d for %s: %w", src, err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+	if err != nil {
+		return fmt.Errorf("through l4d for %s: %w", src, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var e echo
+	if resp.StatusCode != 200 || json.Unmarshal(body, &e) != nil || e.Path != "/bl" || e.XRealIP != src {
+		return fmt.Errorf("through l4d for %s: %s %q", src, resp.Status, body)
+	}
+	return nil
 }
 
 // get sends one request through l with a PROXY header naming src as the client,
@@ -256,8 +393,38 @@ func (b *blCluster) waitEnforced(what, src string, listed bool) time.Duration {
 		waitFor(b.t, blBound, fmt.Sprintf("%s: %s's SYNs counted blacklisted (%v) by l4d", what, src, listed), func() bool {
 			return b.l4Blocks(src) == listed
 		})
+		if !listed {
+			waitFor(b.t, blBound, fmt.Sprintf("%s: %s served through l4d and l7-t", what, src), func() bool {
+				return b.getL4(src) == nil
+			})
+		}
 	}
 	return time.Since(start)
+}
+
+// waitHits waits until the show of list name reports hits of each of nodes, and
+// a total of at least their sum (the nodes write their hits every 5s).
+func (b *blCluster) waitHits(name string, nodes ...string) blacklistShow {
+	b.t.Helper()
+	var s blacklistShow
+	waitFor(b.t, blBound, fmt.Sprintf("hits of list %s reported by %v", name, nodes), func() bool {
+		s = b.show(name)
+		var sum uint64
+		for _, want := range nodes {
+			found := false
+			for _, n := range s.Nodes {
+				if n.Node == want && n.Hits > 0 {
+					found = true
+					sum += n.Hits
+				}
+			}
+			if !found {
+				return false
+			}
+		}
+		return s.Hits >= sum
+	})
+	return s
 }
 
 // show is GET /v1/blacklists/{name}.
@@ -271,12 +438,14 @@ func (b *blCluster) show(name string) blacklistShow {
 }
 
 type blacklistShow struct {
-	Version int64 `json:"version"`
-	Entries int64 `json:"entries"`
+	Version int64  `json:"version"`
+	Entries int64  `json:"entries"`
+	Hits    uint64 `json:"hits"`
 	Nodes   []struct {
 		Node    string `json:"node"`
 		Version int64  `json:"version"`
 		State   string `json:"state"`
+		Hits    uint64 `json:"hits"`
 	} `json:"nodes"`
 }
 
@@ -317,8 +486,29 @@ func TestBlacklistsEndToEnd(t *testing.T) {
 			t.Errorf("the unlisted client, with %s listed: %v", blListed, err)
 		}
 	}
-	if b.l4 != nil && b.l4Blocks(blUnlisted) {
-		t.Errorf("l4d counts the unlisted client's SYN as blacklisted")
+	if b.l4 != nil {
+		if b.l4Blocks(blUnlisted) {
+			t.Errorf("l4d counts the unlisted client's SYN as blacklisted")
+		}
+		if err := b.getL4(blUnlisted); err != nil {
+			t.Errorf("the unlisted client through l4d, with %s listed: %v", blListed, err)
+		}
+		if err := b.getL4(blListed); err == nil {
+			t.Errorf("the listed client served through l4d")
+		}
+		if n := scrape("http://"+b.l4.Admin+"/metrics", "tiergate_blacklist_hits_total", `listener="global"`, `source="packet"`); n <= 0 {
+			t.Errorf("l4d's tiergate_blacklist_hits_total of list global: %v", n)
+		}
+	}
+	// Each node's hits of the list, and their total, in its show.
+	hitNodes := []string{l7a.Node, l7b.Node}
+	if b.l4 != nil {
+		hitNodes = append(hitNodes, b.l4.Node)
+	}
+	s := b.waitHits("global", hitNodes...)
+	t.Logf("hits of list global: %d in all, by node %+v", s.Hits, s.Nodes)
+	if r := b.admin(0, "blacklist", "show", "global"); !strings.Contains(r.stdout, "HITS") {
+		t.Errorf("tgctl blacklist show global prints no hits:\n%s", r.stdout)
 	}
 
 	// The decision deleted: served again.
@@ -380,7 +570,7 @@ func TestBlacklistsEndToEnd(t *testing.T) {
 			return false
 		}
 		version = op.Version
-		return b.nodeVersion("web", "l7-a") >= version && (b.l4 == nil || b.nodeVersion("web", "l4-a") >= version)
+		return b.nodeVersion("web", "l7-a") >= version && (b.l4 == nil || b.nodeVersion("web", "l4-a") >= version && b.nodeVersion("web", blTunnel) >= version)
 	})
 	applied := time.Since(pushed)
 	b.waitEnforced("the 1M-entry push", blBulk, true)
@@ -428,9 +618,9 @@ func TestBlacklistsEndToEnd(t *testing.T) {
 				return false
 			}
 		}
-		return b.l4 == nil || strings.Contains(b.l4.LogTail(400), "a blacklist version is refused")
+		return b.l4 == nil || strings.Contains(b.l4.LogTail(400), "a blacklist version is refused") && strings.Contains(proc.Tail(b.tun.log, 400), "a blacklist version is refused")
 	})
-	s := b.show("web")
+	s = b.show("web")
 	for _, n := range s.Nodes {
 		if n.Version != version || n.State == "applied" {
 			t.Errorf("after the corrupt chunk: %s reports version %d (%s), want %d, behind version %d", n.Node, n.Version, n.State, version, s.Version)
