@@ -460,9 +460,10 @@ func (b *blCluster) nodeVersion(name, node string) int64 {
 }
 
 // TestBlacklistsEndToEnd runs controld (embedded etcd) as a bouncer of Debian's
-// crowdsec, two l7d and an l4d, all as processes fed by controld's store:
-// CrowdSec's decisions made, deleted and expiring are enforced at L4 and L7 and
-// counted there; a 1M-entry push loses no request of unlisted clients; an l7d
+// crowdsec, two l7d reached directly, and an l4d tunnelling to a third l7d, all
+// as processes fed by controld's store: CrowdSec's decisions made, deleted and
+// expiring are enforced at L4 and L7 and counted there, each node's hits
+// reported in the list's show; a 1M-entry push loses no request of unlisted clients; an l7d
 // stopped during a push catches up; a corrupt chunk is refused and the old list
 // stays; a viewer cannot push.
 func TestBlacklistsEndToEnd(t *testing.T) {
