@@ -27,7 +27,7 @@ ifneq ($(STDPATCH_OVERLAY),)
 export GOFLAGS := $(strip $(GOFLAGS) -overlay=$(STDPATCH_OVERLAY) -tags=tiergate_stdpatch)
 endif
 
-.PHONY: all build deps ui-assets test stdpatch-check vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 bench-control bench-blacklist demo clean vuln
+.PHONY: all build deps ui-assets test stdpatch-check vet lint unit fuzz bench bench-keyserver bench-handshake bench-policy bench-l4 bench-l4-cluster bench-control bench-blacklist demo clean vuln
 
 all: build
 
@@ -121,6 +121,9 @@ bench-policy: deps build
 
 bench-l4: deps build
 	$(GO) run ./bench/l4
+
+bench-l4-cluster: deps build
+	$(GO) run ./bench/l4cluster
 
 bench-control: deps build
 	$(GO) run ./bench/control

@@ -1,0 +1,352 @@
+// Command bench-l4-cluster measures session sync between the LDs of a cluster
+// (l4/sessionsync, the datapath's sync hooks), in one run:
+//
+//   - the established-flow rate of one datapath worker with sync on against off: two
+//     distributors, each with -flows established TCP flows fed by a generator port
+//     (frames written into buffers, standing for the NIC) and tunnelled to a sink; the
+//     one with sync on has sent its flows to a peer LD over loopback UDP (a second
+//     distributor with its syncer) before it is measured; rounds alternate between
+//     the two, and the ratio of the medians is sync_on_off_mpps_ratio (target ≥ 0.9);
+//   - a full sync of -full connections (1,000,000): an LD holding them sends them all
+//     to a peer, paced at full_sync_rate; the time until the peer has installed every
+//     one is full_sync_1m_s (target ≤ 10 s), and the bytes on the wire (UDP payload
+//     plus IP and UDP headers) per connection sync_bytes_per_conn.
+//
+// BGP failover (failover_s, long_conns_survived_pct) needs the router namespace and
+// is not measured here. Addresses are from 198.18.0.0/15 and 203.0.113.0/24 and never
+// leave the process (loopback UDP for sync). It prints a table, the targets with PASS
+// or MISS, and as its last line one JSON object.
+//
+//	go run ./bench/l4cluster [-flows 200000] [-duration 2s] [-rounds 3] [-full 1000000]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/tiergate/tiergate/internal/config"
+	"github.com/tiergate/tiergate/l4/conntrack"
+	"github.com/tiergate/tiergate/l4/datapath"
+	"github.com/tiergate/tiergate/l4/packet"
+	"github.com/tiergate/tiergate/l4/port"
+	"github.com/tiergate/tiergate/l4/sessionsync"
+)
+
+func main() { os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr)) }
+
+type options struct {
+	flows, rounds, full int
+	duration, after     time.Duration
+	rate                int
+}
+
+var (
+	vip     = netip.MustParseAddr("203.0.113.10")
+	extMAC  = [6]byte{2, 0, 0, 0, 0xe0, 1}
+	intMAC  = [6]byte{2, 0, 0, 0, 0x10, 1}
+	syncKey = []byte("bench-l4-cluster shared key, 32+ bytes")
+)
+
+// Main runs the benchmark: 0 when every measurement ran, 1 on failure, 2 for bad flags.
+func Main(args []string, stdout, stderr io.Writer) int {
+	var o options
+	fs := flag.NewFlagSet("bench-l4-cluster", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.flows, "flows", 200_000, "established flows of the rate rows")
+	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured time of each rate round")
+	fs.IntVar(&o.rounds, "rounds", 3, "rounds of the rate rows (sync off, then on, each round)")
+	fs.IntVar(&o.full, "full", 1_000_000, "connections of the full sync row")
+	fs.DurationVar(&o.after, "sync-after", 3*time.Second, "sync_after of the LD measured with sync on")
+	fs.IntVar(&o.rate, "full-sync-rate", sessionsync.DefaultFullSyncRate, "full_sync_rate, entries a second")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if o.flows < 1 || o.flows > 1<<20 || o.full < 1 || o.full > 1<<20 || o.rounds < 1 || o.duration <= 0 {
+		fmt.Fprintln(stderr, "bench-l4-cluster: -flows and -full must be in 1..1048576, -rounds ≥ 1, -duration > 0")
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	res, err := run(o, stdout, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "bench-l4-cluster:", err)
+		return 1
+	}
+	b, _ := json.Marshal(res)
+	fmt.Fprintln(stdout, string(b))
+	return 0
+}
+
+type results struct {
+	Ratio        float64 `json:"sync_on_off_mpps_ratio"`
+	OnMpps       float64 `json:"sync_on_mpps"`
+	OffMpps      float64 `json:"sync_off_mpps"`
+	Flows        int     `json:"flows"`
+	FullSyncS    float64 `json:"full_sync_1m_s"`
+	FullConns    int     `json:"full_sync_conns"`
+	FullRate     int     `json:"full_sync_rate"`
+	BytesPerConn float64 `json:"sync_bytes_per_conn"`
+	Datagrams    uint64  `json:"full_sync_datagrams"`
+}
+
+// ld is one distributor (one worker) over a generator and a sink, with its
+// syncer when sync is on.
+type ld struct {
+	d      *datapath.Distributor
+	gen    *genPort
+	sink   *sinkPort
+	syncer *sessionsync.Syncer
+	cancel context.CancelFunc
+	done   []chan error
+}
+
+func ldConfig(capacity int) datapath.Config {
+	mk := func(name, addr string, mac byte) datapath.MemberConfig {
+		return datapath.MemberConfig{Name: name, Address: netip.MustParseAddr(addr), MAC: packet.MAC{2, 0, 0, 0, 0x11, mac}}
+	}
+	return datapath.Config{
+		External:  datapath.Interface{Addr: netip.MustParsePrefix("198.18.0.2/24")},
+		Internal:  datapath.Interface{Addr: netip.MustParsePrefix("198.18.1.1/24")},
+		Conntrack: conntrack.Config{Capacity: capacity},
+		Rules:     []datapath.RuleConfig{{Name: "web", VIP: vip, Protocol: "tcp", Port: 443, Pool: "l7"}},
+		Pools: map[string]datapath.PoolConfig{"l7": {
+			Members: []datapath.MemberConfig{mk("a", "198.18.1.11", 1), mk("b", "198.18.1.12", 2), mk("c", "198.18.1.13", 3)},
+			Health:  datapath.HealthConfig{Type: "none"},
+		}},
+	}
+}
+
+// newLD makes a distributor over its own generator and sink; with sync on (after >
+// 0) also its syncer, on loopback, peers set later.
+func newLD(flows, capacity int, after time.Duration, rate int, log *slog.Logger) (*ld, error) {
+	p := newPool(4096)
+	l := &ld{gen: newGenPort(p, extMAC, extMAC, vip.As4(), flows), sink: &sinkPort{p: p, mac: intMAC}}
+	d, err := datapath.NewDistributor(ldConfig(capacity), datapath.Options{External: l.gen, Internal: l.sink, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	l.d = d
+	if after > 0 {
+		if err := d.EnableSync(datapath.SyncOptions{After: after}); err != nil {
+			return nil, err
+		}
+		l.syncer, err = sessionsync.New(sessionsync.Config{ClusterID: 1, Key: syncKey, Listen: "127.0.0.1:0",
+			FullSyncRate: rate, SyncAfter: config.Duration(after)}, d, sessionsync.Options{Logger: log})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+func (l *ld) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	start := func(f func(context.Context) error) {
+		c := make(chan error, 1)
+		l.done = append(l.done, c)
+		go func() { c <- f(ctx) }()
+	}
+	start(l.d.Run)
+	if l.syncer != nil {
+		start(l.syncer.Run)
+	}
+}
+
+// stop stops the LD and waits for it; again, it does nothing.
+func (l *ld) stop() error {
+	if l.cancel == nil {
+		return nil
+	}
+	l.cancel()
+	l.cancel = nil
+	var first error
+	for _, c := range l.done {
+		if err := <-c; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// pair connects two LDs' syncers as each other's peers.
+func pair(a, b *ld) error {
+	if err := a.syncer.SetPeers([]string{b.syncer.Addr().String()}); err != nil {
+		return err
+	}
+	return b.syncer.SetPeers([]string{a.syncer.Addr().String()})
+}
+
+// feed sends count frames (SYNs or ACKs over the flows) and waits until the
+// worker has handled them all.
+func (l *ld) feed(syn bool, count int) error {
+	before := l.sink.sent.Load() + l.gen.freed.Load()
+	l.gen.start(syn, int64(count))
+	deadline := time.Now().Add(time.Minute)
+	for l.sink.sent.Load()+l.gen.freed.Load()-before < uint64(count) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the datapath handled %d of %d frames in a minute", l.sink.sent.Load()+l.gen.freed.Load()-before, count)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	l.gen.paused.Store(true)
+	if dropped := l.gen.freed.Load(); dropped > 0 {
+		return fmt.Errorf("the datapath dropped %d frames: %v", dropped, l.d.Status().Packets)
+	}
+	return nil
+}
+
+// establish makes the flows: a SYN, then an ACK, each.
+func (l *ld) establish(flows int) error {
+	if err := l.feed(true, flows); err != nil {
+		return err
+	}
+	return l.feed(false, flows)
+}
+
+// rate feeds ACKs over the established flows for d and returns Mpps.
+func (l *ld) rate(d time.Duration) float64 {
+	before := l.sink.sent.Load()
+	l.gen.start(false, 0)
+	t0 := time.Now()
+	time.Sleep(d)
+	n := l.sink.sent.Load() - before
+	el := time.Since(t0)
+	l.gen.paused.Store(true)
+	return float64(n) / el.Seconds() / 1e6
+}
+
+func waitUntil(what string, limit time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func run(o options, out io.Writer, log *slog.Logger) (*results, error) {
+	res := &results{Flows: o.flows, FullConns: o.full, FullRate: o.rate}
+	capacity := 2 * max(o.flows, o.full)
+
+	// Rate rows: off and on side by side, measured in turn.
+	off, err := newLD(o.flows, 2*o.flows, 0, 0, log)
+	if err != nil {
+		return nil, err
+	}
+	on, err := newLD(o.flows, 2*o.flows, o.after, o.rate, log)
+	if err != nil {
+		return nil, err
+	}
+	peer, err := newLD(o.flows, 2*o.flows, o.after, o.rate, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := pair(on, peer); err != nil {
+		return nil, err
+	}
+	for _, l := range []*ld{off, on, peer} {
+		l.run()
+		defer l.stop()
+	}
+	fmt.Fprintf(out, "establishing %d flows on each LD; sync_after %v\n", o.flows, o.after)
+	if err := off.establish(o.flows); err != nil {
+		return nil, fmt.Errorf("sync off: %w", err)
+	}
+	if err := on.establish(o.flows); err != nil {
+		return nil, fmt.Errorf("sync on: %w", err)
+	}
+	if err := waitUntil("the peer to install the flows", o.after+time.Minute, func() bool {
+		return peer.d.SyncStats().Installed >= uint64(o.flows)
+	}); err != nil {
+		return nil, fmt.Errorf("%w (sent %+v, peer %+v)", err, on.d.SyncStats(), peer.d.SyncStats())
+	}
+	var offR, onR []float64
+	for r := range o.rounds {
+		offR = append(offR, off.rate(o.duration))
+		onR = append(onR, on.rate(o.duration))
+		fmt.Fprintf(out, "round %d: established flows %.3f Mpps sync off, %.3f Mpps sync on\n", r+1, offR[r], onR[r])
+	}
+	res.OffMpps, res.OnMpps = median(offR), median(onR)
+	res.Ratio = res.OnMpps / res.OffMpps
+	for _, l := range []*ld{off, on, peer} {
+		if err := l.stop(); err != nil {
+			return nil, err
+		}
+	}
+
+	// Full sync row: sync_after long, so that only the full sync sends.
+	src, err := newLD(o.full, capacity, time.Hour, o.rate, log)
+	if err != nil {
+		return nil, err
+	}
+	dst, err := newLD(o.full, capacity, time.Hour, o.rate, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := pair(src, dst); err != nil {
+		return nil, err
+	}
+	src.run()
+	defer src.stop()
+	dst.run()
+	defer dst.stop()
+	// The peers' warm-up exchange (each asks the other for a full sync, empty
+	// here) is over before the connections are made.
+	if err := waitUntil("the warm-up", time.Minute, func() bool {
+		return src.syncer.WarmedUp() && dst.syncer.WarmedUp() && src.syncer.Stats().FullSyncs > 0
+	}); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(out, "establishing %d connections for the full sync\n", o.full)
+	if err := src.establish(o.full); err != nil {
+		return nil, fmt.Errorf("full sync: %w", err)
+	}
+	base := src.syncer.Stats()
+	installed0 := dst.d.SyncStats().Installed
+	t0 := time.Now()
+	src.syncer.FullSync()
+	if err := waitUntil("the peer to install the full sync", time.Minute, func() bool {
+		return dst.d.SyncStats().Installed-installed0 >= uint64(o.full)
+	}); err != nil {
+		return nil, fmt.Errorf("%w (sender %+v, receiver %+v, %+v)", err, src.d.SyncStats(), dst.d.SyncStats(), dst.syncer.Stats())
+	}
+	res.FullSyncS = time.Since(t0).Seconds()
+	st := src.syncer.Stats()
+	dg, entries, bytes := st.TxDatagrams-base.TxDatagrams, st.TxEntries-base.TxEntries, st.TxBytes-base.TxBytes
+	res.Datagrams = dg
+	res.BytesPerConn = float64(bytes+28*dg) / float64(max(entries, 1))
+
+	mark := func(ok bool) string {
+		if ok {
+			return "PASS"
+		}
+		return "MISS"
+	}
+	fmt.Fprintf(out, "\n%-34s %12s %8s\n", "row", "value", "target")
+	fmt.Fprintf(out, "%-34s %12.3f %8s %s\n", "sync_on_off_mpps_ratio", res.Ratio, "≥ 0.9", mark(res.Ratio >= 0.9))
+	fmt.Fprintf(out, "%-34s %12.3f\n", "  sync off, Mpps (median)", res.OffMpps)
+	fmt.Fprintf(out, "%-34s %12.3f\n", "  sync on, Mpps (median)", res.OnMpps)
+	fmt.Fprintf(out, "%-34s %12.2f %8s %s\n", fmt.Sprintf("full sync of %d, s", o.full), res.FullSyncS, "≤ 10", mark(res.FullSyncS <= 10))
+	fmt.Fprintf(out, "%-34s %12.1f\n", "  bytes per connection (IP+UDP)", res.BytesPerConn)
+	fmt.Fprintf(out, "%-34s %12d\n", "  datagrams", dg)
+	fmt.Fprintf(out, "%-34s %12d\n", "  full_sync_rate, entries/s", o.rate)
+	return res, nil
+}
+
+var _ port.Port = (*genPort)(nil)

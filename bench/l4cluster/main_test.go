@@ -1,0 +1,37 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestFlags(t *testing.T) {
+	for _, args := range [][]string{{"-flows", "0"}, {"-full", "2000000"}, {"-rounds", "0"}, {"-nope"}} {
+		if code := Main(args, io.Discard, io.Discard); code != 2 {
+			t.Errorf("Main(%q) = %d, want 2", args, code)
+		}
+	}
+}
+
+// TestSmallRun runs every row on a few thousand connections and checks the JSON
+// line: the full sync reached the peer, with a byte count per connection that an
+// IPv4 entry (24 bytes, plus the datagram's share of headers and MAC) gives.
+func TestSmallRun(t *testing.T) {
+	var out strings.Builder
+	if code := Main([]string{"-flows", "2000", "-full", "5000", "-duration", "50ms", "-rounds", "1", "-sync-after", "100ms"}, &out, io.Discard); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var res results
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatalf("last line is not JSON: %v\n%s", err, out.String())
+	}
+	if res.OnMpps <= 0 || res.OffMpps <= 0 || res.Ratio <= 0 || res.FullSyncS <= 0 {
+		t.Fatalf("empty figures: %+v", res)
+	}
+	if res.BytesPerConn < 24 || res.BytesPerConn > 30 {
+		t.Fatalf("sync_bytes_per_conn %.1f outside 24..30", res.BytesPerConn)
+	}
+}
