@@ -25,7 +25,8 @@ type overlay struct {
 	w4end []a4
 	w6    t6
 	w6end []a6
-	patch *Set // flat: without an overlay of its own
+	patch *Set  // flat: without an overlay of its own
+	in    Stats // the entries of the base inside the windows
 	st    Stats
 	n     int // entries of the whole set (Len)
 	size  int // windows and patch entries: what a lookup and the next delta pay for
@@ -270,7 +271,9 @@ func unionWindows[K key[K]](w []span[K]) []span[K] {
 // patchFam computes one family's new windows and patch: win and patch are the
 // overlay's (nil for none), rm the delta's removals (normalized), add its additions
 // (sorted by lo), now the time expiry is judged at. The results are taken from sc.
-func patchFam[K key[K]](sc *scratch, v *famView[K], win, patch, rm, add []span[K]) (newWin, cur []span[K]) {
+//
+// It adds the entries of the base in the new windows but not the old to in.
+func patchFam[K key[K]](sc *scratch, v *famView[K], in *Stats, v4 bool, win, patch, rm, add []span[K]) (newWin, cur []span[K]) {
 	if len(rm) == 0 && len(add) == 0 {
 		return win, patch
 	}
@@ -312,11 +315,13 @@ func patchFam[K key[K]](sc *scratch, v *famView[K], win, patch, rm, add []span[K
 		for more := true; more; {
 			if wi == len(win) || z.hi.less(win[wi].lo) {
 				cur = v.spansIn(cur, pos, z.hi)
+				v.count(in, v4, pos, z.hi)
 				break
 			}
 			w := win[wi] // an old window, inside z
 			if pos.less(w.lo) {
 				cur = v.spansIn(cur, pos, w.lo.dec())
+				v.count(in, v4, pos, w.lo.dec())
 			}
 			for pi < len(patch) && !w.hi.less(patch[pi].lo) {
 				cur = append(cur, patch[pi])
@@ -360,13 +365,15 @@ func (o *overlay) windows6(sc *scratch) []span[a6] {
 func (s *Set) applyOverlay(sc *scratch, rm4, add4 []span[a4], rm6, add6 []span[a6], now uint32) *Set {
 	var win4, patch4 []span[a4]
 	var win6, patch6 []span[a6]
+	var in Stats
 	if s.ov != nil {
 		win4, win6 = s.ov.windows4(sc), s.ov.windows6(sc)
 		patch4, patch6 = s.ov.patch.spans4(sc), s.ov.patch.spans6(sc)
+		in = s.ov.in
 	}
 	v4, v6 := view4(s), view6(s)
-	w4, c4 := patchFam(sc, v4, win4, patch4, rm4, add4)
-	w6, c6 := patchFam(sc, v6, win6, patch6, rm6, add6)
+	w4, c4 := patchFam(sc, v4, &in, true, win4, patch4, rm4, add4)
+	w6, c6 := patchFam(sc, v6, &in, false, win6, patch6, rm6, add6)
 	c4 = normalize(sc, merge(sc, subtract(sc, c4, rm4), add4), now)
 	c6 = normalize(sc, merge(sc, subtract(sc, c6, rm6), add6), now)
 
@@ -391,13 +398,7 @@ func (s *Set) applyOverlay(sc *scratch, rm4, add4 []span[a4], rm6, add6 []span[a
 	}
 	ov.w6 = newT6(starts6)
 
-	var in Stats
-	for _, w := range w4 {
-		v4.count(&in, true, w.lo, w.hi)
-	}
-	for _, w := range w6 {
-		v6.count(&in, false, w.lo, w.hi)
-	}
+	ov.in = in
 	base, p := s.baseStats(), ov.patch.Stats()
 	ov.st = Stats{
 		V4Addrs:  base.V4Addrs - in.V4Addrs + p.V4Addrs,
