@@ -42,6 +42,7 @@ type List struct {
 	mu       sync.Mutex // held by updates
 	fold     *folding   // the fold under way, or nil
 	proposed proposal   // what Next made last
+	folds    atomic.Uint64
 
 	packet, header, other atomic.Uint64
 
@@ -258,8 +259,7 @@ func (l *List) startFold(s *Set) {
 
 func (l *List) runFold(f *folding) {
 	defer close(f.done)
-	var next *Set
-	lowPriority(func() { next = f.from.flat(nowSeconds(l.now())) })
+	next := f.from.flat(nowSeconds(l.now()))
 	if foldGate != nil {
 		foldGate()
 	}
@@ -276,6 +276,7 @@ func (l *List) runFold(f *folding) {
 		}
 	}
 	l.set.Store(next)
+	l.folds.Add(1)
 	if l.m != nil {
 		l.gEntries.Set(float64(next.Len()))
 		l.gBytes.Set(float64(next.Bytes()))
@@ -286,6 +287,14 @@ func (l *List) runFold(f *folding) {
 // foldGate, when set (by tests), is called by a fold between its build and its
 // swap.
 var foldGate func()
+
+// Folds is the number of folds the list has swapped in.
+func (l *List) Folds() uint64 {
+	if l == nil {
+		return 0
+	}
+	return l.folds.Load()
+}
 
 // WaitFold waits until the list has no fold under way in the background (see
 // List); for tests and benchmarks, which measure an update with what it sets off.
