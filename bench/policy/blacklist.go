@@ -429,7 +429,7 @@ const (
 	updBinary   = "binary upload: read + build + swap"
 	updBuilder  = "Builder: add + build + swap"
 	updDelta    = "delta of 10k: List.Apply"
-	updDelta10M = "delta of 10k on the 10M list: List.Apply"
+	updDelta10M = "deltas of 10k on the 10M list, to a fold: List.Apply"
 	updControl  = "control: no update, a busy goroutine, after each"
 )
 
@@ -601,52 +601,78 @@ func (r *blacklistResults) controlFor(l *blacklist.List, ref *blacklist.Set, p *
 	*c.GCs += numGC() - gc0
 }
 
-// measureLargeDelta times a delta of 10k (as in measureUpdates) on the 10M IPv4
-// list s, alone and then beside a lookup goroutine until the list has folded it,
-// followed by the control for as long.
+// maxLargeDeltas bounds the deltas measureLargeDelta applies waiting for a fold;
+// about 16 take the overlay past its fold size.
+const maxLargeDeltas = 24
+
+// measureLargeDelta times deltas of 10k (as in measureUpdates, each on other
+// addresses) on the 10M IPv4 list s until the list has folded them into new tables
+// once, alone and then beside a lookup goroutine, followed by the control for as
+// long.
 func (b *bench) measureLargeDelta(d *blData, s *blacklist.Set, p *probes) error {
 	res := b.bl
-	fwd, back := makeDeltas(d)
-	l := blacklist.NewList("bench", blacklist.Options{})
-	l.Replace(s)
+	var deltas []*blacklist.Delta
 	u := &blUpdate{Name: updDelta10M}
-	apply := func(i int) error {
-		delta := fwd
-		if i%2 == 1 {
-			delta = back
+	run := func(l *blacklist.List, timed bool) error {
+		l.Replace(s)
+		for i := 0; l.Folds() == 0 && i < maxLargeDeltas; i++ {
+			if i == len(deltas) {
+				deltas = append(deltas, makeDelta(d, uint64(i)))
+			}
+			t := time.Now()
+			if err := l.Apply(deltas[i]); err != nil {
+				return err
+			}
+			if timed {
+				u.RunsMs = append(u.RunsMs, round(benchkit.Ms(time.Since(t)), 2))
+			}
+			// As deltas come in service, not back to back: the fold runs beside them.
+			time.Sleep(20 * time.Millisecond)
 		}
-		return l.Apply(delta)
+		l.WaitFold()
+		if l.Folds() == 0 {
+			return fmt.Errorf("no fold after %d deltas", maxLargeDeltas)
+		}
+		return nil
 	}
-	for i := range b.o.updateRuns {
-		t := time.Now()
-		if err := apply(i); err != nil {
-			return err
-		}
-		u.RunsMs = append(u.RunsMs, round(benchkit.Ms(time.Since(t)), 2))
+	if err := run(blacklist.NewList("bench", blacklist.Options{}), true); err != nil {
+		return err
 	}
 	u.MedianMs = median(u.RunsMs)
-	l.WaitFold()
-	l.Replace(s)
+	l := blacklist.NewList("bench", blacklist.Options{})
 	runtime.GC()
 	gc0 := numGC()
 	pr := startProbe(l, p.mixed)
 	t0 := time.Now()
-	for i := range b.o.updateRuns {
-		if err := apply(i); err != nil {
-			pr.stop()
-			return err
-		}
-	}
-	l.WaitFold()
+	err := run(l, false)
 	took := time.Since(t0)
 	pr.stop()
+	if err != nil {
+		return err
+	}
 	u.StallUs, u.Over1ms, u.Probes = ptr(round(float64(pr.worst)/float64(time.Microsecond), 1)), ptr(pr.over), ptr(pr.count)
 	u.GCs = ptr(numGC() - gc0)
 	res.updates = append(res.updates, u)
 	res.controlFor(l, s, p, took)
-	b.Progress("  %s: median %.1f ms of %v; longest lookup beside it (fold included, %.0f ms) %.1f µs; control %.1f µs",
-		u.Name, u.MedianMs, u.RunsMs, benchkit.Ms(took), *u.StallUs, *res.control.StallUs)
+	b.Progress("  %s: %d deltas until the list folded them, median %.1f ms, longest %.1f ms; longest lookup beside them (%.0f ms, fold included) %.1f µs; control %.1f µs",
+		u.Name, len(u.RunsMs), u.MedianMs, slices.Max(u.RunsMs), benchkit.Ms(took), *u.StallUs, *res.control.StallUs)
 	return nil
+}
+
+// makeDelta returns a delta of deltaSize/2 additions (random addresses, one in ten
+// a /24) and deltaSize/2 removals of listed addresses, drawn by seed.
+func makeDelta(d *blData, seed uint64) *blacklist.Delta {
+	r := rand.New(rand.NewPCG(seed, 5))
+	out := &blacklist.Delta{}
+	for i := range deltaSize / 2 {
+		add := netip.PrefixFrom(addr4(r.Uint32()), 32)
+		if i%10 == 0 {
+			add = netip.PrefixFrom(addr4(r.Uint32()), 24).Masked()
+		}
+		out.Add = append(out.Add, blacklist.Entry{Prefix: add})
+		out.Remove = append(out.Remove, netip.PrefixFrom(addr4(d.v4[r.IntN(len(d.v4))]), 32))
+	}
+	return out
 }
 
 // makeDeltas returns a delta of deltaSize/2 additions (random addresses, one in ten
