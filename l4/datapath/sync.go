@@ -115,6 +115,8 @@ func (r *spsc) pop(dst []sessionsync.Entry, max int) []sessionsync.Entry {
 
 func (r *spsc) empty() bool { return r.head.Load() == r.tail.Load() }
 
+func (r *spsc) full() bool { return r.tail.Load()-r.head.Load() > r.mask }
+
 // delayed is a connection waiting to have lived SyncOptions.After.
 type delayed struct {
 	key  conntrack.Key
@@ -237,11 +239,11 @@ func (d *Distributor) SyncInstall(es []sessionsync.Entry) int {
 	return queued
 }
 
-// waitPush retries a push onto a full incoming ring for up to 50 ms, while the
+// waitPush retries a push onto a full incoming ring for up to a second, while the
 // worker installs what it holds (a full sync arrives faster than a busy worker takes
 // it; the socket's buffer holds the datagrams meanwhile).
 func waitPush(r *spsc, e *sessionsync.Entry) bool {
-	for deadline := time.Now().Add(50 * time.Millisecond); time.Now().Before(deadline); {
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
 		time.Sleep(20 * time.Microsecond)
 		if r.push(e) {
 			return true
@@ -309,7 +311,8 @@ func (w *worker) syncStep() int {
 	}
 	for ws.dN > 0 {
 		dl := &ws.delay[ws.dHead]
-		if w.mono-dl.at < ws.after {
+		if w.mono-dl.at < ws.after || ws.out.full() {
+			// Not due yet, or the sender is behind: the FIFO holds them meanwhile.
 			break
 		}
 		if m, st, exp, ok := w.table.MarkSent(&dl.key, dl.hash, w.now); ok && st != conntrack.StateClose &&
@@ -357,7 +360,7 @@ func (w *worker) fullVisit(v *conntrack.View) bool {
 	default:
 		return true
 	}
-	if w.sync.full.tail.Load()-w.sync.full.head.Load() > w.sync.full.mask {
+	if w.sync.full.full() {
 		return false
 	}
 	w.emit(w.sync.fullSnap, w.sync.full, &v.Key, v.Member, v.State, v.Expire, sessionsync.OpUpsert)
