@@ -150,9 +150,8 @@ type workerSync struct {
 
 // syncShared is the distributor's side of sync.
 type syncShared struct {
-	fullReq      atomic.Uint64
-	inMu, outMu  sync.Mutex
-	installScrap []sessionsync.Entry
+	fullReq     atomic.Uint64
+	inMu, outMu sync.Mutex
 }
 
 // syncWalkStep is how many table positions a full sync visits per worker loop.
