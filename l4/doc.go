@@ -16,6 +16,9 @@
 //   - datapath: the workers (run-to-completion, one RX queue and one table shard
 //     each, no locks) and the control goroutine (configuration, ARP/ND, health
 //     checks) that publishes immutable snapshots the workers read.
+//   - sessionsync: session sync between the LDs of a cluster (authenticated UDP
+//     datagrams of long-lived connections), so a flow ECMP moves to another LD
+//     keeps its L7 node.
 //   - l4d: the daemon: YAML configuration, DPDK start-up, admin API, metrics.
 //
 // The L7 end of the tunnel is l7/tunnel. What both ends must read alike, the tunnel

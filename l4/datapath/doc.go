@@ -69,6 +69,15 @@
 //   - Every packet is counted once, by direction and result: forwarded, local, or the
 //     reason it was dropped (tiergate_l4_packets_total).
 //
+// # Session sync
+//
+// With EnableSync, each worker sends the connections of its table that have lived
+// the sync delay, their state changes and deletions, and its whole table on a full
+// sync, through rings that l4/sessionsync drains, and installs its peers' entries
+// from a ring of its own, so no table is touched by two goroutines; with several
+// workers a received entry goes to every worker, since the port, not the LD,
+// chooses the worker a flow's packets reach (sync.go).
+//
 // # Control
 //
 // The control goroutine applies configurations (validated, atomically), gives rules
