@@ -544,8 +544,10 @@ func (s *Syncer) send(ctx context.Context) error {
 				tokens = 0
 			}
 			if fullGen != 0 {
-				// Paced: FullSyncRate entries a second, in bursts of at most 20 ms.
-				tokens = min(tokens+rate*now.Sub(last).Seconds(), rate/50+1)
+				// Paced: FullSyncRate entries a second; up to 100 ms of it saved up, so a
+				// send loop the scheduler kept waiting catches up (the socket buffer
+				// holds such a burst).
+				tokens = min(tokens+rate*now.Sub(last).Seconds(), rate/10+1)
 				if rate == 0 {
 					tokens = float64(cap(sd.buf))
 				}
