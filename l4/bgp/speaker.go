@@ -275,32 +275,32 @@ func (s *Speaker) setLocked(ctx context.Context, vip netip.Addr, reason string) 
 		if st.announced {
 			return nil
 		}
+		// Only a path the server took is announced: a failure leaves the VIP
+		// withdrawn, and the next Set tries again.
+		if s.srv != nil {
+			if err := s.addLocked(ctx, vip, st); err != nil {
+				return err
+			}
+		}
 		st.announced, st.reason, st.since = true, "", time.Now()
 		s.announcements++
 		s.log.Info("announcing VIP", "vip", vip)
-		if s.srv == nil {
-			return nil // Start announces it
-		}
-		return s.addLocked(ctx, vip, st)
-	}
-	if !st.announced {
-		if st.reason != reason {
-			st.reason = reason // still withdrawn, now for this reason
-		}
 		return nil
 	}
+	if !st.announced {
+		st.reason = reason // still withdrawn, perhaps now for another reason
+		return nil
+	}
+	if st.uuid != nil && s.srv != nil {
+		// A failure leaves the VIP announced, and the next Set tries again.
+		if err := s.srv.DeletePath(ctx, &api.DeletePathRequest{TableType: api.TableType_GLOBAL, Uuid: st.uuid}); err != nil {
+			return fmt.Errorf("withdrawing VIP %v: %w", vip, err)
+		}
+	}
+	st.uuid = nil
 	st.announced, st.reason, st.since = false, reason, time.Now()
 	s.withdrawals[reason]++
 	s.log.Info("withdrawing VIP", "vip", vip, "reason", reason)
-	if st.uuid == nil || s.srv == nil {
-		st.uuid = nil
-		return nil
-	}
-	uuid := st.uuid
-	st.uuid = nil
-	if err := s.srv.DeletePath(ctx, &api.DeletePathRequest{TableType: api.TableType_GLOBAL, Uuid: uuid}); err != nil {
-		return fmt.Errorf("withdrawing VIP %v: %w", vip, err)
-	}
 	return nil
 }
 

@@ -287,7 +287,8 @@ func (d *Daemon) bgpRoutes(handle func(string, daemon.Handler)) {
 			d.bgp.mu.Lock()
 			d.bgp.drained = op.drained
 			d.bgp.mu.Unlock()
-			d.evaluateBGP(r.Context())
+			// Not the request's context: a client gone must not cut a change half-way.
+			d.evaluateBGP(context.WithoutCancel(r.Context()))
 			d.Log.Info("LD "+op.verb+"ed through the admin API", "from", r.RemoteAddr)
 			daemon.WriteJSON(w, http.StatusOK, d.bgpStatus(r.Context()))
 			return nil
