@@ -60,6 +60,23 @@ func TestSyncWiring(t *testing.T) {
 	if ok, why := td.sync.syncer.Ready(); ok || !strings.Contains(why, "full sync") {
 		t.Fatalf("ready before the warm-up: %v %q", ok, why)
 	}
+	// The warm-up is the announce gate "warmup", closed for now.
+	gate := func() AnnounceGate {
+		td.bgp.mu.Lock()
+		defer td.bgp.mu.Unlock()
+		for _, g := range td.bgp.gates {
+			if g.name == "warmup" {
+				return g.gate
+			}
+		}
+		return nil
+	}()
+	if gate == nil {
+		t.Fatal("no warmup announce gate")
+	}
+	if ok, _ := gate(); ok {
+		t.Fatal("the warmup gate is open before the peer's full sync")
+	}
 	to := net.UDPAddrFromAddrPort(td.sync.syncer.Addr())
 	seq := uint64(time.Now().UnixNano())
 	seal := func(typ sessionsync.MsgType, k string, es ...sessionsync.Entry) []byte {
@@ -96,6 +113,9 @@ func TestSyncWiring(t *testing.T) {
 			t.Fatalf("sync not seen in the metrics:\n%s", brief(m))
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if ok, _ := gate(); !ok {
+		t.Fatal("the warmup gate is closed after the peer's full sync")
 	}
 	if ok, why := td.sync.syncer.Ready(); !ok {
 		t.Fatalf("not ready after the peer's full sync: %q\n%s", why, brief(td.want("GET", "/metrics", "", 200)))
