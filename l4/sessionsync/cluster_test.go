@@ -344,3 +344,32 @@ func TestForgedChangesNothing(t *testing.T) {
 		t.Fatalf("accepted %d datagrams, want 2: %+v", st.RxDatagrams, st)
 	}
 }
+
+// TestFullSyncSendsCopiesOnce: an entry received from a peer sits in each of the
+// two workers' tables, but a full sync sends it once (from worker 0), and the peer
+// that made the flow keeps its own entry (kept).
+func TestFullSyncSendsCopiesOnce(t *testing.T) {
+	a := startLD(t, ldConfig(false), 50*time.Millisecond)
+	b := startLD(t, ldConfig(true), 50*time.Millisecond)
+	sa := newSyncer(t, a, sessionsync.Config{FlushInterval: config.Duration(10 * time.Millisecond)})
+	sb := newSyncer(t, b, sessionsync.Config{FlushInterval: config.Duration(10 * time.Millisecond)})
+	_ = sa.SetPeers([]string{sb.Addr().String()})
+	_ = sb.SetPeers([]string{sa.Addr().String()})
+	run(t, sa)
+	run(t, sb)
+	waitFor(t, "the warm-ups", func() bool {
+		return sa.WarmedUp() && sb.WarmedUp() && sa.Stats().FullSyncs > 0 && sb.Stats().FullSyncs > 0
+	})
+	client := netip.MustParseAddr("192.0.2.80")
+	a.send(t, 0, tcp4(t, client, 42000, true, false))
+	a.send(t, 0, tcp4(t, client, 42000, false, true))
+	waitFor(t, "B to install the entry in both workers", func() bool { return b.d.SyncStats().Installed >= 2 })
+
+	before := sb.Stats()
+	sb.FullSync()
+	waitFor(t, "B's full sync", func() bool { return sb.Stats().FullSyncs > before.FullSyncs })
+	if n := sb.Stats().TxEntries - before.TxEntries; n != 1 {
+		t.Fatalf("B's full sync sent %d entries, want 1 (one flow, held by two workers)", n)
+	}
+	waitFor(t, "A to keep its own entry", func() bool { return a.d.SyncStats().Kept >= 1 })
+}
