@@ -31,7 +31,8 @@
 // # Writing
 //
 // Writer.Replace writes the chunks the store does not hold (each in a transaction
-// of its own, a few at a time), then the manifest in a transaction that requires
+// of its own, as soon as it is encoded, so that the nodes receive the first while
+// the others are encoded), then the manifest in a transaction that requires
 // the manifest to be the one read and every chunk it names to exist, and that
 // deletes the deltas the new base makes useless; so no manifest ever names a
 // missing chunk, and two writers of one list cannot interleave (the second reads
@@ -44,7 +45,8 @@
 // and the deltas go.
 //
 // A replace is refused with store.ErrNoSpace when the store's space in use plus
-// the new chunks would pass WriterConfig.QuotaShare (80%) of its quota: at the
+// the new chunks would pass WriterConfig.QuotaShare (80%) of its quota (the
+// chunks it wrote before it passed are deleted): at the
 // quota etcd refuses every write, the configuration's too. Chunks deleted stay in
 // etcd's history until its compaction (the embedded store keeps 10,000
 // revisions): a replace is a write per new chunk plus one.

@@ -171,7 +171,12 @@ type chunk struct {
 // policy/blacklist binary format, each within MaxChunkBytes. The entries are cut
 // in one pass; each chunk is built and encoded by a goroutine of its own, as many
 // at once as there are CPUs.
-func encodeChunks(s *blacklist.Set) ([]chunk, error) {
+func encodeChunks(s *blacklist.Set) ([]chunk, error) { return encodeChunksEach(s, nil) }
+
+// encodeChunksEach is encodeChunks calling each (when not nil) with every chunk
+// as soon as it is encoded, from the goroutine that encoded it: the first error
+// of each stops the encoding and is returned.
+func encodeChunksEach(s *blacklist.Set, each func(chunk) error) ([]chunk, error) {
 	var (
 		mu    sync.Mutex
 		parts [][]chunk
@@ -182,8 +187,13 @@ func encodeChunks(s *blacklist.Set) ([]chunk, error) {
 	b := new(blacklist.Builder)
 	n, est := 0, 0
 	var prev4 uint32
+	failed := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return first != nil
+	}
 	flush := func() {
-		if n == 0 {
+		if n == 0 || failed() {
 			return
 		}
 		mu.Lock()
@@ -198,6 +208,12 @@ func encodeChunks(s *blacklist.Set) ([]chunk, error) {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			cs, err := encodeChunk(full.Build(), entries)
+			for _, c := range cs {
+				if err != nil || each == nil {
+					break
+				}
+				err = each(c)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			parts[i] = cs

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -231,17 +232,33 @@ func (w *Writer) Replace(ctx context.Context, name string, s *blacklist.Set, who
 	if s == nil {
 		s = new(blacklist.Builder).Build()
 	}
-	chunks, err := encodeChunks(s)
+	// Each chunk is written as soon as it is encoded, so that the nodes receive the
+	// first (the watch delivers them) while the others are encoded; past the
+	// quota's share, those written are deleted and nothing else changes.
+	inUse, limit := w.quota(ctx)
+	var (
+		total   atomic.Int64
+		mu      sync.Mutex
+		created []string
+	)
+	chunks, err := encodeChunksEach(s, func(c chunk) error {
+		if n := total.Add(int64(len(c.data))); limit > 0 && inUse+n > limit {
+			return fmt.Errorf("%d bytes or more would take the store's %d bytes in use past %.0f%% of its quota: %w",
+				n, inUse, 100*w.cfg.QuotaShare, store.ErrNoSpace)
+		}
+		made, err := w.putChunk(ctx, name, c)
+		if made {
+			mu.Lock()
+			created = append(created, ChunkKey(name, c.ref.SHA256))
+			mu.Unlock()
+		}
+		return err
+	})
 	if err != nil {
+		w.dropChunks(name, created)
 		return 0, fmt.Errorf("blacklist %s: %w", name, err)
 	}
-	var total int64
-	for _, c := range chunks {
-		total += int64(len(c.data))
-	}
-	if err := w.checkQuota(ctx, total); err != nil {
-		return 0, fmt.Errorf("blacklist %s: %w", name, err)
-	}
+	written := true // the chunks exist: the first commit does not write them again
 	for try := 0; try < maxTries; try++ {
 		m, rev, err := readManifest(ctx, w.cli, name, 0)
 		if err != nil {
@@ -251,18 +268,23 @@ func (w *Writer) Replace(ctx context.Context, name string, s *blacklist.Set, who
 			m = &Manifest{Name: name}
 		}
 		next := &Manifest{Name: name, Version: m.Version + 1, Entries: int64(s.Len()), Updated: w.now().UTC(), Who: who,
-			Base: Base{Entries: int64(s.Len()), Bytes: total, Chunks: make([]ChunkRef, len(chunks))}}
+			Base: Base{Entries: int64(s.Len()), Bytes: total.Load(), Chunks: make([]ChunkRef, len(chunks))}}
 		next.Base.Version = next.Version
 		for i, c := range chunks {
 			next.Base.Chunks[i] = c.ref
 		}
-		ok, err := w.commitBase(ctx, next, rev, chunks, nil)
+		put := chunks
+		if written {
+			put = nil
+		}
+		written = false // a manifest changed meanwhile: its writer may have deleted them
+		ok, err := w.commitBase(ctx, next, rev, put, nil)
 		if err != nil {
 			return 0, err
 		}
 		if ok {
 			w.remember(next, s)
-			w.log.Info("blacklist replaced", "list", name, "version", next.Version, "entries", s.Len(), "chunks", len(chunks), "bytes", total, "who", who)
+			w.log.Info("blacklist replaced", "list", name, "version", next.Version, "entries", s.Len(), "chunks", len(chunks), "bytes", next.Base.Bytes, "who", who)
 			return next.Version, nil
 		}
 	}
@@ -316,15 +338,56 @@ func manifestIs(name string, rev int64) clientv3.Cmp {
 // its own (a chunk is up to 1 MiB, etcd takes 1.5 MiB a request), a few at once.
 func (w *Writer) putChunks(ctx context.Context, name string, chunks []chunk) error {
 	return parallel(ctx, len(chunks), func(gctx context.Context, i int) error {
-		c := chunks[i]
-		key := ChunkKey(name, c.ref.SHA256)
-		_, err := w.cli.Txn(gctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, string(c.data))).Commit()
-		if err != nil {
-			return fmt.Errorf("writing chunk %s of blacklist %s: %w", c.ref.SHA256, name, wrapErr(err))
-		}
-		return nil
+		_, err := w.putChunk(gctx, name, chunks[i])
+		return err
 	})
+}
+
+// putChunk writes a chunk unless the store holds it, and reports whether it
+// wrote it.
+func (w *Writer) putChunk(ctx context.Context, name string, c chunk) (bool, error) {
+	key := ChunkKey(name, c.ref.SHA256)
+	resp, err := w.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(c.data))).Commit()
+	if err != nil {
+		return false, fmt.Errorf("writing chunk %s of blacklist %s: %w", c.ref.SHA256, name, wrapErr(err))
+	}
+	return resp.Succeeded, nil
+}
+
+// dropChunks deletes the chunks a refused replace wrote, unless the manifest
+// names them (another writer's replace then wrote the same).
+func (w *Writer) dropChunks(name string, keys []string) {
+	if len(keys) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, rev, err := readManifest(ctx, w.cli, name, 0)
+	if err != nil {
+		w.log.Warn("blacklist: deleting the chunks of a refused replace", "list", name, "err", err)
+		return
+	}
+	named := map[string]bool{}
+	if m != nil {
+		for _, c := range m.Base.Chunks {
+			named[ChunkKey(name, c.SHA256)] = true
+		}
+	}
+	var ops []clientv3.Op
+	for _, k := range keys {
+		if !named[k] {
+			ops = append(ops, clientv3.OpDelete(k))
+		}
+	}
+	for len(ops) > 0 {
+		n := min(len(ops), 100)
+		if _, err := w.cli.Txn(ctx).If(manifestIs(name, rev)).Then(ops[:n]...).Commit(); err != nil {
+			w.log.Warn("blacklist: deleting the chunks of a refused replace", "list", name, "err", err)
+			return
+		}
+		ops = ops[n:]
+	}
 }
 
 // collect deletes the chunks of name that m does not name, while m (at rev) is
@@ -361,23 +424,19 @@ func (w *Writer) collect(ctx context.Context, name string, rev int64, m *Manifes
 	return flush()
 }
 
-// checkQuota refuses a write of n bytes that would take the store past its share
-// of the quota.
-func (w *Writer) checkQuota(ctx context.Context, n int64) error {
+// quota returns the store's space in use and the share of its quota a replace
+// may take it to; limit is 0 when the store does not say (its own quota then
+// answers).
+func (w *Writer) quota(ctx context.Context) (inUse, limit int64) {
 	eps := w.cli.Endpoints()
 	if len(eps) == 0 {
-		return nil
+		return 0, 0
 	}
 	st, err := w.cli.Status(ctx, eps[0])
 	if err != nil || st.DbSizeQuota <= 0 {
-		return nil // an etcd that does not say: its own quota answers
+		return 0, 0
 	}
-	limit := int64(float64(st.DbSizeQuota) * w.cfg.QuotaShare)
-	if st.DbSizeInUse+n > limit {
-		return fmt.Errorf("%d bytes more would take the store's %d bytes in use past %.0f%% of its quota (%d bytes): %w",
-			n, st.DbSizeInUse, 100*w.cfg.QuotaShare, st.DbSizeQuota, store.ErrNoSpace)
-	}
-	return nil
+	return st.DbSizeInUse, int64(float64(st.DbSizeQuota) * w.cfg.QuotaShare)
 }
 
 // Delta changes list name by d (removals, then additions) and returns its new
