@@ -376,8 +376,8 @@ func (w *worker) syncEvent(s *snapshot, ev *conntrack.Event) {
 			w.emit(s, ws.out, &ev.Key, 0, 0, 0, sessionsync.OpDelete)
 		}
 	case ev.Shared:
-		if _, st, exp, ok := w.table.MarkSent(&ev.Key, ev.Hash, w.now); ok {
-			w.emit(s, ws.out, &ev.Key, 0, st, exp, sessionsync.OpUpsert)
+		if m, st, exp, ok := w.table.MarkSent(&ev.Key, ev.Hash, w.now); ok {
+			w.emit(s, ws.out, &ev.Key, m, st, exp, sessionsync.OpUpsert)
 		}
 	case ev.State == conntrack.StateEstablished || ev.State == conntrack.StateUDP:
 		if ws.dN == len(ws.delay) {
@@ -389,7 +389,7 @@ func (w *worker) syncEvent(s *snapshot, ev *conntrack.Event) {
 	}
 }
 
-// emit queues entry k on r. member 0 with an upsert means: look it up again.
+// emit queues entry k (member, state and expiry for an upsert) on r.
 func (w *worker) emit(s *snapshot, r *spsc, k *conntrack.Key, member uint16, st conntrack.State, expire uint32, op sessionsync.Op) {
 	if int(k.Rule) >= len(s.ruleByID) || s.ruleByID[k.Rule] == nil {
 		return
@@ -400,12 +400,6 @@ func (w *worker) emit(s *snapshot, r *spsc, k *conntrack.Key, member uint16, st 
 		Proto: rl.proto, Op: op, Encap: encapOf(s),
 	}
 	if op == sessionsync.OpUpsert {
-		if member == 0 {
-			var ok bool
-			if member, _, ok = w.table.Lookup(k, w.flowHash(&e), w.now); !ok {
-				return
-			}
-		}
 		if int(member) >= len(s.members) || s.members[member] == nil {
 			return
 		}
