@@ -322,7 +322,9 @@ func (d *Daemon) start(ctx context.Context) (runDone chan error, err error) {
 	d.ports, d.dist = ports, dist
 	runDone = make(chan error, 1)
 	d.running.Store(true)
-	go func() { runDone <- dist.Run(ctx) }()
+	// Not ctx's end but stop ends the datapath: after SIGTERM it forwards through
+	// the BGP withdrawal and the lame-duck delay.
+	go func() { runDone <- dist.Run(context.WithoutCancel(ctx)) }()
 	d.Log.Info("forwarding", "external", ports.external.Name(), "internal", ports.internal.Name(),
 		"workers", d.file.DPDK.Workers, "rules", len(d.fwd.Rules), "pools", len(d.fwd.Pools))
 	return runDone, nil
