@@ -5,8 +5,8 @@
 //     distributors, each with -flows established TCP flows fed by a generator port
 //     (frames written into buffers, standing for the NIC) and tunnelled to a sink; the
 //     one with sync on has sent its flows to a peer LD over loopback UDP (a second
-//     distributor with its syncer) before it is measured; rounds alternate between
-//     the two, and the ratio of the medians is sync_on_off_mpps_ratio (target ≥ 0.9),
+//     distributor with its syncer) before it is measured; each round measures both,
+//     in alternating order, and the ratio of the medians is sync_on_off_mpps_ratio (target ≥ 0.9),
 //     counted per second of the worker thread's CPU time (the machine's other load
 //     disturbs it less than wall time, which is shown too);
 //   - a full sync of -full connections (1,000,000): an LD holding them sends them all
@@ -68,7 +68,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.IntVar(&o.flows, "flows", 200_000, "established flows of the rate rows")
 	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured time of each rate round")
-	fs.IntVar(&o.rounds, "rounds", 3, "rounds of the rate rows (sync off, then on, each round)")
+	fs.IntVar(&o.rounds, "rounds", 4, "rounds of the rate rows (sync off and on each round, in alternating order)")
 	fs.IntVar(&o.full, "full", 1_000_000, "connections of the full sync row")
 	fs.DurationVar(&o.after, "sync-after", 3*time.Second, "sync_after of the LD measured with sync on")
 	fs.IntVar(&o.rate, "full-sync-rate", sessionsync.DefaultFullSyncRate, "full_sync_rate, entries a second")
@@ -318,11 +318,17 @@ func run(o options, out io.Writer, log *slog.Logger) (*results, error) {
 		return nil, fmt.Errorf("%w (sent %+v, peer %+v)", err, on.d.SyncStats(), peer.d.SyncStats())
 	}
 	var offR, onR, offW, onW []float64
+	type row struct {
+		l        *ld
+		cpu, wal *[]float64
+	}
 	for r := range o.rounds {
-		for _, m := range []struct {
-			l        *ld
-			cpu, wal *[]float64
-		}{{off, &offR, &offW}, {on, &onR, &onW}} {
+		// The order alternates, so that neither side is always measured second.
+		order := []row{{off, &offR, &offW}, {on, &onR, &onW}}
+		if r%2 == 1 {
+			order[0], order[1] = order[1], order[0]
+		}
+		for _, m := range order {
 			w, c, err := m.l.rate(o.duration)
 			if err != nil {
 				return nil, err
