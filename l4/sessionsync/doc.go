@@ -13,7 +13,10 @@
 // at the sender's start time in nanoseconds, so a restarted LD's are higher) and an
 // HMAC-SHA256 with the cluster's shared key: datagrams of another cluster, forged
 // ones, replays (a 64-datagram window per peer) and datagrams from addresses that are
-// not peers are dropped and counted (tiergate_l4_sync_dropped_total{reason}).
+// not peers are dropped and counted (tiergate_l4_sync_dropped_total{reason}). As the
+// sequence comes from the clock, an LD restarted with its clock set back is refused as
+// replaying until its sequence passes the one its peers last accepted: keep the LDs'
+// clocks synchronised (NTP), as for everything else in a cluster.
 //
 // Warm-up: a starting LD asks each peer for a full sync (MsgFullSyncRequest, once a
 // second until answered); a peer answers with a full sync followed by
