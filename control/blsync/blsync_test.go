@@ -699,3 +699,53 @@ func TestFollowerSavesLatest(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestFollowerChecksEarly: the chunks the watch delivers are checked against
+// their names (and decoded) as they come, so the manifest's sync reads none of
+// them again; one whose bytes are not its name's is not kept, and is refused by
+// the sync as corrupt.
+func TestFollowerChecksEarly(t *testing.T) {
+	s := randomSet(14, 1_000_000)
+	chunks, err := encodeChunks(s)
+	if err != nil || len(chunks) < 2 {
+		t.Fatalf("%d chunks: %v", len(chunks), err)
+	}
+	m := &Manifest{Name: "global", Version: 1, Base: Base{Version: 1, Entries: int64(s.Len())}}
+	for _, verify := range []bool{false, true} {
+		f, err := NewFollower(FollowerConfig{Store: openStore(t), List: (&listSet{}).get, VerifyOnly: verify, Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Base.Chunks = nil
+		for _, c := range chunks {
+			m.Base.Chunks = append(m.Base.Chunks, c.ref)
+			key := ChunkKey("global", c.ref.SHA256)
+			f.seen[key] = c.data
+			f.checkEarly(key, c.data)
+		}
+		// No store client: a chunk not checked early would be read from it.
+		got, err := f.base(ctx, nil, m, 1)
+		if err != nil {
+			t.Fatalf("verify only %v: %v", verify, err)
+		}
+		if !verify && !same(got, s) {
+			t.Fatal("the base built from the chunks checked early is not the list")
+		}
+		if verify && got != nil {
+			t.Fatal("a verify-only base built a list")
+		}
+
+		bad := append([]byte(nil), chunks[0].data...)
+		bad[len(bad)/2] ^= 0x40
+		key := ChunkKey("global", chunks[0].ref.SHA256)
+		delete(f.early, key)
+		f.seen[key] = bad
+		f.checkEarly(key, bad)
+		if _, ok := f.early[key]; ok {
+			t.Fatalf("verify only %v: a chunk not matching its name was kept", verify)
+		}
+		if _, err := f.base(ctx, nil, m, 1); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("verify only %v: the base with a corrupt chunk: %v", verify, err)
+		}
+	}
+}

@@ -89,6 +89,12 @@ type Follower struct {
 	// fetching them again (checked as any other).
 	seen      map[string][]byte
 	seenBytes int
+	// early are the chunks among seen already checked against their name (the
+	// SHA-256 of their bytes) and, unless VerifyOnly, decoded (nil with
+	// VerifyOnly), as the watch delivered them: a base's chunks arrive before its
+	// manifest, whose sync then has only the others left to check.
+	early      map[string]*blacklist.Set
+	earlyBytes int
 
 	saveMu  sync.Mutex
 	saving  map[string]saveReq
@@ -115,7 +121,7 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 		cfg.Logger = slog.Default()
 	}
 	f := &Follower{cfg: cfg, log: cfg.Logger, versions: map[string]int64{}, errs: map[string]string{}, lists: map[string]*blacklist.List{},
-		seen: map[string][]byte{}, saving: map[string]saveReq{}, saveSig: make(chan struct{}, 1),
+		seen: map[string][]byte{}, early: map[string]*blacklist.Set{}, saving: map[string]saveReq{}, saveSig: make(chan struct{}, 1),
 		version: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tiergate_blsync_version",
 			Help: "The version of each blacklist of the store the node enforces."}, []string{"list"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tiergate_blsync_refused_total",
@@ -260,14 +266,16 @@ func (f *Follower) follow(ctx context.Context, cli *clientv3.Client) error {
 				if name, ok := listOf(key); ok && f.cfg.List(name) != nil {
 					f.seen[key] = ev.Kv.Value
 					f.seenBytes += len(ev.Kv.Value)
+					f.checkEarly(key, ev.Kv.Value)
 				}
 			}
 			for name, r := range changed {
 				f.syncNow(ctx, cli, name, r)
 			}
-			if f.seenBytes > maxSeenBytes { // values whose manifest never came
+			if f.seenBytes+f.earlyBytes > maxSeenBytes { // values whose manifest never came
 				clear(f.seen)
-				f.seenBytes = 0
+				clear(f.early)
+				f.seenBytes, f.earlyBytes = 0, 0
 			}
 		}
 	}
@@ -410,6 +418,14 @@ func withRev(rev int64) []clientv3.OpOption {
 // forget drops the values the watch delivered for a list.
 func (f *Follower) forget(name string) {
 	p := Prefix + name + "/"
+	for k, s := range f.early {
+		if strings.HasPrefix(k, p) {
+			delete(f.early, k)
+			if s != nil {
+				f.earlyBytes -= s.Bytes()
+			}
+		}
+	}
 	for k, v := range f.seen {
 		if strings.HasPrefix(k, p) {
 			delete(f.seen, k)
@@ -423,10 +439,18 @@ func (f *Follower) forget(name string) {
 func (f *Follower) base(ctx context.Context, cli *clientv3.Client, m *Manifest, rev int64) (*blacklist.Set, error) {
 	sets := make([]*blacklist.Set, len(m.Base.Chunks))
 	seen := make([][]byte, len(m.Base.Chunks))
+	done := make([]bool, len(m.Base.Chunks))
 	for i, ref := range m.Base.Chunks {
-		seen[i] = f.seen[ChunkKey(m.Name, ref.SHA256)]
+		key := ChunkKey(m.Name, ref.SHA256)
+		seen[i] = f.seen[key]
+		if s, ok := f.early[key]; ok && len(seen[i]) == ref.Bytes {
+			sets[i], done[i] = s, true
+		}
 	}
 	err := parallel(ctx, len(m.Base.Chunks), func(ctx context.Context, i int) error {
+		if done[i] {
+			return nil
+		}
 		ref, data := m.Base.Chunks[i], seen[i]
 		if data == nil {
 			resp, err := cli.Get(ctx, ChunkKey(m.Name, ref.SHA256), clientv3.WithRev(rev))
@@ -455,6 +479,29 @@ func (f *Follower) base(ctx context.Context, cli *clientv3.Client, m *Manifest, 
 		return nil, err
 	}
 	return union(sets), nil
+}
+
+// checkEarly checks a chunk the watch delivered against its name (its SHA-256)
+// and, unless VerifyOnly, decodes it, for the sync of the manifest to come. A
+// chunk that fails is left to that sync, which refuses it.
+func (f *Follower) checkEarly(key string, data []byte) {
+	name, rest, ok := strings.Cut(strings.TrimPrefix(key, Prefix), "/chunks/")
+	if !ok || name == "" || !validSum(rest) {
+		return
+	}
+	ref := ChunkRef{SHA256: rest, Bytes: len(data)}
+	if f.cfg.VerifyOnly {
+		if checkChunk(ref, data) == nil {
+			f.early[key] = nil
+		}
+		return
+	}
+	s, err := decodeChunk(ref, data)
+	if err != nil {
+		return
+	}
+	f.early[key] = s
+	f.earlyBytes += s.Bytes()
 }
 
 // deltas reads the deltas from..to: those the watch delivered, else from the store.
