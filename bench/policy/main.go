@@ -5,7 +5,9 @@
 //     misses, and bytes per entry, at 1M and 10M entries of random IPv4 addresses,
 //     random IPv6 addresses, and a mix of both with 100k CIDRs; the time to parse,
 //     build and swap in 1M entries (text, binary, Builder); the time to apply a delta
-//     of 10k; and the longest single lookup a goroutine saw while lists were swapped.
+//     of 10k to 1M, and deltas of 10k to 10M until the list has folded them; and the
+//     longest single lookup a goroutine saw while lists were swapped, against a
+//     control probing as long beside a busy goroutine.
 //   - Routing (policy/route), in this process: the time to match a request against
 //     1,000 routes (50 virtual hosts of 20 routes: exact, prefix, regular expression,
 //     method and header conditions) over a mix of requests.
