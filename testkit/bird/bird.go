@@ -88,7 +88,7 @@ template bgp ld {
 	for _, p := range c.Peers {
 		fmt.Fprintf(&b, "protocol bgp %s from ld {\n\tneighbor %s as %d;\n", p.Name, p.Address, p.AS)
 		if p.Password != "" {
-			fmt.Fprintf(&b, "\tpassword %q;\n", p.Password)
+			fmt.Fprintf(&b, "\tpassword \"%s\";\n", p.Password)
 		}
 		if p.TTLSecurity {
 			b.WriteString("\tttl security on;\n")
@@ -98,10 +98,28 @@ template bgp ld {
 	return b.String()
 }
 
+// check refuses what bird's configuration cannot carry as given: a session name
+// other than letters, digits and underscores, a password with a quote, a backslash
+// or a control character (bird's strings have no escapes).
+func (c Config) check() error {
+	for _, p := range c.Peers {
+		if p.Name == "" || strings.Trim(p.Name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != "" {
+			return fmt.Errorf("bird: session name %q: want letters, digits and underscores", p.Name)
+		}
+		if strings.ContainsFunc(p.Password, func(r rune) bool { return r == '"' || r == '\\' || r < ' ' || r > '~' }) {
+			return fmt.Errorf("bird: session %s: the password must be printable ASCII without quotes or backslashes", p.Name)
+		}
+	}
+	return nil
+}
+
 // Start writes c's configuration, checks it with `bird -p` and runs bird in ns
 // until the test ends.
 func Start(t testing.TB, ns *netns.NS, c Config) *Router {
 	t.Helper()
+	if err := c.check(); err != nil {
+		t.Fatal(err)
+	}
 	testenv.RequireCommand(t, "bird", "bird2")
 	testenv.RequireCommand(t, "birdc", "bird2")
 	dir := t.TempDir()
