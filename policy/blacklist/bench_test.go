@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
@@ -110,25 +111,29 @@ func BenchmarkContainsV4_10MOverlay(b *testing.B) {
 		b.Skip("10M entries: skipped in -short mode")
 	}
 	d := loadBench(b, "v4-10M", func() *benchData { return exactData(10_000_000, randV4) })
-	benchLookups(b, loadBench(b, "v4-10M-overlay", func() *benchData {
-		r := rand.New(rand.NewPCG(5, 5))
-		s := d.list.Snapshot()
-		now := nowSeconds(time.Now())
-		for range 15 {
-			var delta Delta
-			for range 10_000 {
-				delta.Add = append(delta.Add, Entry{Prefix: netip.PrefixFrom(randV4(r), 32)})
-			}
-			var err error
-			if s, err = s.applyHow(&delta, now, applyOverlay); err != nil {
-				panic(err)
-			}
+	benchLookups(b, loadBench(b, "v4-10M-overlay", func() *benchData { return overlayData(d) }))
+}
+
+// overlayData is d with its list carrying the overlay of 15 deltas of 10k
+// additions.
+func overlayData(d *benchData) *benchData {
+	r := rand.New(rand.NewPCG(5, 5))
+	s := d.list.Snapshot()
+	now := nowSeconds(time.Now())
+	for range 15 {
+		var delta Delta
+		for range 10_000 {
+			delta.Add = append(delta.Add, Entry{Prefix: netip.PrefixFrom(randV4(r), 32)})
 		}
-		o := *d
-		o.list = NewList("bench", Options{})
-		o.list.set.Store(s) // not Replace: that would fold it
-		return &o
-	}))
+		var err error
+		if s, err = s.applyHow(&delta, now, applyOverlay); err != nil {
+			panic(err)
+		}
+	}
+	o := *d
+	o.list = NewList("bench", Options{})
+	o.list.set.Store(s) // not Replace: that would fold it
+	return &o
 }
 
 func BenchmarkContainsV6_1M(b *testing.B) {
@@ -452,5 +457,29 @@ func BenchmarkApplyDelta10kOn10M(b *testing.B) {
 		if l.Contains(p.Addr()) && !slices.ContainsFunc(last.Add, func(e Entry) bool { return e.Prefix.Contains(p.Addr()) }) {
 			b.Fatalf("%s, removed by the last delta, is listed", p)
 		}
+	}
+}
+
+// BenchmarkWriteBinary10M writes a list of 10M IPv4 addresses in the binary format,
+// as a node's follower does to its disk after each update: without an overlay, and
+// with the overlay of 15 deltas of 10k.
+func BenchmarkWriteBinary10M(b *testing.B) {
+	if testing.Short() {
+		b.Skip("10M entries: skipped in -short mode")
+	}
+	d := loadBench(b, "v4-10M", func() *benchData { return exactData(10_000_000, randV4) })
+	o := loadBench(b, "v4-10M-overlay", func() *benchData { return overlayData(d) })
+	for _, c := range []struct {
+		name string
+		s    *Set
+	}{{"flat", d.list.Snapshot()}, {"overlay", o.list.Snapshot()}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := WriteBinary(io.Discard, c.s); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"sort"
 	"time"
 )
 
@@ -156,22 +157,83 @@ type section struct {
 // writeSections returns s's entries by section, in the order written; arrays that
 // are not the Set's own are taken from sc. A Set with an overlay is merged first.
 func writeSections(sc *scratch, s *Set) [2 * numKinds]section {
-	if s.ov != nil {
-		p, e, pr, er := splitTables(s.spans4(sc), sc, sc)
-		p6, e6, pr6, er6 := splitTables(s.spans6(sc), sc, sc)
-		return [2 * numKinds]section{
-			{k4: p.keys}, {k4: pr.start, end4: pr.end}, {k6: p6.keys}, {k6: pr6.start, end6: pr6.end},
-			{k4: e.keys, exp: e.exp}, {k4: er.start, end4: er.end, exp: er.exp},
-			{k6: e6.keys, exp: e6.exp}, {k6: er6.start, end6: er6.end, exp: er6.exp},
-		}
-	}
 	keys := func(t *t4) []a4 { return t.appendKeys(grab[a4](sc, t.n)) }
+	if o := s.ov; o != nil {
+		// Each table of the merged list is the base's entries outside the windows
+		// (which never cut one) and the patch's, in order.
+		w4, w6, p := o.windows4(sc), o.windows6(sc), o.patch
+		var out [2 * numKinds]section
+		out[0].k4, _, _ = outsideMerge(sc, w4, keys(&s.p4.t), nil, nil, keys(&p.p4.t), nil, nil)
+		out[1].k4, out[1].end4, _ = outsideMerge(sc, w4, keys(&s.pr4.start), s.pr4.end, nil, keys(&p.pr4.start), p.pr4.end, nil)
+		out[2].k6, _, _ = outsideMerge(sc, w6, s.p6.t.keys, nil, nil, p.p6.t.keys, nil, nil)
+		out[3].k6, out[3].end6, _ = outsideMerge(sc, w6, s.pr6.start.keys, s.pr6.end, nil, p.pr6.start.keys, p.pr6.end, nil)
+		out[4].k4, _, out[4].exp = outsideMerge(sc, w4, keys(&s.e4.t), nil, s.e4.exp, keys(&p.e4.t), nil, p.e4.exp)
+		out[5].k4, out[5].end4, out[5].exp = outsideMerge(sc, w4, keys(&s.er4.start), s.er4.end, s.er4.exp, keys(&p.er4.start), p.er4.end, p.er4.exp)
+		out[6].k6, _, out[6].exp = outsideMerge(sc, w6, s.e6.t.keys, nil, s.e6.exp, p.e6.t.keys, nil, p.e6.exp)
+		out[7].k6, out[7].end6, out[7].exp = outsideMerge(sc, w6, s.er6.start.keys, s.er6.end, s.er6.exp, p.er6.start.keys, p.er6.end, p.er6.exp)
+		return out
+	}
 	return [2 * numKinds]section{
 		{k4: keys(&s.p4.t)}, {k4: keys(&s.pr4.start), end4: s.pr4.end},
 		{k6: s.p6.t.keys}, {k6: s.pr6.start.keys, end6: s.pr6.end},
 		{k4: keys(&s.e4.t), exp: s.e4.exp}, {k4: keys(&s.er4.start), end4: s.er4.end, exp: s.er4.exp},
 		{k6: s.e6.t.keys, exp: s.e6.exp}, {k6: s.er6.start.keys, end6: s.er6.end, exp: s.er6.exp},
 	}
+}
+
+// outsideMerge merges one table of a base (keys bk, range ends bend and expiries
+// bexp, nil when the table has none) less its entries inside the windows win, and
+// the same table of a patch (pk, pend, pexp), in key order, into arrays taken from
+// sc.
+func outsideMerge[K key[K]](sc *scratch, win []span[K], bk, bend []K, bexp []uint32, pk, pend []K, pexp []uint32) (k, end []K, exp []uint32) {
+	n := len(bk) + len(pk)
+	k = grab[K](sc, n)
+	if bend != nil || pend != nil {
+		end = grab[K](sc, n)
+	}
+	if bexp != nil || pexp != nil {
+		exp = grab[uint32](sc, n)
+	}
+	i, j, w := 0, 0, 0
+	for i < len(bk) || j < len(pk) {
+		if i < len(bk) {
+			for w < len(win) && win[w].hi.less(bk[i]) {
+				w++
+			}
+			if w < len(win) && !bk[i].less(win[w].lo) {
+				i++ // inside a window: the patch holds what the list holds there
+				continue
+			}
+		}
+		if j == len(pk) || i < len(bk) && bk[i].less(pk[j]) {
+			// Base entries up to the next window or patch entry, in one go.
+			stop := len(bk)
+			if w < len(win) {
+				stop = i + sort.Search(len(bk)-i, func(x int) bool { return !bk[i+x].less(win[w].lo) })
+			}
+			if j < len(pk) {
+				stop = i + sort.Search(stop-i, func(x int) bool { return !bk[i+x].less(pk[j]) })
+			}
+			k = append(k, bk[i:stop]...)
+			if end != nil {
+				end = append(end, bend[i:stop]...)
+			}
+			if exp != nil {
+				exp = append(exp, bexp[i:stop]...)
+			}
+			i = stop
+		} else {
+			k = append(k, pk[j])
+			if end != nil {
+				end = append(end, pend[j])
+			}
+			if exp != nil {
+				exp = append(exp, pexp[j])
+			}
+			j++
+		}
+	}
+	return k, end, exp
 }
 
 func appendExp(b []byte, exp []uint32, i int) []byte {
