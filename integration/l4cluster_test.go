@@ -80,7 +80,9 @@ func (ld *clusterLD) get(t *testing.T, path string) string {
 // connections spread over both; a drained LD's path is withdrawn (over a session
 // that stays up) and comes back on undrain; an LD stopped with SIGTERM withdraws its
 // path while it still runs, and forwards for withdraw_delay, so that no request
-// fails during either, not even one whose connection ECMP moved half-way.
+// fails during either, not even one whose connection ECMP moved half-way. Started
+// again it announces again; an LD that hangs loses its path to the router's hold
+// timer.
 func TestL4ClusterBGP(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.RequireCommand(t, "ip", "iproute2")
@@ -166,6 +168,7 @@ shutdown_grace: 2s
 	// Hold time 6 s, not BGP's shortest 3 s: nothing here measures failover, and a
 	// session must not drop on a loaded machine between two checks.
 	const password = "tiergate-bgp-md5"
+	const holdTime = 6 * time.Second
 	router := bird.Start(t, rt, bird.Config{RouterID: "198.18.0.1", Address: "198.18.0.1", AS: 65000, HoldTime: 6,
 		Peers: []bird.Peer{
 			{Name: "lda", Address: lds[0].session, AS: 65001, Password: password},
@@ -316,6 +319,28 @@ bgp:
 		for i, ns := range l7 {
 			dumpMetrics(t, fmt.Sprintf("l7d-%c", 'a'+i), nsClient(ns, nil, false), "http://127.0.0.1:9241/metrics", "tiergate_l7_tunnel")
 		}
+	}
+
+	// ldb started again announces again.
+	ldb.d.start()
+	waitNextHops("ldb restarted", "198.18.0.2", "198.18.0.3")
+
+	// An LD that hangs (stopped: no keepalives, its session never closed) loses
+	// its path when the router's hold timer expires, and the other LD serves.
+	lda := lds[0]
+	if err := lda.d.proc.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	hung := time.Now()
+	waitNextHops("lda hung", "198.18.0.3")
+	took := time.Since(hung)
+	t.Logf("lda's path gone %v after it hung (hold time %v)", took.Round(time.Millisecond), holdTime)
+	if took > holdTime+3*time.Second {
+		t.Errorf("lda's path went %v after it hung, more than the hold time %v and 3 s", took, holdTime)
+	}
+	lda.d.kill()
+	if _, _, err := l4Get(fresh, url); err != nil {
+		t.Errorf("request through ldb alone: %v", err)
 	}
 }
 
