@@ -9,17 +9,31 @@
 //     in alternating order, and the ratio of the medians is sync_on_off_mpps_ratio (target ≥ 0.9),
 //     counted per second of the worker thread's CPU time (the machine's other load
 //     disturbs it less than wall time, which is shown too);
+//
 //   - a full sync of -full connections (1,000,000): an LD holding them sends them all
 //     to a peer, paced at full_sync_rate; the time until the peer has installed every
 //     one is full_sync_1m_s (target ≤ 10 s), and the bytes on the wire (UDP payload
 //     plus IP and UDP headers) per connection sync_bytes_per_conn.
 //
-// BGP failover (failover_s, long_conns_survived_pct) needs the router namespace and
-// is not measured here. Addresses are from 198.18.0.0/15 and 203.0.113.0/24 and never
-// leave the process (loopback UDP for sync). It prints a table, the targets with PASS
-// or MISS, and as its last line one JSON object.
+//   - the loss of an LD (-failover-conns long connections, 200; 0 skips it): on the
+//     router topology of integration's TestL4ClusterFailover, run as a child with
+//     `go test` (root, bird2, DPDK): two l4d on net_af_packet peering with bird2
+//     (hold time 3 s, ECMP) and syncing their sessions, three l7d, a client
+//     namespace whose long connections (HTTP/1.1, HTTP/2, HTTP/3, a request every
+//     200 ms each, older than sync_after) are spread over both LDs; an L7 node joins
+//     the pool, then one LD is killed (-9, its kernel's BGP session gone with it)
+//     and later restarted. failover_s is the kill to the last long connection served
+//     again (target ≤ hold time + 1 s), long_conns_survived_pct those never redialled
+//     nor failed (target 100), failover_requests_failed the requests that failed
+//     (long connections, and new connections made all along), route_drop_s the kill
+//     to the router's route via the survivor only.
 //
-//	go run ./bench/l4cluster [-flows 200000] [-duration 2s] [-rounds 3] [-full 1000000]
+// The rate and full sync rows' addresses are from 198.18.0.0/15 and 203.0.113.0/24
+// and never leave the process (loopback UDP for sync); the failover row's live in
+// the test's network namespaces. It prints a table, the targets with PASS or MISS,
+// and as its last line one JSON object.
+//
+//	go run ./bench/l4cluster [-flows 200000] [-duration 2s] [-rounds 3] [-full 1000000] [-failover-conns 200]
 package main
 
 import (
@@ -52,6 +66,7 @@ type options struct {
 	flows, rounds, full int
 	duration, after     time.Duration
 	rate                int
+	failoverConns       int
 }
 
 var (
@@ -72,21 +87,27 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.full, "full", 1_000_000, "connections of the full sync row")
 	fs.DurationVar(&o.after, "sync-after", 3*time.Second, "sync_after of the LD measured with sync on")
 	fs.IntVar(&o.rate, "full-sync-rate", sessionsync.DefaultFullSyncRate, "full_sync_rate, entries a second")
+	fs.IntVar(&o.failoverConns, "failover-conns", 200, "long connections of the LD-loss row (0: skip it)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if o.flows < 1 || o.flows > 1<<20 || o.full < 1 || o.full > 1<<20 || o.rounds < 1 || o.duration <= 0 {
-		fmt.Fprintln(stderr, "bench-l4-cluster: -flows and -full must be in 1..1048576, -rounds ≥ 1, -duration > 0")
+	if o.flows < 1 || o.flows > 1<<20 || o.full < 1 || o.full > 1<<20 || o.rounds < 1 || o.duration <= 0 || o.failoverConns < 0 || o.failoverConns > 2000 {
+		fmt.Fprintln(stderr, "bench-l4-cluster: -flows and -full must be in 1..1048576, -rounds ≥ 1, -duration > 0, -failover-conns in 0..2000")
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	res, err := run(o, stdout, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "bench-l4-cluster:", err)
+	}
+	if res != nil {
+		// The figures measured, a failed LD-loss row's too.
+		b, _ := json.Marshal(res)
+		fmt.Fprintln(stdout, string(b))
+	}
+	if err != nil {
 		return 1
 	}
-	b, _ := json.Marshal(res)
-	fmt.Fprintln(stdout, string(b))
 	return 0
 }
 
@@ -102,6 +123,16 @@ type results struct {
 	FullRate     int     `json:"full_sync_rate"`
 	BytesPerConn float64 `json:"sync_bytes_per_conn"`
 	Datagrams    uint64  `json:"full_sync_datagrams"`
+
+	// The LD-loss row; absent when skipped.
+	FailoverS        *float64 `json:"failover_s,omitempty"`
+	SurvivedPct      *float64 `json:"long_conns_survived_pct,omitempty"`
+	FailoverFailed   *int     `json:"failover_requests_failed,omitempty"`
+	FailoverNewConns *int     `json:"failover_new_conn_requests_failed,omitempty"`
+	HoldTimeS        *float64 `json:"bgp_hold_time_s,omitempty"`
+	RouteDropS       *float64 `json:"route_drop_s,omitempty"`
+	RejoinS          *float64 `json:"rejoin_s,omitempty"`
+	FailoverConns    int      `json:"failover_long_conns,omitempty"`
 }
 
 // ld is one distributor (one worker) over a generator and a sink, with its
@@ -405,7 +436,36 @@ func run(o options, out io.Writer, log *slog.Logger) (*results, error) {
 	fmt.Fprintf(out, "%-34s %12.1f\n", "  bytes per connection (IP+UDP)", res.BytesPerConn)
 	fmt.Fprintf(out, "%-34s %12d\n", "  datagrams", dg)
 	fmt.Fprintf(out, "%-34s %12d\n", "  full_sync_rate, entries/s", o.rate)
-	return res, nil
+	if o.failoverConns == 0 {
+		return res, nil
+	}
+
+	// The LD-loss row, last: it runs processes of its own.
+	for _, l := range []*ld{src, dst} {
+		if err := l.stop(); err != nil {
+			return nil, err
+		}
+	}
+	fmt.Fprintf(out, "\nLD loss with %d long connections (integration's TestL4ClusterFailover):\n", o.failoverConns)
+	f, ferr := failover(o.failoverConns, out)
+	if f == nil {
+		return nil, ferr
+	}
+	failed := f.LongReqFailed + f.NewConnFailed
+	res.FailoverS, res.SurvivedPct, res.FailoverFailed, res.FailoverNewConns = &f.FailoverS, &f.SurvivedPct, &failed, &f.NewConnFailed
+	res.HoldTimeS, res.RouteDropS, res.RejoinS, res.FailoverConns = &f.HoldTimeS, &f.RouteDropS, &f.RejoinS, f.Conns
+	fmt.Fprintf(out, "\n%-34s %12s %8s\n", "row", "value", "target")
+	fmt.Fprintf(out, "%-34s %12.2f %8s %s\n", "failover_s", f.FailoverS, fmt.Sprintf("≤ %.0f", f.HoldTimeS+1), mark(f.FailoverS <= f.HoldTimeS+1))
+	fmt.Fprintf(out, "%-34s %12.2f\n", "  BGP hold time, s", f.HoldTimeS)
+	fmt.Fprintf(out, "%-34s %12.2f\n", "  kill to route via survivor, s", f.RouteDropS)
+	fmt.Fprintf(out, "%-34s %12.1f %8s %s\n", "long_conns_survived_pct", f.SurvivedPct, "100", mark(f.SurvivedPct == 100))
+	fmt.Fprintf(out, "%-34s %12s\n", "  long connections", fmt.Sprintf("%d (%s)", f.Conns, f.ConnsByProto))
+	fmt.Fprintf(out, "%-34s %12d\n", "failover_requests_failed", failed)
+	fmt.Fprintf(out, "%-34s %12d\n", "  on long connections", f.LongReqFailed)
+	fmt.Fprintf(out, "%-34s %12d\n", "  new connections (in the window)", f.NewConnFailed-f.NewConnFailedOut)
+	fmt.Fprintf(out, "%-34s %12d %8s %s\n", "  new connections outside it", f.NewConnFailedOut, "0", mark(f.NewConnFailedOut == 0))
+	fmt.Fprintf(out, "%-34s %12.2f\n", "  restart to route via both, s", f.RejoinS)
+	return res, ferr
 }
 
 var _ port.Port = (*genPort)(nil)

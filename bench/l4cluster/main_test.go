@@ -8,7 +8,7 @@ import (
 )
 
 func TestFlags(t *testing.T) {
-	for _, args := range [][]string{{"-flows", "0"}, {"-full", "2000000"}, {"-rounds", "0"}, {"-nope"}} {
+	for _, args := range [][]string{{"-flows", "0"}, {"-full", "2000000"}, {"-rounds", "0"}, {"-failover-conns", "-1"}, {"-nope"}} {
 		if code := Main(args, io.Discard, io.Discard); code != 2 {
 			t.Errorf("Main(%q) = %d, want 2", args, code)
 		}
@@ -20,7 +20,7 @@ func TestFlags(t *testing.T) {
 // IPv4 entry (24 bytes, plus the datagram's share of headers and MAC) gives.
 func TestSmallRun(t *testing.T) {
 	var out strings.Builder
-	if code := Main([]string{"-flows", "2000", "-full", "5000", "-duration", "50ms", "-rounds", "1", "-sync-after", "100ms"}, &out, io.Discard); code != 0 {
+	if code := Main([]string{"-flows", "2000", "-full", "5000", "-duration", "50ms", "-rounds", "1", "-sync-after", "100ms", "-failover-conns", "0"}, &out, io.Discard); code != 0 {
 		t.Fatalf("exit %d:\n%s", code, out.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
