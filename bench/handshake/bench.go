@@ -44,6 +44,7 @@ type options struct {
 	matrixQuiet        time.Duration // -matrix-quiet-wait
 	poissonRate        float64       // -poisson-rate; 0: half of nginx's best closed-loop rate
 	poissonMaxInFlight int           // -poisson-max-in-flight
+	l7dEnv             []string      // -l7d-env
 	out, log           io.Writer
 }
 

@@ -100,6 +100,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.scrapeRate, "scrape-cost-rate", 1000, "after the other rows, l7d-local at this many TLS 1.3 `handshakes/s`, its /metrics scraped once a second or not, for what the scrapes cost it (0: not run)")
 	fs.StringVar(&o.scrapeMode, "scrape-cost-mode", modeResumed, "handshakes of the scrape-cost rows: resumed (1,000/s fits on two cores beside the load generator; the least l7d CPU, so the largest share for the scrapes) or full")
 	fs.IntVar(&o.scrapePairs, "scrape-cost-pairs", 2, "windows of the scrape-cost rows without and with the scrapes, alternated, `n` each")
+	l7dEnv := fs.String("l7d-env", "", "comma-separated `NAME=value` environment variables for both l7d (GOMAXPROCS=1, GODEBUG=...: for comparing runtime settings)")
 	fs.BoolVar(&o.classic, "classic", true, "also the handshake-only rows at -workers by -tls and -modes, and the scrape-cost rows")
 	matrix := fs.String("matrix", "all", "load shapes of the matrix: all, none, or comma-separated names (see the report)")
 	fs.IntVar(&o.burst, "burst", 2000, "connections of the burst shapes")
@@ -120,6 +121,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if o.burst <= 0 || o.matrixDuration <= 0 || o.matrixWarmup < 0 || o.matrixRepeat <= 0 || o.matrixQuiet < 0 || o.poissonRate < 0 || o.poissonMaxInFlight <= 0 {
 		fmt.Fprintln(stderr, "bench-handshake: -burst, -matrix-duration, -matrix-repeat and -poisson-max-in-flight must be positive, -matrix-warmup, -matrix-quiet-wait and -poisson-rate not negative")
 		return 2
+	}
+	if *l7dEnv != "" {
+		o.l7dEnv = strings.Split(*l7dEnv, ",")
 	}
 	if o.matrix, err = parseShapes(*matrix, matrixShapes(o.burst)); err != nil {
 		fmt.Fprintf(stderr, "bench-handshake: -matrix: %v\n", err)

@@ -350,12 +350,11 @@ func burst(ctx context.Context, cl *client, n int) (ok, errs int, firstErr error
 // dropped and counted), and waits for them all.
 func poisson(ctx context.Context, cl *client, rate float64, d time.Duration, maxInFlight int) (ok, errs, dropped int, firstErr error) {
 	var (
-		wg       sync.WaitGroup
-		nok      atomic.Int64
-		nerr     atomic.Int64
-		once     sync.Once
-		inFlight atomic.Int64
-		free     = make(chan int, maxInFlight) // client slots (each has its config)
+		wg   sync.WaitGroup
+		nok  atomic.Int64
+		nerr atomic.Int64
+		once sync.Once
+		free = make(chan int, maxInFlight) // client slots (each has its config)
 	)
 	for i := range maxInFlight {
 		free <- i
@@ -379,11 +378,11 @@ func poisson(ctx context.Context, cl *client, rate float64, d time.Duration, max
 			dropped++
 			continue
 		}
-		inFlight.Add(1)
 		seq++
+		opSeq := seq
 		wg.Go(func() {
-			defer func() { free <- slot; inFlight.Add(-1) }()
-			if err := cl.op(ctx, slot, seq); err != nil {
+			defer func() { free <- slot }()
+			if err := cl.op(ctx, slot, opSeq); err != nil {
 				nerr.Add(1)
 				once.Do(func() { firstErr = err })
 				return
@@ -448,11 +447,14 @@ func (b *bench) runExternal(ctx context.Context, r *mrow, clocks []benchkit.CPUC
 	cmd := exec.CommandContext(ctx, path, args...)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err = b.timed(ctx, r, clocks, func() { err = cmd.Run() })
+	var runErr error
+	if err := b.timed(ctx, r, clocks, func() { runErr = cmd.Run() }); err != nil {
+		return out.String(), err
+	}
 	if cmd.ProcessState != nil {
 		r.cpu[mclockChildren] = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	}
-	if err != nil {
+	if err := runErr; err != nil {
 		return out.String(), fmt.Errorf("%s %s: %w; output:\n%s", name, strings.Join(args, " "), err, tail(out.String(), 20))
 	}
 	return out.String(), nil

@@ -150,7 +150,7 @@ func (b *bench) startL7d(ctx context.Context, id string) (*server, error) {
 		}
 		s.label += " (pprof variant)"
 	}
-	if s.proc, err = benchkit.StartProcess(id, path, args, nil, filepath.Join(b.f.dir, id+".log")); err != nil {
+	if s.proc, err = benchkit.StartProcess(id, path, args, b.o.l7dEnv, filepath.Join(b.f.dir, id+".log")); err != nil {
 		return nil, err
 	}
 	s.clock = s.proc.CPU()
