@@ -64,7 +64,8 @@
 //	                                  its Local API streams them, or an array of new
 //	                                  ones; deletions first, a duration the expiry,
 //	                                  ban only unless ?types=, other scopes skipped
-//	GET  /v1/blacklists[/{name}]      version, size, and each node's version
+//	GET  /v1/blacklists[/{name}]      version, size, and each node's version and
+//	                                  hits of the list, and their total
 //	GET  /v1/operations/{id}          pending, applied on N of M nodes, failed: why
 //
 // Bad lines are refused 422 "bad_lines", each by its number, and nothing changes;
