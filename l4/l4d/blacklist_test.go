@@ -84,6 +84,8 @@ func TestControlBlacklist(t *testing.T) {
 	td.want("GET", "/metrics", "", 200, `tiergate_l4_packets_total{dir="in",result="blacklisted"} 1`,
 		`tiergate_blacklist_hits_total{listener="global",source="packet"} 1`)
 	td.want("GET", "/control", "", 200, fmt.Sprintf(`"global": %d`, v1))
+	// The hit reported in the node's status (read every 5s).
+	waitStatus(t, s, "l4-a", func(st agent.Status) bool { return st.BlacklistHits[blacklist.GlobalName] == 1 })
 
 	// A delta lists the second client: its next new connection is dropped.
 	v2, err := w.Delta(ctx, blacklist.GlobalName, &blacklist.Delta{Add: []blacklist.Entry{{Prefix: netip.MustParsePrefix("192.0.2.77/32")}}}, "test")
