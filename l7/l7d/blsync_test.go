@@ -66,6 +66,8 @@ func TestControlBlacklists(t *testing.T) {
 	}
 	e.waitBlocked(true)
 	e.waitStatus("reporting the global list", func(s agent.Status) bool { return s.Blacklists[blacklist.GlobalName] == v1 })
+	// The connections refused, hits of the list, in the node's status (read every 5s).
+	e.waitStatus("reporting the global list's hits", func(s agent.Status) bool { return s.BlacklistHits[blacklist.GlobalName] > 0 })
 
 	// A listener's list, and one naming no listener (not fetched, not reported).
 	vWeb, err := w.Replace(ctx, "web", setOf(t, "198.51.100.0/24"), "test")
