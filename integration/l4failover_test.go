@@ -577,6 +577,13 @@ bgp:
 	}
 	t.Logf("long connections served again later than 0.5s after the kill (s): %v", delays)
 	res.FailoverS = last.Sub(killed).Seconds()
+	if res.FailoverS > failoverHoldTime.Seconds()+1 {
+		// Where the slow ones waited: the survivor's drops, the L7 nodes' tunnels.
+		dumpMetrics(t, "ldb", lds[1].http, "http://127.0.0.1:9180/metrics", "tiergate_l4_packets_total", "tiergate_l4_sync", "tiergate_l4_connections")
+		for i, ns := range l7 {
+			dumpMetrics(t, fmt.Sprintf("l7d-%c", 'a'+i), nsClient(ns, nil, false), "http://127.0.0.1:9241/metrics", "tiergate_l7_tunnel_flow_moves", "tiergate_l7_tunnel_packets")
+		}
+	}
 	// New connections succeed again after the window.
 	okAt := load.ok.Load()
 	waitFor(t, 30*time.Second, "new connections after the router dropped lda", func() bool { return load.ok.Load() >= okAt+5 })
