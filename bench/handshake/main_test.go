@@ -371,3 +371,22 @@ func TestParseShapes(t *testing.T) {
 		}
 	}
 }
+
+func TestShapeMedian(t *testing.T) {
+	sh := shape{name: "burst2000_h2load", request: true}
+	srv := &server{id: srvL7Offload}
+	row := func(conns, errs int, cpu time.Duration) *mrow {
+		return &mrow{sh: sh, srv: srv, conns: conns, errors: errs, cpu: []time.Duration{mclockServer: cpu, nMClocks - 1: 0}}
+	}
+	b := &bench{mrows: []*mrow{row(2000, 0, 800*time.Millisecond), row(9, 1991, 440*time.Millisecond), row(2000, 0, 700*time.Millisecond)}}
+	if got := b.shapeMedian(sh.name, srvL7Offload, mclockServer); got == nil || *got != 375 {
+		t.Errorf("median %v; want 375 µs, from the two repeats without errors", got)
+	}
+	b.mrows = b.mrows[1:2]
+	if got := b.shapeMedian(sh.name, srvL7Offload, mclockServer); got == nil || math.Abs(*got-48888.9) > 0.1 {
+		t.Errorf("median %v; want the only repeat's 48888.9 µs", got)
+	}
+	if got := b.shapeMedian(sh.name, srvNginx, mclockServer); got != nil {
+		t.Errorf("a server not measured: %v", *got)
+	}
+}

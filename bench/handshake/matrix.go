@@ -553,14 +553,22 @@ type mrowSum struct {
 	OtherCores  float64  `json:"other_processes_cores"`
 }
 
-// median of the server CPU per connection over a shape's repeats on one server, in
-// µs; nil when none measured.
+// shapeMedian is the median of the CPU per connection over a shape's repeats on one
+// server, in µs, over the repeats without errors when there are any (a repeat whose
+// connections timed out on an overloaded machine divides all its CPU by the few that
+// completed); nil when none measured.
 func (b *bench) shapeMedian(name, srv string, clock int) *float64 {
-	var v []float64
+	var v, clean []float64
 	for _, r := range b.mrows {
 		if r.sh.name == name && r.srv.id == srv && r.conns > 0 {
 			v = append(v, us(r.perConn(clock)))
+			if r.errors == 0 {
+				clean = append(clean, us(r.perConn(clock)))
+			}
 		}
+	}
+	if len(clean) > 0 {
+		v = clean
 	}
 	if len(v) == 0 {
 		return nil
