@@ -483,3 +483,27 @@ func BenchmarkWriteBinary10M(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFold10M folds the overlay of 15 deltas of 10k on a list of 10M IPv4
+// addresses into new tables: table by table, as a List does ("merge"), and by
+// taking the list apart into spans and building it again ("rebuild").
+func BenchmarkFold10M(b *testing.B) {
+	if testing.Short() {
+		b.Skip("10M entries: skipped in -short mode")
+	}
+	d := loadBench(b, "v4-10M", func() *benchData { return exactData(10_000_000, randV4) })
+	s := loadBench(b, "v4-10M-overlay", func() *benchData { return overlayData(d) }).list.Snapshot()
+	now := nowSeconds(time.Now())
+	b.Run("merge", func(b *testing.B) {
+		for b.Loop() {
+			s.flat(now)
+		}
+	})
+	b.Run("rebuild", func(b *testing.B) {
+		for b.Loop() {
+			var sc scratch
+			newSet(&sc, unexpired(s.spans4(&sc), now), unexpired(s.spans6(&sc), now))
+			sc.free()
+		}
+	})
+}
