@@ -242,6 +242,11 @@ func TestConcurrentUpdates(t *testing.T) {
 		}
 		ls.Listener(fmt.Sprint("l", i%5)) // concurrent creation
 	}
+	// The last update put sx in force, which holds x: wait for the lookups to
+	// have seen it (on a busy machine they may not have run meanwhile).
+	for deadline := time.Now().Add(10 * time.Second); l.Hits(SourcePacket) == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	stop.Store(true)
 	wg.Wait()
 	if lookups.Load() == 0 {
