@@ -174,8 +174,8 @@ type chunk struct {
 func encodeChunks(s *blacklist.Set) ([]chunk, error) { return encodeChunksEach(s, nil) }
 
 // encodeChunksEach is encodeChunks calling each (when not nil) with every chunk
-// as soon as it is encoded, from the goroutine that encoded it: the first error
-// of each stops the encoding and is returned.
+// as soon as it is encoded, from the goroutine that encoded it, while the next
+// are encoded: the first error of each stops the encoding and is returned.
 func encodeChunksEach(s *blacklist.Set, each func(chunk) error) ([]chunk, error) {
 	var (
 		mu    sync.Mutex
@@ -206,8 +206,9 @@ func encodeChunksEach(s *blacklist.Set, each func(chunk) error) ([]chunk, error)
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
+			defer wg.Done()
 			cs, err := encodeChunk(full.Build(), entries)
+			<-sem // each (a write to the store) waits, not the CPU: another chunk is encoded meanwhile
 			for _, c := range cs {
 				if err != nil || each == nil {
 					break
