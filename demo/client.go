@@ -64,6 +64,10 @@ func clientLoop(ctx context.Context, s *stack, t target, out io.Writer) error {
 			return nil
 		case p := <-s.died:
 			return p.Exited()
+		case p := <-s.lost:
+			fmt.Fprintf(out, "\n*** %s (pid %d) ended (%v); the router drops its path when its hold timer expires, and the others carry its synced connections on ***\n\n",
+				p.Name, p.PID(), p.ExitErr())
+			continue
 		case <-time.After(t.interval):
 		}
 		m := modes[(i-1)%len(modes)]

@@ -31,6 +31,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -368,8 +369,8 @@ clients:
 // settings only, the listeners, routing, pools and certificates coming from controld.
 type l7Config struct {
 	node, admin, keyserver string
-	quicID                 int    // the listener's QUIC server ID on this node; 0: none
-	tunnelLD               string // the LD's tunnel address; "": no tunnel
+	quicID                 int      // the listener's QUIC server ID on this node; 0: none
+	tunnelLDs              []string // the LDs' tunnel addresses; none: no tunnel
 	// adminInsecure serves a non-loopback admin address without a token: the node's
 	// namespace keeps everyone but the LD's health checks and tgdemo out.
 	adminInsecure bool
@@ -392,8 +393,16 @@ func (st *site) writeL7Config(path string, c l7Config) error {
   key_file: %q
   ca_file: %q
 `, c.keyserver, st.l7Cert, st.l7Key, st.ksCA)
-	if c.tunnelLD != "" {
-		fmt.Fprintf(&b, "tunnel: {vips: [%q], lds: [%q], key: %d}   # l7d's own end of the LD's GRE tunnel, l4d's key\n", l4VIP, c.tunnelLD, l4TunnelKey)
+	if len(c.tunnelLDs) > 0 {
+		q := make([]string, len(c.tunnelLDs))
+		for i, a := range c.tunnelLDs {
+			q[i] = strconv.Quote(a)
+		}
+		// move_idle 2s: a flow's replies follow the other LD once the flow has had no
+		// packet from its own for 2 s, which a dead LD's flows have by the time the
+		// router moves them.
+		fmt.Fprintf(&b, "tunnel: {vips: [%q], lds: [%s], key: %d, move_idle: 2s}   # l7d's own end of the LDs' GRE tunnel, l4d's key\n",
+			l4VIP, strings.Join(q, ", "), l4TunnelKey)
 	}
 	fmt.Fprintf(&b, "admin_listen: %q\n", c.admin)
 	if c.adminInsecure {

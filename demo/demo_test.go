@@ -22,6 +22,7 @@ import (
 	"github.com/tiergate/tiergate/control/store"
 	tgctlcmd "github.com/tiergate/tiergate/control/tgctl"
 	"github.com/tiergate/tiergate/keyserver/keyserverd"
+	"github.com/tiergate/tiergate/l4/l4d"
 	"github.com/tiergate/tiergate/l7/l7d"
 	"github.com/tiergate/tiergate/testkit/softhsm"
 	"github.com/tiergate/tiergate/testkit/testenv"
@@ -92,7 +93,7 @@ func TestL7Configs(t *testing.T) {
 	}{
 		{"loopback", l7Config{node: "l7d", admin: "127.0.0.1:9241", keyserver: "127.0.0.1:2407", stateDir: "/s/l7d-state"}, false},
 		{"l4", l7Config{node: "l7a", admin: "198.18.1.11:9241", adminInsecure: true, keyserver: "198.18.1.100:2407", quicID: 1,
-			tunnelLD: l4LDInternal, stateDir: "/s/l7d-l7a-state"}, true},
+			tunnelLDs: []string{l4LDs[0].internal, l4LDs[1].internal}, stateDir: "/s/l7d-l7a-state"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "l7d.yaml")
@@ -124,6 +125,9 @@ func TestL7Configs(t *testing.T) {
 			}
 			if tc.tunnel && cfg.Tunnel.Key != l4TunnelKey {
 				t.Errorf("tunnel key %#x, want l4d's, %#x", cfg.Tunnel.Key, l4TunnelKey)
+			}
+			if tc.tunnel && len(cfg.Tunnel.LDs) != len(l4LDs) {
+				t.Errorf("tunnel from LDs %v, want both LDs' %v", cfg.Tunnel.LDs, tc.c.tunnelLDs)
 			}
 		})
 	}
@@ -240,25 +244,53 @@ func TestStackYAML(t *testing.T) {
 	}
 }
 
-// TestL4dConfig: l4d's own settings only, the rules and pools coming from controld:
-// the EAL on the two veths without huge pages, the tunnel key of the L7 nodes.
+// TestL4dConfig: l4d takes each LD's file, its own settings only, the rules and pools
+// coming from controld: the EAL on the two veths without huge pages, the tunnel key
+// of the L7 nodes, BGP with the router (next hop x0's address) and session sync with
+// the other LD on m0.
 func TestL4dConfig(t *testing.T) {
-	st := &site{dir: "/s"}
-	c := st.l4dConfig("/s/l4d-state")
-	for _, want := range []string{
-		"control:", "node: l4d", `etcd_endpoints: ["unix:///s/controld/store/etcd.sock"]`,
-		`state_dir: "/s/l4d-state"`,
-		`"--no-pci", "--no-huge", "-m", "512"`, `iface=x0`, `iface=i0`,
-		`admin_listen: "127.0.0.1:9180"`,
-		fmt.Sprintf("tunnel: {mode: gre, key: %d}", l4TunnelKey),
-	} {
-		if !strings.Contains(c, want) {
-			t.Errorf("l4d configuration lacks %q:\n%s", want, c)
-		}
+	dir := t.TempDir()
+	st := &site{dir: dir}
+	key := filepath.Join(dir, "sync.key")
+	if err := writeSyncKey(key); err != nil {
+		t.Fatal(err)
 	}
-	for _, not := range []string{"\nrules:", "\npools:"} {
-		if strings.Contains(c, not) {
-			t.Errorf("l4d configuration gives %q, which controld gives:\n%s", not, c)
+	for i, ld := range l4LDs {
+		peer := l4LDs[1-i]
+		c := st.l4dConfig(ld, peer, filepath.Join(dir, "l4d-"+ld.label+"-state"), key)
+		for _, want := range []string{
+			"control:", "node: " + ld.label, fmt.Sprintf(`etcd_endpoints: ["unix://%s/controld/store/etcd.sock"]`, dir),
+			`"--no-pci", "--no-huge", "-m", "512"`, `iface=x0`, `iface=i0`,
+			fmt.Sprintf("tunnel: {mode: gre, key: %d}", l4TunnelKey),
+		} {
+			if !strings.Contains(c, want) {
+				t.Errorf("%s: l4d configuration lacks %q:\n%s", ld.label, want, c)
+			}
+		}
+		for _, not := range []string{"\nrules:", "\npools:"} {
+			if strings.Contains(c, not) {
+				t.Errorf("%s: l4d configuration gives %q, which controld gives:\n%s", ld.label, not, c)
+			}
+		}
+		cfg, err := l4d.ParseConfig([]byte(c), ld.label+".yaml")
+		if err != nil {
+			t.Fatalf("%s: l4d refuses the demo's configuration: %v\n%s", ld.label, err, c)
+		}
+		if cfg.AdminListen != l4AdminAt || cfg.StateDir != filepath.Join(dir, "l4d-"+ld.label+"-state") {
+			t.Errorf("%s: admin_listen %q, state_dir %q", ld.label, cfg.AdminListen, cfg.StateDir)
+		}
+		b := cfg.BGP
+		if b == nil || b.ASN != l4LDAS || b.NextHop.String() != ld.external || len(b.Peers) != 1 ||
+			b.Peers[0].Address.String() != l4RouterIP || b.Peers[0].AS != l4RouterAS || b.Peers[0].HoldTime.D() != l4HoldTime*time.Second {
+			t.Errorf("%s: bgp %+v, want AS %d next hop %s, the router %s AS %d hold %ds", ld.label, b, l4LDAS, ld.external, l4RouterIP, l4RouterAS, l4HoldTime)
+		}
+		sy := cfg.Sync
+		if sy == nil || sy.ClusterID != l4ClusterID || sy.Listen != ld.health+":"+l4SyncPort ||
+			!reflect.DeepEqual(sy.Peers, []string{peer.health + ":" + l4SyncPort}) {
+			t.Errorf("%s: sync %+v, want cluster %d on %s, peer %s", ld.label, sy, l4ClusterID, ld.health, peer.health)
+		}
+		if cfg.HashSeed != l4ClusterID {
+			t.Errorf("%s: hash_seed %d, want the same on both LDs", ld.label, cfg.HashSeed)
 		}
 	}
 }
@@ -276,6 +308,8 @@ func TestL4Unavailable(t *testing.T) {
 	testenv.RequireCommand(t, "ip", "iproute2")
 	testenv.RequireCommand(t, "ethtool", "ethtool")
 	testenv.RequireCommand(t, "sysctl", "procps")
+	testenv.RequireCommand(t, "bird", "bird2")
+	testenv.RequireCommand(t, "birdc", "bird2")
 	testenv.RequireFile(t, "/dev/net/tun", "the kernel's tun module")
 	for _, tc := range []struct {
 		name, l4d, want string

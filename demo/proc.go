@@ -25,10 +25,13 @@ type stack struct {
 	bin   string // where the daemons' binaries are
 	steps []func()
 	died  chan *proc.Process // daemons that ended on their own, in the order they did
+	// lost are the daemons started with startExpendable that ended on their own:
+	// LDs people kill to see the others carry their connections on.
+	lost chan *proc.Process
 }
 
 func newStack(out io.Writer, bin string) *stack {
-	return &stack{out: out, bin: bin, died: make(chan *proc.Process, 16)}
+	return &stack{out: out, bin: bin, died: make(chan *proc.Process, 16), lost: make(chan *proc.Process, 16)}
 }
 
 // onClose adds f to the tear-down; the last added runs first.
@@ -46,6 +49,16 @@ func (s *stack) close() {
 // the tear-down. The daemon gets SIGTERM if tgdemo dies without tearing down, and runs
 // in its own process group, so a Ctrl-C reaches tgdemo only and tgdemo stops it in turn.
 func (s *stack) start(name, logPath string, env []string, ns *netNS, args ...string) (*proc.Process, error) {
+	return s.startTo(s.died, name, logPath, env, ns, args...)
+}
+
+// startExpendable is start for a daemon whose end, once it ran, does not end the
+// demo: it is reported on s.lost instead of s.died.
+func (s *stack) startExpendable(name, logPath string, env []string, ns *netNS, args ...string) (*proc.Process, error) {
+	return s.startTo(s.lost, name, logPath, env, ns, args...)
+}
+
+func (s *stack) startTo(ended chan *proc.Process, name, logPath string, env []string, ns *netNS, args ...string) (*proc.Process, error) {
 	cmd := ns.command(args[0], args[1:]...)
 	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
@@ -59,7 +72,7 @@ func (s *stack) start(name, logPath string, env []string, ns *netNS, args ...str
 		select {
 		case <-stopping:
 		default:
-			s.died <- p
+			ended <- p
 		}
 	}()
 	s.onClose(func() {

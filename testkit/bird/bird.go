@@ -113,6 +113,15 @@ func (c Config) check() error {
 	return nil
 }
 
+// Render checks c and returns its bird.conf, for a router run outside a test
+// (tgdemo's).
+func (c Config) Render() (string, error) {
+	if err := c.check(); err != nil {
+		return "", err
+	}
+	return c.config(), nil
+}
+
 // Start writes c's configuration, checks it with `bird -p` and runs bird in ns
 // until the test ends.
 func Start(t testing.TB, ns *netns.NS, c Config) *Router {
