@@ -489,6 +489,12 @@ func (f *Follower) checkEarly(key string, data []byte) {
 	if !ok || name == "" || !validSum(rest) {
 		return
 	}
+	if old, ok := f.early[key]; ok { // the value it checked is no longer the latest
+		delete(f.early, key)
+		if old != nil {
+			f.earlyBytes -= old.Bytes()
+		}
+	}
 	ref := ChunkRef{SHA256: rest, Bytes: len(data)}
 	if f.cfg.VerifyOnly {
 		if checkChunk(ref, data) == nil {
