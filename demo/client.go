@@ -65,7 +65,7 @@ func clientLoop(ctx context.Context, s *stack, t target, out io.Writer) error {
 		case p := <-s.died:
 			return p.Exited()
 		case p := <-s.lost:
-			fmt.Fprintf(out, "\n*** %s (pid %d) ended (%v); the router drops its path when its hold timer expires, and the others carry its synced connections on ***\n\n",
+			fmt.Fprintf(out, "\n*** %s (pid %d) ended (%v); the router drops its path when its BGP session closes or its hold timer expires, and the others carry its synced connections on ***\n\n",
 				p.Name, p.PID(), p.ExitErr())
 			continue
 		case <-time.After(t.interval):

@@ -437,8 +437,10 @@ in network namespaces %[1]s*, configured through controld
        ip netns exec %[1]scl curl -s --rate 2/s --cacert %[34]s --resolve demo.tiergate.test:443:%[6]s -o /dev/null \
          -w '%%{http_code} num_connects %%{num_connects} %%{time_total}s\n' 'https://demo.tiergate.test/[1-600]'
     2. after 3 s (the LDs sync connections older than that), in another shell: kill -9 %[10]d   (lda; ldb is %[12]d)
-       the curl's requests pause until the router's hold timer (%[9]d s) drops lda's path, then go on through ldb
-       on the same connection; new connections that ECMP sends to lda fail only in that window
+       the router drops lda's path as soon as its BGP session closes (kill -STOP instead: a hung LD, dropped at
+       the hold timer, %[9]d s), and the curl's requests go on through ldb on the same connection after a pause
+       (l7d sends the replies through ldb once lda has been silent for move_idle, 2 s); new connections that
+       ECMP sends to lda fail only in that window
     3. watch the router     birdc -s %[35]s show protocols; birdc -s %[35]s show route
                             ip netns exec %[1]srt ip route show %[6]s
     4. start lda again      ip netns exec %[1]slda %[36]s run -config %[37]s >>%[38]s 2>&1 &
