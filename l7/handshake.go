@@ -10,7 +10,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,7 +75,7 @@ func (hs *handshake) use(cert *tls.Certificate) *tls.Certificate {
 		return cert
 	}
 	c := *cert
-	rs := &reportingSigner{Signer: signer, hs: hs, gate: localKeyGate(signer)}
+	rs := &reportingSigner{Signer: signer, hs: hs}
 	if d, ok := signer.(crypto.Decrypter); ok {
 		c.PrivateKey = &reportingDecrypter{reportingSigner: rs, d: d}
 	} else {
@@ -87,12 +86,10 @@ func (hs *handshake) use(cert *tls.Certificate) *tls.Certificate {
 
 type reportingSigner struct {
 	crypto.Signer
-	hs   *handshake
-	gate keyGate // local keys: the FIFO of private-key operations; nil for remote ones
+	hs *handshake
 }
 
 func (s *reportingSigner) Sign(rand io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
-	defer s.gate.enter()()
 	sig, err := s.Signer.Sign(rand, digest, opts)
 	if err != nil {
 		s.hs.fail(classifyKeyError(err))
@@ -106,46 +103,11 @@ type reportingDecrypter struct {
 }
 
 func (d *reportingDecrypter) Decrypt(rand io.Reader, msg []byte, opts crypto.DecrypterOpts) ([]byte, error) {
-	defer d.gate.enter()()
 	pt, err := d.d.Decrypt(rand, msg, opts)
 	if err != nil {
 		d.hs.fail(classifyKeyError(err))
 	}
 	return pt, err
-}
-
-// keyGate lets as many private-key operations of local keys run at once as there
-// are CPUs, and makes the others wait their turn in arrival order (a channel's
-// blocked senders are served first in, first out). Without it a burst of new
-// connections (2,000 at once) had every handshake's RSA signature computed at the
-// same time, time-sliced by the scheduler: all of them finished near the end of the
-// burst, past the handshake timeout for hundreds (h2load: 308 of 2,000 failed,
-// their work wasted), with every goroutine's grown stack alive throughout. In
-// order, they finish one after the other, as in an event loop. Keys on keyservers
-// are not gated: their operations wait on the network and the keyservers' own
-// queues, and the keyserver client bounds them.
-type keyGate chan struct{}
-
-var localGate = make(keyGate, runtime.NumCPU())
-
-// localKeyGate returns the gate of signer's operations: localGate for the key
-// types crypto/tls computes in this process, nil (no gate) for others.
-func localKeyGate(signer crypto.Signer) keyGate {
-	switch signer.(type) {
-	case *rsa.PrivateKey, *ecdsa.PrivateKey, ed25519.PrivateKey, *ed25519.PrivateKey:
-		return localGate
-	}
-	return nil
-}
-
-// enter waits for a place and returns the function that gives it back; on a nil
-// gate it returns at once.
-func (g keyGate) enter() (exit func()) {
-	if g == nil {
-		return func() {}
-	}
-	g <- struct{}{}
-	return func() { <-g }
 }
 
 // keyType names the key type of a certificate: "rsa", "ecdsa", "ed25519" or "other".

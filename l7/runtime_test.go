@@ -2,17 +2,11 @@ package l7
 
 import (
 	"bufio"
-	"crypto"
-	"crypto/rand"
-	"crypto/rsa"
 	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
-	"runtime"
 	"slices"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -94,56 +88,4 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.n.Add(int64(n))
 	return n, err
-}
-
-// TestKeyGate checks that local keys' operations go through the gate, at most its
-// size at once, in the order they arrived, and that other signers do not.
-func TestKeyGate(t *testing.T) {
-	rk, err := rsa.GenerateKey(rand.Reader, 1024)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if localKeyGate(rk) == nil {
-		t.Error("an RSA key in the process is not gated")
-	}
-	if g := localKeyGate(otherSigner{rk}); g != nil {
-		t.Error("a signer of another kind (a keyserver's) is gated")
-	}
-
-	g := make(keyGate, 1)
-	exit := g.enter() // holds the one place
-	var order []int
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for i := range 5 {
-		wg.Go(func() {
-			defer g.enter()()
-			mu.Lock()
-			order = append(order, i)
-			mu.Unlock()
-		})
-		// Wait until goroutine i is queued on the gate before starting the next.
-		waitFor(t, "a waiter queued", func() bool { return gateWaiters(g) == i+1 })
-	}
-	exit()
-	wg.Wait()
-	if !slices.Equal(order, []int{0, 1, 2, 3, 4}) {
-		t.Errorf("served in the order %v; want arrival order", order)
-	}
-}
-
-type otherSigner struct{ crypto.Signer }
-
-// gateWaiters is the number of goroutines blocked entering g, from the goroutine
-// profile: the test has no other way to see a channel's queue of senders.
-func gateWaiters(g keyGate) int {
-	buf := make([]byte, 1<<20)
-	n := runtime.Stack(buf, true)
-	waiting := 0
-	for _, st := range strings.Split(string(buf[:n]), "\n\n") {
-		if strings.Contains(st, "[chan send") && strings.Contains(st, "l7.TestKeyGate.func") {
-			waiting++
-		}
-	}
-	return waiting
 }
