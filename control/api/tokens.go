@@ -40,7 +40,7 @@ var Roles = []Role{RoleAdmin, RoleCertOperator, RolePolicyOperator, RoleRiskEngi
 // writers says which role, besides admin, writes each kind of the model.
 var writers = map[string]Role{
 	"listeners": RolePolicyOperator, "routing": RolePolicyOperator, "pools": RolePolicyOperator,
-	"l4-rules": RolePolicyOperator, "l4-pools": RolePolicyOperator,
+	"l4-rules": RolePolicyOperator, "l4-pools": RolePolicyOperator, "l4-bgp": RolePolicyOperator,
 	"certificates": RoleCertOperator, "cert-bindings": RoleCertOperator,
 }
 

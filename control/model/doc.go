@@ -19,6 +19,7 @@
 //	cert-bindings  CertBinding    the binding's name      certificates → listeners, SNI names
 //	l4-rules       L4Rule         the rule's name         datapath.RuleConfig
 //	l4-pools       L4Pool         the pool's name         datapath.PoolConfig (L7 nodes)
+//	l4-bgp         L4BGP          the setting's name      l4/bgp.Config (AS, peers); one a cluster
 //
 // Each object is its own key, so that two people editing two routes do not conflict
 // and If-Match has the granularity of one object; a node's configuration is put

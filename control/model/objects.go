@@ -7,6 +7,7 @@ import (
 
 	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/internal/config"
+	"github.com/tiergate/tiergate/l4/bgp"
 	"github.com/tiergate/tiergate/l4/datapath"
 	"github.com/tiergate/tiergate/l7/listener"
 	"github.com/tiergate/tiergate/policy/route"
@@ -21,10 +22,11 @@ const (
 	KindCertBinding = "cert-bindings"
 	KindL4Rule      = "l4-rules"
 	KindL4Pool      = "l4-pools"
+	KindL4BGP       = "l4-bgp"
 )
 
 // Kinds lists every kind, in the order Snapshot checks them.
-var Kinds = []string{KindListener, KindRouting, KindPool, KindCertificate, KindCertBinding, KindL4Rule, KindL4Pool}
+var Kinds = []string{KindListener, KindRouting, KindPool, KindCertificate, KindCertBinding, KindL4Rule, KindL4Pool, KindL4BGP}
 
 // Object is an object of the cluster configuration.
 type Object interface {
@@ -179,6 +181,76 @@ func (p *L4Pool) Validate() error {
 	return ck.Err()
 }
 
+// L4BGP is the BGP setting every LD of the cluster shares (l4/bgp.Config's asn,
+// peers and withdraw_unhealthy): the LDs' AS and the routers they announce the VIPs
+// of the l4-rules to. What differs from LD to LD stays in l4d's file, whose bgp
+// section an LD needs to speak BGP at all: router_id, next_hop, next_hop6,
+// listen_port, listen_addresses, withdraw_delay, check_interval, and each peer's
+// local_address and password_file (under bgp.peers with the peer's address). A
+// cluster has at most one (Snapshot.Consistent).
+type L4BGP struct {
+	// Name identifies the object. Required.
+	Name string `yaml:"name" json:"name"`
+	// ASN is the LDs' AS number (1..4294967295). Required. An LD refuses a
+	// snapshot that changes the AS it runs with: that needs l4d restarted.
+	ASN uint32 `yaml:"asn" json:"asn"`
+	// Peers are the routers, as in l4d's bgp.peers, less local_address and
+	// password_file (each LD's own). At least one is required.
+	Peers []bgp.PeerConfig `yaml:"peers" json:"peers"`
+	// WithdrawUnhealthy withdraws a VIP none of whose rules has a member able to
+	// take new flows. Default: the LD's file's (true when it says nothing).
+	WithdrawUnhealthy *bool `yaml:"withdraw_unhealthy" json:"withdraw_unhealthy,omitempty"`
+}
+
+// Kind returns KindL4BGP.
+func (*L4BGP) Kind() string { return KindL4BGP }
+
+// ObjectName returns the object's name.
+func (b *L4BGP) ObjectName() string { return b.Name }
+
+// Validate checks the setting with l4/bgp's own validation, and refuses the
+// settings that are each LD's own.
+func (b *L4BGP) Validate() error {
+	var ck config.Checker
+	checkName(&ck, b.Name, true)
+	c := b.Config(bgp.Config{NextHop: netip.MustParseAddr("198.18.0.1")})
+	c.Defaults()
+	ck.Nest("", c.Validate())
+	for i, p := range b.Peers {
+		at := config.Index("peers", i)
+		if p.LocalAddress.IsValid() {
+			ck.Addf(at+".local_address", "each LD's own: in l4d's file, under bgp.peers with address %v", p.Address)
+		}
+		if p.PasswordFile != "" {
+			ck.Addf(at+".password_file", "each LD's own: in l4d's file, under bgp.peers with address %v", p.Address)
+		}
+	}
+	return ck.Err()
+}
+
+// Config returns node, an LD's bgp section, with the cluster's AS, peers and
+// withdraw_unhealthy: each peer takes local_address and password_file from the
+// node's peer of the same address, if any. Defaults are left to the caller.
+func (b *L4BGP) Config(node bgp.Config) bgp.Config {
+	own := map[netip.Addr]bgp.PeerConfig{}
+	for _, p := range node.Peers {
+		own[p.Address] = p
+	}
+	node.ASN = b.ASN
+	node.Peers = make([]bgp.PeerConfig, len(b.Peers))
+	for i, p := range b.Peers {
+		if o, ok := own[p.Address]; ok {
+			p.LocalAddress, p.PasswordFile = o.LocalAddress, o.PasswordFile
+		}
+		node.Peers[i] = p
+	}
+	if b.WithdrawUnhealthy != nil {
+		v := *b.WithdrawUnhealthy
+		node.WithdrawUnhealthy = &v
+	}
+	return node
+}
+
 // l4Config is a datapath configuration with an LD's own addresses of both families,
 // into which cluster objects are put to be validated: what only a node has (its
 // addresses, gateways, tunnel) is not theirs to check.
@@ -252,4 +324,5 @@ var (
 	_ Object = (*CertBinding)(nil)
 	_ Object = (*L4Rule)(nil)
 	_ Object = (*L4Pool)(nil)
+	_ Object = (*L4BGP)(nil)
 )

@@ -30,6 +30,7 @@ type Snapshot struct {
 	CertBindings map[string]*CertBinding
 	L4Rules      map[string]*L4Rule
 	L4Pools      map[string]*L4Pool
+	L4BGP        map[string]*L4BGP // at most one (Consistent); BGP returns it
 }
 
 // NewSnapshot returns a snapshot at revision rev holding objs (by their names; a
@@ -44,6 +45,7 @@ func NewSnapshot(rev int64, objs ...Object) *Snapshot {
 		CertBindings: map[string]*CertBinding{},
 		L4Rules:      map[string]*L4Rule{},
 		L4Pools:      map[string]*L4Pool{},
+		L4BGP:        map[string]*L4BGP{},
 	}
 	for _, o := range objs {
 		s.Add(o)
@@ -68,6 +70,8 @@ func (s *Snapshot) Add(o Object) {
 		s.L4Rules[o.Name] = o
 	case *L4Pool:
 		s.L4Pools[o.Name] = o
+	case *L4BGP:
+		s.L4BGP[o.Name] = o
 	default:
 		panic(fmt.Sprintf("model: Add of %T", o))
 	}
@@ -83,6 +87,7 @@ func (s *Snapshot) Objects() []Object {
 	appendAll(&out, s.CertBindings)
 	appendAll(&out, s.L4Rules)
 	appendAll(&out, s.L4Pools)
+	appendAll(&out, s.L4BGP)
 	return out
 }
 
@@ -113,6 +118,8 @@ func newObject(kind string) Object {
 		return &L4Rule{}
 	case KindL4Pool:
 		return &L4Pool{}
+	case KindL4BGP:
+		return &L4BGP{}
 	}
 	return nil
 }
@@ -204,7 +211,21 @@ func (s *Snapshot) Consistent() error {
 	s.routing(&ck)
 	s.bindings(&ck)
 	s.l4(&ck)
+	if len(s.L4BGP) > 1 {
+		names := slices.Sorted(maps.Keys(s.L4BGP))
+		for _, n := range names[1:] {
+			ck.Addf(objPath(KindL4BGP, n), "a second l4-bgp object (%s is one): the cluster has one BGP setting", names[0])
+		}
+	}
 	return ck.Err()
+}
+
+// BGP returns the cluster's l4-bgp object, or nil when there is none.
+func (s *Snapshot) BGP() *L4BGP {
+	for _, name := range slices.Sorted(maps.Keys(s.L4BGP)) {
+		return s.L4BGP[name]
+	}
+	return nil
 }
 
 func (s *Snapshot) listeners(ck *config.Checker) {

@@ -15,7 +15,7 @@ import (
 
 // Kinds are the kinds of the cluster configuration (control/model.Kinds), as the API
 // names them.
-var Kinds = []string{"listeners", "routing", "pools", "certificates", "cert-bindings", "l4-rules", "l4-pools"}
+var Kinds = []string{"listeners", "routing", "pools", "certificates", "cert-bindings", "l4-rules", "l4-pools", "l4-bgp"}
 
 // kindAliases are the other names tgctl takes for a kind.
 var kindAliases = map[string]string{

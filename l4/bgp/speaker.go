@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/netip"
 	"os"
+	"reflect"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -75,7 +76,23 @@ func New(cfg Config, opts Options) (*Speaker, error) {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
-	for i, p := range cfg.Peers {
+	var err error
+	if s.passwords, err = readPasswords(cfg.Peers); err != nil {
+		return nil, err
+	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(&collector{s: s}); err != nil {
+			return nil, fmt.Errorf("registering the BGP metrics: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// readPasswords reads the peers' password files, and refuses TCP MD5 and TTL
+// security where the listeners are not plain TCP.
+func readPasswords(peers []PeerConfig) ([]string, error) {
+	pws := make([]string, len(peers))
+	for i, p := range peers {
 		pw := ""
 		if p.PasswordFile != "" {
 			data, err := os.ReadFile(p.PasswordFile)
@@ -88,18 +105,13 @@ func New(cfg Config, opts Options) (*Speaker, error) {
 					Err: fmt.Errorf("%s holds a key of %d bytes: want 1..80 (TCP_MD5SIG_MAXKEYLEN)", p.PasswordFile, len(pw))}
 			}
 		}
-		s.passwords = append(s.passwords, pw)
+		pws[i] = pw
 		if (pw != "" || p.TTLSecurity) && !plainTCP() {
 			return nil, &config.FieldError{Path: config.Index("peers", i), Err: errors.New(
 				"TCP MD5 and TTL security need plain TCP listeners, and this program listens with MPTCP (Go's default): build it with //go:debug multipathtcp=0 (cmd/l4d is) or run it with GODEBUG=multipathtcp=0")}
 		}
 	}
-	if opts.Registerer != nil {
-		if err := opts.Registerer.Register(&collector{s: s}); err != nil {
-			return nil, fmt.Errorf("registering the BGP metrics: %w", err)
-		}
-	}
-	return s, nil
+	return pws, nil
 }
 
 // plainTCP reports whether the program's listeners are plain TCP: GODEBUG, or the
@@ -128,7 +140,68 @@ func godebugValue(s, def string) string {
 }
 
 // Config returns the speaker's configuration.
-func (s *Speaker) Config() Config { return s.cfg }
+func (s *Speaker) Config() Config {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.cfg
+	c.Peers = slices.Clone(c.Peers)
+	return c
+}
+
+// SetPeers replaces the speaker's peers with peers, whose defaults must be filled in
+// and which must be valid with the speaker's AS (Config.Validate): the sessions of
+// peers gone or changed are closed, those of peers new or changed opened, the others
+// left as they are; a new session is sent the VIPs announced. The password files are
+// read again. Before Start it changes what Start adds.
+func (s *Speaker) SetPeers(ctx context.Context, peers []PeerConfig) error {
+	pws, err := readPasswords(peers)
+	if err != nil {
+		return err
+	}
+	peers = slices.Clone(peers)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	same := func(i int, p PeerConfig, pw string) bool {
+		return reflect.DeepEqual(s.cfg.Peers[i], p) && s.passwords[i] == pw
+	}
+	oldAt := map[netip.Addr]int{}
+	for i, p := range s.cfg.Peers {
+		oldAt[p.Address] = i
+	}
+	newAt := map[netip.Addr]int{}
+	for j, p := range peers {
+		newAt[p.Address] = j
+	}
+	var errs []error
+	if s.srv != nil {
+		for i, p := range s.cfg.Peers {
+			if j, ok := newAt[p.Address]; ok && same(i, peers[j], pws[j]) {
+				continue
+			}
+			if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.Address.String()}); err != nil {
+				errs = append(errs, fmt.Errorf("removing BGP peer %v: %w", p.Address, err))
+			}
+		}
+	}
+	var added []PeerConfig
+	for j, p := range peers {
+		if i, ok := oldAt[p.Address]; !ok || !same(i, p, pws[j]) {
+			added = append(added, p)
+		}
+	}
+	s.cfg.Peers, s.passwords = peers, pws
+	if s.srv != nil {
+		for _, p := range added {
+			if err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: s.peer(newAt[p.Address], p)}); err != nil {
+				errs = append(errs, fmt.Errorf("adding BGP peer %v (AS %d): %w", p.Address, p.AS, err))
+			}
+		}
+	}
+	if len(added) > 0 || len(errs) > 0 {
+		s.log.Info("BGP peers changed", "peers", len(peers), "opened", len(added), "errors", len(errs))
+	}
+	return errors.Join(errs...)
+}
 
 // Start starts the BGP server, listening on ListenPort, and adds the peers; it
 // connects out to them in the background and announces what Set says.
@@ -148,15 +221,19 @@ func (s *Speaker) Start(ctx context.Context) error {
 		srv.Stop()
 		return fmt.Errorf("starting the BGP speaker (AS %d, port %d): %w", s.cfg.ASN, s.cfg.ListenPort, err)
 	}
+	// The peers are added under mu, so that a SetPeers meanwhile waits and then
+	// finds the server.
+	s.mu.Lock()
 	for i, p := range s.cfg.Peers {
 		if err := srv.AddPeer(ctx, &api.AddPeerRequest{Peer: s.peer(i, p)}); err != nil {
+			s.mu.Unlock()
 			_ = srv.StopBgp(context.WithoutCancel(ctx), &api.StopBgpRequest{})
 			srv.Stop()
 			return fmt.Errorf("adding BGP peer %v (AS %d): %w", p.Address, p.AS, err)
 		}
 	}
-	s.mu.Lock()
 	s.srv, s.started = srv, time.Now()
+	npeers := len(s.cfg.Peers)
 	// What Set asked before Start is announced now.
 	var errs []error
 	for _, vip := range slices.SortedFunc(maps.Keys(s.vips), netip.Addr.Compare) {
@@ -167,7 +244,7 @@ func (s *Speaker) Start(ctx context.Context) error {
 		}
 	}
 	s.mu.Unlock()
-	s.log.Info("BGP speaker started", "asn", s.cfg.ASN, "router_id", s.cfg.RouterID, "listen_port", s.cfg.ListenPort, "peers", len(s.cfg.Peers))
+	s.log.Info("BGP speaker started", "asn", s.cfg.ASN, "router_id", s.cfg.RouterID, "listen_port", s.cfg.ListenPort, "peers", npeers)
 	return errors.Join(errs...)
 }
 
@@ -428,14 +505,15 @@ func (s *Speaker) Status(ctx context.Context) Status {
 		}
 	}
 	srv := s.srv
+	cfgPeers := slices.Clone(s.cfg.Peers)
 	s.mu.Unlock()
-	st.Peers = s.peers(ctx, srv)
+	st.Peers = s.peers(ctx, srv, cfgPeers)
 	return st
 }
 
 // peers reports the sessions, in the configuration's order; without a server, every
 // one idle.
-func (s *Speaker) peers(ctx context.Context, srv *server.BgpServer) []PeerStatus {
+func (s *Speaker) peers(ctx context.Context, srv *server.BgpServer, cfgPeers []PeerConfig) []PeerStatus {
 	byAddr := map[string]*api.Peer{}
 	if srv != nil {
 		_ = srv.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
@@ -444,9 +522,9 @@ func (s *Speaker) peers(ctx context.Context, srv *server.BgpServer) []PeerStatus
 			}
 		})
 	}
-	out := make([]PeerStatus, 0, len(s.cfg.Peers))
+	out := make([]PeerStatus, 0, len(cfgPeers))
 	now := time.Now()
-	for _, pc := range s.cfg.Peers {
+	for _, pc := range cfgPeers {
 		ps := PeerStatus{Address: pc.Address.String(), AS: pc.AS, State: "idle"}
 		if p := byAddr[ps.Address]; p != nil {
 			if p.State != nil {

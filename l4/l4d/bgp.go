@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/tiergate/tiergate/control/model"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/internal/daemon"
 	"github.com/tiergate/tiergate/l4/bgp"
@@ -45,6 +47,9 @@ type bgpState struct {
 	gates    []namedGate
 	drained  bool
 	shutdown bool
+	// fromStore is the file's bgp section with the control plane's l4-bgp object
+	// (AS, peers, withdraw_unhealthy), nil while the store has none.
+	fromStore *bgp.Config
 	// closed are the gates closed at the last evaluation, with why.
 	closed []GateStatus
 }
@@ -114,13 +119,20 @@ func (d *Daemon) startBGP(ctx context.Context) (stop func(), err error) {
 	if cfg == nil {
 		return func() {}, nil
 	}
+	// The store's setting, when the agent applied a snapshot already; a later one
+	// changes the speaker's peers (applyStoreBGP).
+	d.bgp.mu.Lock()
+	if d.bgp.fromStore != nil {
+		cfg = d.bgp.fromStore
+	}
 	sp, err := bgp.New(*cfg, bgp.Options{Logger: d.Log, Registerer: d.Reg})
+	if err == nil {
+		d.bgp.speaker = sp
+	}
+	d.bgp.mu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("bgp: %w", err)
 	}
-	d.bgp.mu.Lock()
-	d.bgp.speaker = sp
-	d.bgp.mu.Unlock()
 	d.evaluateBGP(ctx)
 	if err := sp.Start(ctx); err != nil {
 		return nil, fmt.Errorf("bgp: %w", err)
@@ -184,7 +196,10 @@ func (d *Daemon) evaluateBGP(ctx context.Context) {
 		global = bgp.ReasonPortsDown
 	}
 	fwd := d.forwarding()
-	cfg := d.current().file.BGP
+	cfg := b.fromStore
+	if cfg == nil {
+		cfg = d.current().file.BGP
+	}
 	var schedulable map[string]int
 	if global == "" && *cfg.WithdrawUnhealthy && d.dist != nil {
 		schedulable = map[string]int{}
@@ -213,6 +228,73 @@ func (d *Daemon) evaluateBGP(ctx context.Context) {
 	if err := b.speaker.Set(ctx, want); err != nil {
 		d.Log.Error("BGP announcement", "err", err)
 	}
+}
+
+// storeBGP returns the bgp configuration that snap's l4-bgp object makes of the
+// file's bgp section (model.L4BGP.Config), with its defaults, or nil when the store
+// has none; ok false without a bgp section in the file, which the store's object
+// does not give (each LD's router ID, next hops, local addresses and passwords are
+// its own). It refuses, naming the object's fields, a setting l4/bgp refuses and a
+// change of the AS the speaker runs with (that needs l4d restarted). Called on the
+// owner goroutine.
+func (d *Daemon) storeBGP(snap *model.Snapshot) (cfg *bgp.Config, ok bool, err error) {
+	file := d.file.BGP
+	if file == nil {
+		return nil, false, nil
+	}
+	obj := snap.BGP()
+	if obj == nil {
+		cfg = file
+	} else {
+		c := obj.Config(*file)
+		c.Defaults()
+		if err := c.Validate(); err != nil {
+			var ck config.Checker
+			ck.Nest(model.KindL4BGP+"/"+obj.Name, err)
+			return nil, true, ck.Err()
+		}
+		cfg = &c
+	}
+	d.bgp.mu.Lock()
+	sp := d.bgp.speaker
+	d.bgp.mu.Unlock()
+	if sp != nil {
+		if running := sp.Config().ASN; running != cfg.ASN {
+			path := "bgp.asn"
+			if obj != nil {
+				path = model.KindL4BGP + "/" + obj.Name + ".asn"
+			}
+			return nil, true, &config.FieldError{Path: path, Err: fmt.Errorf(
+				"%d: this LD's BGP speaker runs as AS %d, and a change of AS needs l4d restarted", cfg.ASN, running)}
+		}
+	}
+	if obj == nil {
+		return nil, true, nil
+	}
+	return cfg, true, nil
+}
+
+// applyStoreBGP puts cfg, storeBGP's (nil: the file's own), in force: the speaker's
+// sessions with peers that changed are closed and opened again, the others kept, and
+// what is announced is evaluated again (withdraw_unhealthy). Called on the owner
+// goroutine.
+func (d *Daemon) applyStoreBGP(ctx context.Context, cfg *bgp.Config) {
+	d.bgp.mu.Lock()
+	d.bgp.fromStore = cfg
+	sp := d.bgp.speaker
+	d.bgp.mu.Unlock()
+	if cfg == nil {
+		cfg = d.file.BGP
+	}
+	if sp == nil {
+		return // startBGP takes fromStore
+	}
+	if !reflect.DeepEqual(sp.Config().Peers, cfg.Peers) {
+		if err := sp.SetPeers(ctx, cfg.Peers); err != nil {
+			d.Log.Error("BGP peers from the control plane", "err", err)
+		}
+	}
+	d.evaluateBGP(ctx)
 }
 
 // portsUp reports whether every port's link is up.

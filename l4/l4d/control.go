@@ -153,10 +153,17 @@ func (d *Daemon) applySnapshot(snap *model.Snapshot, rev int64) (err error) {
 	if err != nil {
 		return objectPaths(err, next)
 	}
+	bgpCfg, speaks, err := d.storeBGP(snap)
+	if err != nil {
+		return err
+	}
 	if err := d.dist.Apply(dcfg); err != nil {
 		return objectPaths(err, next)
 	}
 	d.setInForce(d.file, next)
+	if speaks {
+		d.applyStoreBGP(context.Background(), bgpCfg)
+	}
 	d.control.applied.Store(rev)
 	d.Log.Info("configuration from the control plane in force", "revision", rev, "rules", len(next.Rules), "pools", len(next.Pools))
 	return nil
