@@ -2,7 +2,7 @@
 // (control/store) and its model (control/model).
 //
 // For each kind of the model (listeners, routing, pools, certificates,
-// cert-bindings, l4-rules, l4-pools):
+// cert-bindings, l4-rules, l4-pools, l4-bgp):
 //
 //	GET    /v1/{kind}          list, at one revision
 //	GET    /v1/{kind}/{name}   one object; ETag is its revision (etcd mod revision)

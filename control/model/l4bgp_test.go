@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tiergate/tiergate/control/store"
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/l4/bgp"
 )
@@ -75,5 +76,26 @@ func TestL4BGPValidate(t *testing.T) {
 	}
 	if NewSnapshot(1).BGP() != nil {
 		t.Error("BGP of a snapshot without l4-bgp is not nil")
+	}
+}
+
+// TestL4BGPDecode: the object as tgctl sends it (durations as strings) decodes, and
+// a field of the LD's own file that the object does not have is refused.
+func TestL4BGPDecode(t *testing.T) {
+	o, err := Decode(store.Object{Kind: KindL4BGP, Name: "cluster", Value: []byte(
+		`{"name": "cluster", "asn": 65001, "peers": [{"address": "192.0.2.1", "as": 65000, "hold_time": "3s", "ttl_security": true}]}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ok := o.(*L4BGP)
+	if !ok || b.ASN != 65001 || len(b.Peers) != 1 || b.Peers[0].HoldTime.D() != 3*time.Second || !b.Peers[0].TTLSecurity {
+		t.Fatalf("decoded %#v", o)
+	}
+	if err := b.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	if _, err := Decode(store.Object{Kind: KindL4BGP, Name: "cluster", Value: []byte(
+		`{"name": "cluster", "asn": 65001, "router_id": "198.18.0.2", "peers": [{"address": "192.0.2.1", "as": 65000}]}`)}); err == nil {
+		t.Error("router_id, each LD's own, decoded into the cluster's object")
 	}
 }

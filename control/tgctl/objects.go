@@ -270,7 +270,7 @@ const documentsHelp = `The file is YAML (JSON is YAML too), "-" for standard inp
 more documents separated by "---". Each document is an object as controld stores
 it with a kind field beside its own fields, or a list of such objects:
 
-  kind: pools            # one of ` + "listeners, routing, pools, cert-bindings, l4-rules, l4-pools" + `
+  kind: pools            # one of ` + "listeners, routing, pools, cert-bindings, l4-rules, l4-pools, l4-bgp" + `
   name: app              # the object's name: it is stored under it
   members:
     - addr: 198.18.1.1:80
