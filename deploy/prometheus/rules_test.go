@@ -59,6 +59,9 @@ func TestRules(t *testing.T) {
 		{"TiergateNodeLost", `== 0`, `== 2`},
 		{"TiergateNodeLagging", `tiergate_agent_applied_revision > 0`, `tiergate_agent_applied_revision > 5`},
 		{"TiergateL4Drops", `[5m])) > 0.01`, `[5m])) > 0.1`},
+		{"TiergateL4BGPSessionDown", `for: 2m`, `for: 5m`},
+		// Any LD's withdrawal, not every LD's.
+		{"TiergateL4VIPWithdrawnEverywhere", `max by (vip)`, `min by (vip)`},
 	} {
 		t.Run(m.alert, func(t *testing.T) {
 			// Change the threshold within this alert's rule only.
