@@ -497,7 +497,7 @@ func TestBlacklistsEndToEnd(t *testing.T) {
 		if err := b.getL4(blListed); err == nil {
 			t.Errorf("the listed client served through l4d")
 		}
-		if n := scrape("http://"+b.l4.Admin+"/metrics", "tiergate_blacklist_hits_total", `listener="global"`, `source="packet"`); n <= 0 {
+		if n := scrape("http://"+b.l4.Admin+"/metrics", "tiergate_blacklist_hits_total", `list="global"`, `source="packet"`); n <= 0 {
 			t.Errorf("l4d's tiergate_blacklist_hits_total of list global: %v", n)
 		}
 	}

@@ -211,7 +211,7 @@ admin_listen: "%[2]s"
 	if err := quicFrom(s, l7.addr, "127.0.0.2"); !errors.As(err, &te) || te.ErrorCode != quic.ConnectionRefused {
 		t.Errorf("QUIC from a blacklisted address: %v, want CONNECTION_REFUSED", err)
 	}
-	if got := l7.metric("tiergate_blacklist_hits_total", `listener="global"`, `source="packet"`); got < 2 {
+	if got := l7.metric("tiergate_blacklist_hits_total", `list="global"`, `source="packet"`); got < 2 {
 		t.Errorf("packet hits counted: %v, want at least 2 (TCP and QUIC)", got)
 	}
 	if got := l7.metric("tiergate_l7_connections_rejected_total", `reason="filtered"`); got < 2 {
@@ -272,7 +272,7 @@ admin_listen: "%[2]s"
 			t.Errorf("%s untrusted peer's XFF: %d %+v %v, want it ignored", proto, code, sn, err)
 		}
 	}
-	if got := l7.metric("tiergate_blacklist_hits_total", `listener="global"`, `source="header"`); got != 2 {
+	if got := l7.metric("tiergate_blacklist_hits_total", `list="global"`, `source="header"`); got != 2 {
 		t.Errorf("header hits on the global list: %v, want 2", got)
 	}
 
@@ -284,7 +284,7 @@ admin_listen: "%[2]s"
 		}
 		c.CloseIdleConnections()
 	}
-	if got := l7.metric("tiergate_blacklist_hits_total", `listener="public"`, `source="header"`); got < 2 {
+	if got := l7.metric("tiergate_blacklist_hits_total", `list="public"`, `source="header"`); got < 2 {
 		t.Errorf("header hits on the listener's list: %v, want at least 2", got)
 	}
 	if got := l7.metric("tiergate_http_requests_total", `code="closed"`); got < 2 {
@@ -350,7 +350,7 @@ admin_listen: "%[2]s"
 			l7.metric("tiergate_clientip_proxy_rejected_total", `reason="not_proxy"`)+
 				l7.metric("tiergate_clientip_proxy_rejected_total", `reason="timeout"`) == 1
 	})
-	if got := l7.metric("tiergate_blacklist_hits_total", `listener="global"`, `source="packet"`); got != 1 {
+	if got := l7.metric("tiergate_blacklist_hits_total", `list="global"`, `source="packet"`); got != 1 {
 		t.Errorf("packet hits for the PROXY source: %v, want 1", got)
 	}
 }
@@ -525,7 +525,7 @@ admin_listen: "%[2]s"
 	if !served("127.0.0.5") || served("127.0.0.6") {
 		t.Errorf("after a reload the pushed list changed")
 	}
-	if got := l7.metric("tiergate_blacklist_hits_total", `listener="global"`, `source="packet"`); got < 4 {
+	if got := l7.metric("tiergate_blacklist_hits_total", `list="global"`, `source="packet"`); got < 4 {
 		t.Errorf("packet hits: %v", got)
 	}
 }

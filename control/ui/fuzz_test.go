@@ -43,7 +43,7 @@ func FuzzPromAnswer(f *testing.F) {
 func FuzzScrape(f *testing.F) {
 	f.Add([]byte("# TYPE tiergate_tls_handshakes_total counter\ntiergate_tls_handshakes_total{listener=\"web\",resumed=\"true\",result=\"ok\"} 5\n"))
 	f.Add([]byte("# TYPE tiergate_tls_handshake_seconds histogram\ntiergate_tls_handshake_seconds_bucket{le=\"0.01\"} 3\ntiergate_tls_handshake_seconds_bucket{le=\"+Inf\"} 4\ntiergate_tls_handshake_seconds_sum 0.1\ntiergate_tls_handshake_seconds_count 4\n"))
-	f.Add([]byte("tiergate_tls_certificate_expiry_seconds{name=\"www\",subject=\"CN=x\"} 1e300\ntiergate_blacklist_entries{listener=\"global\"} -1\n"))
+	f.Add([]byte("tiergate_tls_certificate_expiry_seconds{name=\"www\",subject=\"CN=x\"} 1e300\ntiergate_blacklist_entries{list=\"global\"} -1\n"))
 	s := NewScraper(ScraperConfig{Nodes: nil})
 	f.Fuzz(func(t *testing.T, text []byte) {
 		ss, err := promtext.Parse(bytes.NewReader(text))

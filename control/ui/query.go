@@ -84,9 +84,9 @@ var Panels = []Panel{
 	{ID: "requests", Title: "HTTP requests/s by code", Unit: "/s",
 		Queries: []Query{{Kind: KindRate, Metric: "tiergate_http_requests_total", By: []string{"code"}}}},
 	{ID: "blacklist_size", Title: "Blacklist entries, by list", Unit: "",
-		Queries: []Query{{Kind: KindGauge, Metric: "tiergate_blacklist_entries", By: []string{"listener"}, Agg: "max"}}},
+		Queries: []Query{{Kind: KindGauge, Metric: "tiergate_blacklist_entries", By: []string{"list"}, Agg: "max"}}},
 	{ID: "blacklist_hits", Title: "Blacklist hits/s, by list", Unit: "/s",
-		Queries: []Query{{Kind: KindRate, Metric: "tiergate_blacklist_hits_total", By: []string{"listener"}}}},
+		Queries: []Query{{Kind: KindRate, Metric: "tiergate_blacklist_hits_total", By: []string{"list"}}}},
 	{ID: "l4_packets", Title: "L4 packets/s forwarded, by LD", Unit: "/s",
 		Queries: []Query{{Kind: KindRate, Metric: "tiergate_l4_packets_total", Match: []Matcher{eq("result", "forwarded")}, By: []string{NodeLabel}}}},
 	{ID: "l4_drops", Title: "L4 drops/s by reason, by LD", Unit: "/s",
@@ -173,7 +173,7 @@ func seriesName(prefix string, by []string, values []string) string {
 		case l == "transport" && v == "":
 		case l == "transport":
 			parts = append(parts, strings.ToUpper(v))
-		case l == NodeLabel, l == "result", l == "code", l == "listener":
+		case l == NodeLabel, l == "result", l == "code", l == "listener", l == "list":
 			parts = append(parts, v)
 		default:
 			parts = append(parts, l+"="+v)

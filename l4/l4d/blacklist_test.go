@@ -82,7 +82,7 @@ func TestControlBlacklist(t *testing.T) {
 		t.Error("an unlisted client's SYN was not tunnelled")
 	}
 	td.want("GET", "/metrics", "", 200, `tiergate_l4_packets_total{dir="in",result="blacklisted"} 1`,
-		`tiergate_blacklist_hits_total{listener="global",source="packet"} 1`)
+		`tiergate_blacklist_hits_total{list="global",source="packet"} 1`)
 	td.want("GET", "/control", "", 200, fmt.Sprintf(`"global": %d`, v1))
 	// The hit reported in the node's status (read every 5s).
 	waitStatus(t, s, "l4-a", func(st agent.Status) bool { return st.BlacklistHits[blacklist.GlobalName] == 1 })

@@ -128,22 +128,22 @@ func TestListMetrics(t *testing.T) {
 	}
 	www.Hit("quic")
 	want := `
-# HELP tiergate_blacklist_hits_total Blacklisted addresses seen, by list (listener name, or global) and where the address came from (packet or header).
+# HELP tiergate_blacklist_hits_total Blacklisted addresses seen, by list (its name: global, a listener's, or a list from the store) and where the address came from (packet or header).
 # TYPE tiergate_blacklist_hits_total counter
-tiergate_blacklist_hits_total{listener="global",source="header"} 1
-tiergate_blacklist_hits_total{listener="global",source="packet"} 1
-tiergate_blacklist_hits_total{listener="www",source="header"} 2
-tiergate_blacklist_hits_total{listener="www",source="packet"} 0
-tiergate_blacklist_hits_total{listener="www",source="quic"} 1
+tiergate_blacklist_hits_total{list="global",source="header"} 1
+tiergate_blacklist_hits_total{list="global",source="packet"} 1
+tiergate_blacklist_hits_total{list="www",source="header"} 2
+tiergate_blacklist_hits_total{list="www",source="packet"} 0
+tiergate_blacklist_hits_total{list="www",source="quic"} 1
 # HELP tiergate_blacklist_entries Entries in force (single addresses and merged ranges), by list.
 # TYPE tiergate_blacklist_entries gauge
-tiergate_blacklist_entries{listener="global"} 1
-tiergate_blacklist_entries{listener="www"} 1
+tiergate_blacklist_entries{list="global"} 1
+tiergate_blacklist_entries{list="www"} 1
 # HELP tiergate_blacklist_updates_total Updates, by list, kind (replace or delta) and result (ok or rejected: the list in force was kept).
 # TYPE tiergate_blacklist_updates_total counter
-tiergate_blacklist_updates_total{kind="replace",listener="global",result="ok"} 1
-tiergate_blacklist_updates_total{kind="replace",listener="www",result="ok"} 1
-tiergate_blacklist_updates_total{kind="replace",listener="www",result="rejected"} 1
+tiergate_blacklist_updates_total{kind="replace",list="global",result="ok"} 1
+tiergate_blacklist_updates_total{kind="replace",list="www",result="ok"} 1
+tiergate_blacklist_updates_total{kind="replace",list="www",result="rejected"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"tiergate_blacklist_hits_total", "tiergate_blacklist_entries", "tiergate_blacklist_updates_total"); err != nil {
@@ -296,8 +296,8 @@ func TestListNextAndReplaceDelta(t *testing.T) {
 	want := `
 # HELP tiergate_blacklist_updates_total Updates, by list, kind (replace or delta) and result (ok or rejected: the list in force was kept).
 # TYPE tiergate_blacklist_updates_total counter
-tiergate_blacklist_updates_total{kind="delta",listener="global",result="ok"} 1
-tiergate_blacklist_updates_total{kind="replace",listener="global",result="ok"} 1
+tiergate_blacklist_updates_total{kind="delta",list="global",result="ok"} 1
+tiergate_blacklist_updates_total{kind="replace",list="global",result="ok"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tiergate_blacklist_updates_total"); err != nil {
 		t.Fatal(err)

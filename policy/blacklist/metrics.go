@@ -33,24 +33,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		hits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tiergate_blacklist_hits_total",
-			Help: "Blacklisted addresses seen, by list (listener name, or global) and where the address came from (packet or header).",
-		}, []string{"listener", "source"}),
+			Help: "Blacklisted addresses seen, by list (its name: global, a listener's, or a list from the store) and where the address came from (packet or header).",
+		}, []string{"list", "source"}),
 		entries: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tiergate_blacklist_entries",
 			Help: "Entries in force (single addresses and merged ranges), by list.",
-		}, []string{"listener"}),
+		}, []string{"list"}),
 		bytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tiergate_blacklist_bytes",
 			Help: "Memory of the lookup arrays in force, by list.",
-		}, []string{"listener"}),
+		}, []string{"list"}),
 		updates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tiergate_blacklist_updates_total",
 			Help: "Updates, by list, kind (replace or delta) and result (ok or rejected: the list in force was kept).",
-		}, []string{"listener", "kind", "result"}),
+		}, []string{"list", "kind", "result"}),
 		updated: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tiergate_blacklist_last_update_timestamp_seconds",
 			Help: "When the list in force was swapped in, by list.",
-		}, []string{"listener"}),
+		}, []string{"list"}),
 	}
 	var err error
 	if m.hits, err = promreg.Register(reg, m.hits); err != nil {
