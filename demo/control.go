@@ -204,7 +204,13 @@ port: 443
 pool: %[2]s
 quic: true
 ---
-%[3]s`, l4VIP, l4PoolName, l4PoolYAML(""))
+%[3]s---
+kind: l4-bgp     # the LDs' AS and their router: cluster configuration (each LD's file has its own part)
+name: cluster
+asn: %[4]d
+peers:
+  - {address: %[5]q, as: %[6]d, hold_time: %[7]ds, connect_retry: 1s}
+`, l4VIP, l4PoolName, l4PoolYAML(""), l4LDAS, l4RouterIP, l4RouterAS, l4HoldTime)
 	}
 	return b.String()
 }

@@ -211,7 +211,7 @@ func TestStackYAML(t *testing.T) {
 			rules, pools := s.L4()
 			pools0 := pools
 			if !tc.l4 {
-				if len(rules)+len(pools) != 0 {
+				if len(rules)+len(pools) != 0 || s.BGP() != nil {
 					t.Errorf("L4 objects in the loopback mode: %v %v", rules, pools)
 				}
 			} else {
@@ -222,6 +222,9 @@ func TestStackYAML(t *testing.T) {
 					if m.Name != l4Nodes[i].label || m.QUICID != uint16(l4Nodes[i].quicID) || m.Drained {
 						t.Errorf("member %d: %+v", i, m)
 					}
+				}
+				if b := s.BGP(); b == nil || b.ASN != l4LDAS || len(b.Peers) != 1 || b.Peers[0].Address.String() != l4RouterIP {
+					t.Errorf("l4-bgp %+v, want AS %d peering with the router %s", b, l4LDAS, l4RouterIP)
 				}
 				drained := snapshot(t, s, "drain-l7a.yaml", l4PoolYAML("l7a"))
 				_, pools = drained.L4()

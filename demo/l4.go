@@ -545,7 +545,7 @@ sync:   # connections older than 3 s sent to the other LD, which carries them on
   listen: "%s:%s"   # m0, the kernel's address on the internal network
   peers: ["%s:%s"]
   warmup_timeout: 5s   # the first LD up has no peer to sync from
-bgp:   # the VIPs of the rules announced to the router, next hop x0's address
+bgp:   # the rules' VIPs announced, next hop x0's address; asn and peers until controld's l4-bgp replaces them
   asn: %d
   withdraw_delay: 1s
   check_interval: 200ms
