@@ -87,6 +87,7 @@ type foConn struct {
 	client *http.Client
 	close  func()
 	dials  atomic.Int32
+	redial []string // when the connection was made again, and with which local port
 
 	mu      sync.Mutex
 	node    string      // the L7 node that serves it
@@ -175,9 +176,9 @@ func (c *foConn) servedCount() int {
 
 // nsDialCounting dials inside ns and counts the dials: a long connection dialled
 // more than once broke.
-func nsDialCounting(ns *netns.NS, dials *atomic.Int32) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func nsDialCounting(ns *netns.NS, fc *foConn) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		dials.Add(1)
+		n := fc.dials.Add(1)
 		var c net.Conn
 		err := ns.Do(func() error {
 			var d net.Dialer
@@ -185,6 +186,15 @@ func nsDialCounting(ns *netns.NS, dials *atomic.Int32) func(ctx context.Context,
 			c, err = d.DialContext(ctx, network, addr)
 			return err
 		})
+		if n > 1 {
+			fc.mu.Lock()
+			local := "?"
+			if c != nil {
+				local = c.LocalAddr().String()
+			}
+			fc.redial = append(fc.redial, fmt.Sprintf("%s from %s", time.Now().Format("15:04:05.000"), local))
+			fc.mu.Unlock()
+		}
 		return c, err
 	}
 }
@@ -197,7 +207,7 @@ func newFoConn(t *testing.T, cl *netns.NS, proto string, tlsCfg *tls.Config) *fo
 	switch proto {
 	case "h1", "h2":
 		tr := &http.Transport{
-			DialContext:       nsDialCounting(cl, &c.dials),
+			DialContext:       nsDialCounting(cl, c),
 			TLSClientConfig:   tlsCfg.Clone(),
 			MaxConnsPerHost:   1,
 			ForceAttemptHTTP2: proto == "h2",
@@ -219,7 +229,11 @@ func newFoConn(t *testing.T, cl *netns.NS, proto string, tlsCfg *tls.Config) *fo
 			TLSClientConfig: tlsCfg.Clone(),
 			QUICConfig:      &quic.Config{MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 5 * time.Second},
 			Dial: func(ctx context.Context, addr string, tlsConf *tls.Config, qc *quic.Config) (*quic.Conn, error) {
-				c.dials.Add(1)
+				if c.dials.Add(1) > 1 {
+					c.mu.Lock()
+					c.redial = append(c.redial, time.Now().Format("15:04:05.000"))
+					c.mu.Unlock()
+				}
 				ua, err := net.ResolveUDPAddr("udp", addr)
 				if err != nil {
 					return nil, err
@@ -593,6 +607,7 @@ bgp:
 	// Restart lda: after its warm-up (ldb's full sync) it announces again and
 	// takes back the flows the router hashes to it.
 	restarted := time.Now()
+	t.Logf("restarting lda at %s", restarted.Format("15:04:05.000"))
 	lds[0].ns.MustRun("ip", "link", "set", "k0", "up")
 	lds[0].d.start()
 	rejoined := waitNextHops("lda restarted", 60*time.Second, "198.18.0.2", "198.18.0.3")
@@ -629,7 +644,8 @@ bgp:
 		broke := c.dials.Load() != 1 || len(c.errs) > 0
 		res.LongReqFailed += len(c.errs)
 		if broke {
-			t.Errorf("long connection %d (%s, node %s): dialled %d times; failures: %s", i, c.proto, c.node, c.dials.Load(), strings.Join(c.errs, "; "))
+			t.Errorf("long connection %d (%s, node %s): dialled %d times (again at %s); failures: %s",
+				i, c.proto, c.node, c.dials.Load(), strings.Join(c.redial, ", "), strings.Join(c.errs, "; "))
 		} else {
 			survived++
 		}
