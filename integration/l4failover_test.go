@@ -652,6 +652,14 @@ bgp:
 		c.mu.Unlock()
 	}
 	res.SurvivedPct = 100 * float64(survived) / float64(len(long))
+	if survived < len(long) {
+		for _, ld := range lds {
+			dumpMetrics(t, ld.name, ld.http, "http://127.0.0.1:9180/metrics", "tiergate_l4_packets_total", "tiergate_l4_sync_refused", "tiergate_l4_sync_dropped", "tiergate_l4_sync_installed", "tiergate_l4_connections")
+		}
+		for i, ns := range l7 {
+			dumpMetrics(t, fmt.Sprintf("l7d-%c", 'a'+i), nsClient(ns, nil, false), "http://127.0.0.1:9241/metrics", "tiergate_l7_tunnel_flow_moves", "tiergate_l7_tunnel_packets")
+		}
+	}
 	from, window := killed.Add(-500*time.Millisecond), dropped.Add(500*time.Millisecond)
 	load.mu.Lock()
 	res.NewConnFailed = len(load.failed)
