@@ -58,8 +58,10 @@ type FailoverResult struct {
 	Conns            int     `json:"conns"`
 	ConnsByProto     string  `json:"conns_by_proto"`
 	HoldTimeS        float64 `json:"hold_time_s"`
-	RouteDropS       float64 `json:"route_drop_s"`            // kill to the router's route via the survivor only
-	FailoverS        float64 `json:"failover_s"`              // kill to the last long connection served again
+	RouteDropS       float64 `json:"route_drop_s"`  // kill to the router's route via the survivor only
+	FailoverS        float64 `json:"failover_s"`    // kill to the last long connection served again
+	StalledP50S      float64 `json:"stalled_p50_s"` // of the connections stalled by the loss (served again > 0.5 s after it): the median
+	Stalled          int     `json:"stalled_conns"`
 	SurvivedPct      float64 `json:"long_conns_survived_pct"` // of the long connections, none redialled, none failed
 	LongReqFailed    int     `json:"long_requests_failed"`    // requests on the long connections that failed, kill to the end
 	NewConnFailed    int     `json:"new_conn_requests_failed"`
@@ -580,6 +582,7 @@ bgp:
 	})
 	var last time.Time
 	delays := map[string][]string{}
+	var stalled []float64
 	for _, c := range long {
 		at, _ := c.firstOKAfter()
 		if at.After(last) {
@@ -587,10 +590,15 @@ bgp:
 		}
 		if d := at.Sub(killed); d > 500*time.Millisecond {
 			delays[c.proto] = append(delays[c.proto], fmt.Sprintf("%.2f", d.Seconds()))
+			stalled = append(stalled, d.Seconds())
 		}
 	}
 	t.Logf("long connections served again later than 0.5s after the kill (s): %v", delays)
 	res.FailoverS = last.Sub(killed).Seconds()
+	if res.Stalled = len(stalled); len(stalled) > 0 {
+		slices.Sort(stalled)
+		res.StalledP50S = stalled[len(stalled)/2]
+	}
 	if res.FailoverS > failoverHoldTime.Seconds()+1 {
 		// Where the slow ones waited: the survivor's drops, the L7 nodes' tunnels.
 		dumpMetrics(t, "ldb", lds[1].http, "http://127.0.0.1:9180/metrics", "tiergate_l4_packets_total", "tiergate_l4_sync", "tiergate_l4_connections")

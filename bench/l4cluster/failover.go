@@ -20,6 +20,8 @@ type failoverFigures struct {
 	HoldTimeS        float64 `json:"hold_time_s"`
 	RouteDropS       float64 `json:"route_drop_s"`
 	FailoverS        float64 `json:"failover_s"`
+	StalledP50S      float64 `json:"stalled_p50_s"`
+	Stalled          int     `json:"stalled_conns"`
 	SurvivedPct      float64 `json:"long_conns_survived_pct"`
 	LongReqFailed    int     `json:"long_requests_failed"`
 	NewConnFailed    int     `json:"new_conn_requests_failed"`

@@ -26,7 +26,8 @@
 //     again (target ≤ hold time + 1 s), long_conns_survived_pct those never redialled
 //     nor failed (target 100), failover_requests_failed the requests that failed
 //     (long connections, and new connections made all along), route_drop_s the kill
-//     to the router's route via the survivor only.
+//     to the router's route via the survivor only, failover_stalled_p50_s the median
+//     time to served again of the connections the loss stalled.
 //
 // The rate and full sync rows' addresses are from 198.18.0.0/15 and 203.0.113.0/24
 // and never leave the process (loopback UDP for sync); the failover row's live in
@@ -131,6 +132,7 @@ type results struct {
 	FailoverNewConns *int     `json:"failover_new_conn_requests_failed,omitempty"`
 	HoldTimeS        *float64 `json:"bgp_hold_time_s,omitempty"`
 	RouteDropS       *float64 `json:"route_drop_s,omitempty"`
+	StalledP50S      *float64 `json:"failover_stalled_p50_s,omitempty"`
 	RejoinS          *float64 `json:"rejoin_s,omitempty"`
 	FailoverConns    int      `json:"failover_long_conns,omitempty"`
 }
@@ -454,10 +456,12 @@ func run(o options, out io.Writer, log *slog.Logger) (*results, error) {
 	failed := f.LongReqFailed + f.NewConnFailed
 	res.FailoverS, res.SurvivedPct, res.FailoverFailed, res.FailoverNewConns = &f.FailoverS, &f.SurvivedPct, &failed, &f.NewConnFailed
 	res.HoldTimeS, res.RouteDropS, res.RejoinS, res.FailoverConns = &f.HoldTimeS, &f.RouteDropS, &f.RejoinS, f.Conns
+	res.StalledP50S = &f.StalledP50S
 	fmt.Fprintf(out, "\n%-34s %12s %8s\n", "row", "value", "target")
 	fmt.Fprintf(out, "%-34s %12.2f %8s %s\n", "failover_s", f.FailoverS, fmt.Sprintf("≤ %.0f", f.HoldTimeS+1), mark(f.FailoverS <= f.HoldTimeS+1))
 	fmt.Fprintf(out, "%-34s %12.2f\n", "  BGP hold time, s", f.HoldTimeS)
 	fmt.Fprintf(out, "%-34s %12.2f\n", "  kill to route via survivor, s", f.RouteDropS)
+	fmt.Fprintf(out, "%-34s %12.2f\n", fmt.Sprintf("  median of the %d stalled, s", f.Stalled), f.StalledP50S)
 	fmt.Fprintf(out, "%-34s %12.1f %8s %s\n", "long_conns_survived_pct", f.SurvivedPct, "100", mark(f.SurvivedPct == 100))
 	fmt.Fprintf(out, "%-34s %12s\n", "  long connections", fmt.Sprintf("%d (%s)", f.Conns, f.ConnsByProto))
 	fmt.Fprintf(out, "%-34s %12d\n", "failover_requests_failed", failed)
