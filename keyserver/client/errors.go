@@ -90,6 +90,14 @@ type serverError struct {
 func (e *serverError) Error() string { return "server " + e.addr + ": " + e.err.Error() }
 func (e *serverError) Unwrap() error { return e.err }
 
+// Is makes a server's deadline_exceeded answer an ErrTimeout too: the server
+// dropped the request because the deadline this client sent with it had passed,
+// which for the caller is the attempt timing out, whichever side noticed first.
+func (e *serverError) Is(target error) bool {
+	var pe *protocol.Error
+	return target == ErrTimeout && errors.As(e.err, &pe) && pe.Code == protocol.CodeDeadlineExceeded
+}
+
 // connLostError is the error pending requests get when their connection breaks.
 type connLostError struct{ cause error }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/keyserver"
 	"github.com/tiergate/tiergate/keyserver/backend"
+	"github.com/tiergate/tiergate/keyserver/protocol"
 	"github.com/tiergate/tiergate/keyserver/softkey"
 )
 
@@ -193,5 +194,23 @@ func TestRequestsCarryTheirDeadline(t *testing.T) {
 	time.Sleep(700 * time.Millisecond) // what the backend would still have done
 	if n := signed.Load(); n != 1 {
 		t.Errorf("%d signatures made, want 1", n)
+	}
+}
+
+// TestServerDeadlineIsTimeout: a server's deadline_exceeded answer is a timeout to
+// the caller, as the client's own timer running out is; which of the two comes
+// first depends on the machine's load. Other answers are not.
+func TestServerDeadlineIsTimeout(t *testing.T) {
+	err := &OpError{Op: protocol.OpECDSASign, Err: &serverError{addr: "192.0.2.1:4430", err: protocol.Errorf(protocol.CodeDeadlineExceeded, "request 3: its deadline passed")}}
+	if !errors.Is(err, ErrTimeout) {
+		t.Errorf("%v: not ErrTimeout", err)
+	}
+	var pe *protocol.Error
+	if !errors.As(err, &pe) || pe.Code != protocol.CodeDeadlineExceeded {
+		t.Errorf("%v: the server's answer is not kept", err)
+	}
+	other := &serverError{addr: "192.0.2.1:4430", err: protocol.Errorf(protocol.CodeInternal, "backend failed")}
+	if errors.Is(other, ErrTimeout) {
+		t.Errorf("%v: taken for a timeout", other)
 	}
 }
