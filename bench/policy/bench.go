@@ -15,6 +15,7 @@ import (
 
 type options struct {
 	bin, nginx, haproxy string
+	wrk                 string
 	phases              []string // of phaseNames
 
 	blSizes    []int
@@ -23,6 +24,8 @@ type options struct {
 	matches    int
 
 	servers        []string // of serverNames
+	generators     []string // of generatorNames
+	wrkThreads     int
 	duration       time.Duration
 	warmup         time.Duration
 	conns          int

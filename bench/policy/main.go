@@ -14,7 +14,8 @@
 //   - HTTPS keep-alive proxying (TLS 1.3, HTTP/1.1, 1 KiB responses from one shared
 //     backend) through l7d, nginx and haproxy from Debian, each given the same closed
 //     loop of keep-alive connections: server CPU time per request from /proc, beside
-//     requests per second, latency and the load generator's CPU.
+//     requests per second, latency and the load generator's CPU. Each proxy is driven
+//     by this program's own generator and by wrk (Debian), each row saying which.
 //
 // It runs bin/l7d, nginx and haproxy (and the backend) as child processes on
 // 127.0.0.1, with certificates and configurations in a temporary directory, all
@@ -60,6 +61,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.bin, "bin", "bin", "`directory` holding l7d (make build)")
 	fs.StringVar(&o.nginx, "nginx", "nginx", "nginx `binary` (Debian package nginx)")
 	fs.StringVar(&o.haproxy, "haproxy", "haproxy", "haproxy `binary` (Debian package haproxy)")
+	fs.StringVar(&o.wrk, "wrk", "wrk", "wrk `binary` (Debian package wrk)")
+	generators := fs.String("generators", strings.Join(generatorNames, ","), "comma-separated load generators of the proxy rows: "+genOwn+" (this program's, Go crypto/tls) and "+genWrk)
+	fs.IntVar(&o.wrkThreads, "wrk-threads", 1, "wrk's threads (-t), which share -conns")
 	phaseList := fs.String("phases", strings.Join(phaseNames, ","), "comma-separated phases to run (for iterating; the summary needs them all)")
 	sizes := fs.String("bl-sizes", "1M,10M", "comma-separated blacklist `sizes` (k and M suffixes); the 1M update figures need 1M")
 	fs.IntVar(&o.lookups, "lookups", 10_000_000, "blacklist lookups timed per set and probe kind")
@@ -94,6 +98,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench-policy: -servers: %v\n", err)
 		return 2
 	}
+	if o.generators, err = benchkit.ParseList(*generators, generatorNames); err != nil {
+		fmt.Fprintf(stderr, "bench-policy: -generators: %v\n", err)
+		return 2
+	}
 	if o.blSizes, err = parseSizes(*sizes); err != nil {
 		fmt.Fprintf(stderr, "bench-policy: -bl-sizes: %v\n", err)
 		return 2
@@ -103,8 +111,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if o.duration <= 0 || o.warmup < 0 || o.conns <= 0 || o.rounds <= 0 || o.maxOps <= 0 || o.opTimeout <= 0 ||
-		o.workers <= 0 || o.backendWorkers <= 0 || o.lookups <= 0 || o.matches <= 0 || o.updateRuns <= 0 || o.quietWait < 0 {
-		fmt.Fprintln(stderr, "bench-policy: -duration, -conns, -rounds, -max-ops, -op-timeout, -workers, -backend-workers, -lookups, -matches and -update-runs must be positive, -warmup and -quiet-wait not negative")
+		o.workers <= 0 || o.backendWorkers <= 0 || o.wrkThreads <= 0 || o.wrkThreads > o.conns || o.lookups <= 0 || o.matches <= 0 || o.updateRuns <= 0 || o.quietWait < 0 {
+		fmt.Fprintln(stderr, "bench-policy: -duration, -conns, -rounds, -wrk-threads (at most -conns), -max-ops, -op-timeout, -workers, -backend-workers, -lookups, -matches and -update-runs must be positive, -warmup and -quiet-wait not negative")
 		return 2
 	}
 

@@ -37,9 +37,11 @@ type proxyResults struct {
 
 // proxyRow is one proxy measured in one round.
 type proxyRow struct {
-	srv   *endpoint
-	round int
-	res   *benchkit.Result
+	srv      *endpoint
+	gen      string // the load generator: genOwn or genWrk
+	round    int
+	res      *benchkit.Result
+	p50, p99 time.Duration // request latency percentiles
 
 	dialsInWindow, dials int // connections established: in the window, and in all
 	serverClosed         int64
@@ -70,11 +72,13 @@ func (b *bench) runProxy(ctx context.Context) error {
 			slices.Reverse(order)
 		}
 		for _, s := range order {
-			if err := b.measureProxy(ctx, res, s, round); err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
+			for _, gen := range b.o.generators {
+				if err := b.measureProxy(ctx, res, s, gen, round); err != nil {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
+					b.Fail("%s by %s, round %d: %v", s.label, gen, round+1, err)
 				}
-				b.Fail("%s, round %d: %v", s.label, round+1, err)
 			}
 		}
 	}
@@ -82,9 +86,10 @@ func (b *bench) runProxy(ctx context.Context) error {
 }
 
 // measureProxy runs one row: it waits for a quiet machine, checks the proxy and the
-// backend still run, then runs the load and checks what the backend and l7d counted.
-func (b *bench) measureProxy(ctx context.Context, res *proxyResults, s *endpoint, round int) error {
-	label := fmt.Sprintf("%s, round %d", s.label, round+1)
+// backend still run, then runs the load of generator gen and checks what the backend
+// and l7d counted.
+func (b *bench) measureProxy(ctx context.Context, res *proxyResults, s *endpoint, gen string, round int) error {
+	label := fmt.Sprintf("%s by %s, round %d", s.label, gen, round+1)
 	for _, e := range []*endpoint{s, res.backend} {
 		if err := e.exited(); err != nil {
 			return err
@@ -105,23 +110,37 @@ func (b *bench) measureProxy(ctx context.Context, res *proxyResults, s *endpoint
 	}
 
 	b.Progress("%s: %d keep-alive connections, %v warm-up, %v measured", label, b.o.conns, b.o.warmup, b.o.duration)
-	cl := newClient(s.addr, res.fx, b.o.conns, b.o.opTimeout)
-	stopProfile := b.startProfile(ctx, s, round)
-	lr, err := benchkit.Run(ctx, benchkit.Load{
-		Workers:  b.o.conns,
-		Warmup:   b.o.warmup,
-		Duration: b.o.duration,
-		MaxOps:   b.o.maxOps,
-		Op:       cl.op,
-		Clocks:   clocks,
-	})
-	cl.close()
-	stopProfile()
-	if err != nil {
-		return err
+	var r *proxyRow
+	var cl *client
+	stopProfile := b.startProfile(ctx, s, gen, round)
+	switch gen {
+	case genWrk:
+		lr, w, err := b.runWrk(ctx, s, clocks)
+		stopProfile()
+		if err != nil {
+			return err
+		}
+		r = &proxyRow{srv: s, gen: gen, round: round, res: lr, p50: w.p50, p99: w.p99}
+	default:
+		cl = newClient(s.addr, res.fx, b.o.conns, b.o.opTimeout)
+		lr, err := benchkit.Run(ctx, benchkit.Load{
+			Workers:  b.o.conns,
+			Warmup:   b.o.warmup,
+			Duration: b.o.duration,
+			MaxOps:   b.o.maxOps,
+			Op:       cl.op,
+			Clocks:   clocks,
+		})
+		cl.close()
+		stopProfile()
+		if err != nil {
+			return err
+		}
+		r = &proxyRow{srv: s, gen: gen, round: round, res: lr, serverClosed: cl.closed.Load(),
+			p50: lr.Latencies.Percentile(50), p99: lr.Latencies.Percentile(99)}
+		r.dialsInWindow, r.dials = cl.dialsBetween(lr.Start, lr.Start.Add(lr.Elapsed))
 	}
-	r := &proxyRow{srv: s, round: round, res: lr, serverClosed: cl.closed.Load()}
-	r.dialsInWindow, r.dials = cl.dialsBetween(lr.Start, lr.Start.Add(lr.Elapsed))
+	lr := r.res
 	res.rows = append(res.rows, r)
 
 	if beAfter, err := backendRequests(res.backend); err != nil {
@@ -136,9 +155,9 @@ func (b *bench) measureProxy(ctx context.Context, res *proxyResults, s *endpoint
 	}
 
 	b.Progress("  %.0f requests/s, server %.1f µs CPU per request, p50 %.3f ms, p99 %.3f ms, %d errors, others %.2f cores",
-		lr.Rate(), us(r.cpuPerReq(clockServer)), ms(lr.Latencies.Percentile(50)), ms(lr.Latencies.Percentile(99)), lr.Errors, r.otherCores())
+		lr.Rate(), us(r.cpuPerReq(clockServer)), ms(r.p50), ms(r.p99), lr.Errors, r.otherCores())
 	switch {
-	case cl.bad.Load() > 0:
+	case cl != nil && cl.bad.Load() > 0:
 		b.Fail("%s: %d answers or connections were not as they must be; the first error: %v", label, cl.bad.Load(), lr.FirstErr)
 	case lr.Errors > 0:
 		b.Fail("%s: %d errors, the first: %v", label, lr.Errors, lr.FirstErr)
@@ -183,12 +202,12 @@ func (r *proxyRow) otherCores() float64 {
 // startProfile collects a CPU profile and an allocation profile of s over the
 // measured window of a row, when s is the profiling variant of l7d, into -profile's
 // directory. The returned function waits for them.
-func (b *bench) startProfile(ctx context.Context, s *endpoint, round int) (wait func()) {
+func (b *bench) startProfile(ctx context.Context, s *endpoint, gen string, round int) (wait func()) {
 	if s.pprofURL == "" {
 		return func() {}
 	}
 	seconds := int((b.o.duration + time.Second - 1) / time.Second)
-	base := fmt.Sprintf("%s/%s-round%d", b.o.profileDir, s.id, round+1)
+	base := fmt.Sprintf("%s/%s-%s-round%d", b.o.profileDir, s.id, gen, round+1)
 	return benchkit.FetchProfiles(ctx, s.pprofURL, base, b.o.warmup, seconds, func(what, path string, err error) {
 		if err != nil {
 			b.Progress("  %s profile of %s: %v", what, s.id, err)

@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -65,6 +66,15 @@ type summary struct {
 	L7ReqPerS     *float64 `json:"l7_req_per_s"`
 	NginxReqPerS  *float64 `json:"nginx_req_per_s"`
 	HAProxyReqPer *float64 `json:"haproxy_req_per_s"`
+	// The fields above are of this program's own generator; these of wrk's rows.
+	L7CPUUsWrk      *float64 `json:"l7_cpu_us_per_req_wrk"`
+	NginxCPUUsWrk   *float64 `json:"nginx_cpu_us_per_req_wrk"`
+	HAProxyCPUUsWrk *float64 `json:"haproxy_cpu_us_per_req_wrk"`
+	L7VsNginxWrk    *float64 `json:"nginx_over_l7_cpu_wrk"`
+	// Server CPU per request by generator and proxy: {"wrk": {"l7d": 40.1, ...}}.
+	CPUByGenerator map[string]map[string]float64 `json:"cpu_us_per_req_by_generator"`
+	// nginx's CPU per request ÷ l7d's, by generator.
+	NginxOverL7ByGenerator map[string]float64 `json:"nginx_over_l7_cpu_by_generator"`
 
 	Conns          int     `json:"conns"`
 	Rounds         int     `json:"rounds"`
@@ -87,6 +97,7 @@ type summary struct {
 // rowSum is one row of the proxy table.
 type rowSum struct {
 	Server          string   `json:"server"`
+	Generator       string   `json:"generator"` // the load generator: bench-policy (this program's) or wrk
 	Round           int      `json:"round"`
 	ReqPerS         float64  `json:"req_per_s"`
 	Requests        int      `json:"requests"`
@@ -155,6 +166,12 @@ func (b *bench) report() {
 		cpuMet = atMost(s.L7CPUUs, *s.NginxCPUUs)
 	}
 	row("l7_cpu_vs_nginx", "l7d CPU per proxied request ≤ nginx's", cpuMet, cpuText)
+	cpuText, cpuMet = "not measured", nil
+	if s.L7CPUUsWrk != nil && s.NginxCPUUsWrk != nil {
+		cpuText = fmt.Sprintf("l7d %.1f µs, nginx %.1f µs: nginx ÷ l7d = %.2f", *s.L7CPUUsWrk, *s.NginxCPUUsWrk, *s.L7VsNginxWrk)
+		cpuMet = atMost(s.L7CPUUsWrk, *s.NginxCPUUsWrk)
+	}
+	row("l7_cpu_vs_nginx_wrk", "the same, driven by wrk", cpuMet, cpuText)
 	fmt.Fprintln(w)
 	tt.Fprint(w)
 	fmt.Fprintln(w)
@@ -194,6 +211,10 @@ func (b *bench) header(w io.Writer) {
 		}
 		fmt.Fprintf(w, "load:      %d keep-alive connections from Go crypto/tls in this process, each a closed loop (request, read and check the\n", o.conns)
 		fmt.Fprintf(w, "           whole answer); %v warm-up (connections open in it), then %v; %d round(s), in alternating order\n", o.warmup, o.duration, o.rounds)
+		if slices.Contains(o.generators, genWrk) {
+			fmt.Fprintf(w, "           and by wrk (OpenSSL; -t %d -c %d, keep-alive, one request in flight per connection; a %v run not counted,\n", o.wrkThreads, o.conns, o.warmup)
+			fmt.Fprintf(w, "           then %v measured, its connections' handshakes included): the generator column says which\n", o.duration)
+		}
 		fmt.Fprintf(w, "CPU:       user + sys from /proc/PID/stat (1/100 s ticks), every thread; nginx = master + workers; ÷ requests in the window\n")
 	}
 	if o.quietWait > 0 {
@@ -333,12 +354,12 @@ type serverTotals struct {
 	cpuUs, userUs, rate float64 // CPU per request (total ÷ total requests), its user part; mean rate
 }
 
-func (p *proxyResults) totals(id string) *serverTotals {
+func (p *proxyResults) totals(id, gen string) *serverTotals {
 	var cpu, user time.Duration
 	var ops, n int
 	var rateSum float64
 	for _, r := range p.rows {
-		if r.srv.id != id || r.res.CPUErr != nil || r.res.Ops == 0 {
+		if r.srv.id != id || r.gen != gen || r.res.CPUErr != nil || r.res.Ops == 0 {
 			continue
 		}
 		cpu += r.res.CPU[clockServer]
@@ -356,13 +377,13 @@ func (p *proxyResults) totals(id string) *serverTotals {
 
 func (b *bench) proxyTable(w io.Writer, s *summary) float64 {
 	p := b.proxy
-	t := benchkit.Table{Header: []string{"proxy", "round", "req/s", "p50 ms", "p99 ms", "server CPU µs/req", "of which user", "server cores",
+	t := benchkit.Table{Header: []string{"proxy", "generator", "round", "req/s", "p50 ms", "p99 ms", "server CPU µs/req", "of which user", "server cores",
 		"backend µs/req", "load gen µs/req", "conns opened in window", "errors", "others' cores"}}
 	var maxOther float64
 	for _, r := range p.rows {
 		rs := rowSum{
-			Server: r.srv.id, Round: r.round + 1, ReqPerS: round(r.res.Rate(), 1), Requests: r.res.Ops,
-			P50Ms: round(ms(r.res.Latencies.Percentile(50)), 3), P99Ms: round(ms(r.res.Latencies.Percentile(99)), 3),
+			Server: r.srv.id, Generator: r.gen, Round: r.round + 1, ReqPerS: round(r.res.Rate(), 1), Requests: r.res.Ops,
+			P50Ms: round(ms(r.p50), 3), P99Ms: round(ms(r.p99), 3),
 			ServerCPUUs: us(r.cpuPerReq(clockServer)), ServerUserUs: us(r.cpuPerReq(clockUser)), ServerCores: round(r.cores(clockServer), 2),
 			BackendCPUUs: us(r.cpuPerReq(clockBackend)), LoadGenCPUUs: us(r.cpuPerReq(clockSelf)),
 			DialsInWindow: r.dialsInWindow, Errors: r.res.Errors, OtherCores: round(r.otherCores(), 2),
@@ -375,9 +396,13 @@ func (b *bench) proxyTable(w io.Writer, s *summary) float64 {
 		}
 		s.Proxy = append(s.Proxy, rs)
 		maxOther = max(maxOther, rs.OtherCores)
-		t.Row(r.srv.label, rs.Round, fmt.Sprintf("%.0f", rs.ReqPerS), fmt.Sprintf("%.3f", rs.P50Ms), fmt.Sprintf("%.3f", rs.P99Ms),
+		dials := fmt.Sprintf("%d of %d", rs.DialsInWindow, r.dials)
+		if r.gen == genWrk {
+			dials = "-"
+		}
+		t.Row(r.srv.label, r.gen, rs.Round, fmt.Sprintf("%.0f", rs.ReqPerS), fmt.Sprintf("%.3f", rs.P50Ms), fmt.Sprintf("%.3f", rs.P99Ms),
 			fmt.Sprintf("%.1f", rs.ServerCPUUs), fmt.Sprintf("%.1f", rs.ServerUserUs), fmt.Sprintf("%.2f", rs.ServerCores), fmt.Sprintf("%.1f", rs.BackendCPUUs),
-			fmt.Sprintf("%.1f", rs.LoadGenCPUUs), fmt.Sprintf("%d of %d", rs.DialsInWindow, r.dials), rs.Errors, fmt.Sprintf("%.2f", rs.OtherCores))
+			fmt.Sprintf("%.1f", rs.LoadGenCPUUs), dials, rs.Errors, fmt.Sprintf("%.2f", rs.OtherCores))
 	}
 	t.Fprint(w)
 
@@ -394,29 +419,57 @@ func (b *bench) proxyTable(w io.Writer, s *summary) float64 {
 		id       string
 		cpu, rps **float64
 		user     **float64
+		cpuWrk   **float64
 	}{
-		{srvL7d, &s.L7CPUUs, &s.L7ReqPerS, &s.L7UserUs},
-		{srvNginx, &s.NginxCPUUs, &s.NginxReqPerS, &s.NginxUserUs},
-		{srvHAProxy, &s.HAProxyCPUUs, &s.HAProxyReqPer, &s.HAProxyUserUs},
+		{srvL7d, &s.L7CPUUs, &s.L7ReqPerS, &s.L7UserUs, &s.L7CPUUsWrk},
+		{srvNginx, &s.NginxCPUUs, &s.NginxReqPerS, &s.NginxUserUs, &s.NginxCPUUsWrk},
+		{srvHAProxy, &s.HAProxyCPUUs, &s.HAProxyReqPer, &s.HAProxyUserUs, &s.HAProxyCPUUsWrk},
 	} {
-		t := p.totals(c.id)
-		if t == nil {
-			continue
+		for _, gen := range generatorNames {
+			t := p.totals(c.id, gen)
+			if t == nil {
+				continue
+			}
+			if s.CPUByGenerator == nil {
+				s.CPUByGenerator = map[string]map[string]float64{}
+			}
+			if s.CPUByGenerator[gen] == nil {
+				s.CPUByGenerator[gen] = map[string]float64{}
+			}
+			s.CPUByGenerator[gen][c.id] = t.cpuUs
+			if gen == genWrk {
+				*c.cpuWrk = ptr(t.cpuUs)
+			} else {
+				*c.cpu, *c.rps, *c.user = ptr(t.cpuUs), ptr(t.rate), ptr(t.userUs)
+			}
+			parts = append(parts, fmt.Sprintf("%s by %s %.1f µs (user %.1f, kernel %.1f; %.0f req/s)", c.id, gen, t.cpuUs, t.userUs, t.cpuUs-t.userUs, t.rate))
 		}
-		*c.cpu, *c.rps, *c.user = ptr(t.cpuUs), ptr(t.rate), ptr(t.userUs)
-		parts = append(parts, fmt.Sprintf("%s %.1f µs (user %.1f, kernel %.1f; %.0f req/s)", c.id, t.cpuUs, t.userUs, t.cpuUs-t.userUs, t.rate))
 	}
 	s.L7VsNginx, s.L7VsHAProxy = ratio(s.NginxCPUUs, s.L7CPUUs), ratio(s.HAProxyCPUUs, s.L7CPUUs)
+	s.L7VsNginxWrk = ratio(s.NginxCPUUsWrk, s.L7CPUUsWrk)
+	for gen, m := range s.CPUByGenerator {
+		l7, okL := m[srvL7d]
+		ng, okN := m[srvNginx]
+		if okL && okN && l7 > 0 {
+			if s.NginxOverL7ByGenerator == nil {
+				s.NginxOverL7ByGenerator = map[string]float64{}
+			}
+			s.NginxOverL7ByGenerator[gen] = round(ng/l7, 3)
+		}
+	}
 	if len(parts) > 0 {
 		fmt.Fprintf(w, "server CPU per request over all rounds: %s\n", strings.Join(parts, "; "))
 	}
 	if s.L7VsNginx != nil || s.L7VsHAProxy != nil {
-		fmt.Fprintf(w, "relative to l7d: nginx ÷ l7d = %s, haproxy ÷ l7d = %s (above 1: l7d uses less CPU per request)\n", num(s.L7VsNginx, "%.2f"), num(s.L7VsHAProxy, "%.2f"))
+		fmt.Fprintf(w, "relative to l7d (%s's rows): nginx ÷ l7d = %s, haproxy ÷ l7d = %s (above 1: l7d uses less CPU per request)\n", genOwn, num(s.L7VsNginx, "%.2f"), num(s.L7VsHAProxy, "%.2f"))
+	}
+	if s.L7VsNginxWrk != nil {
+		fmt.Fprintf(w, "relative to l7d (wrk's rows): nginx ÷ l7d = %s\n", num(s.L7VsNginxWrk, "%.2f"))
 	}
 	var gcNotes []string
 	for _, rs := range s.Proxy {
 		if rs.L7AllocKB != nil {
-			gcNotes = append(gcNotes, fmt.Sprintf("round %d: %.2f KB, %.3f GC", rs.Round, *rs.L7AllocKB, *rs.L7GCPer1000)+rs.Procs.Note())
+			gcNotes = append(gcNotes, fmt.Sprintf("%s round %d: %.2f KB, %.3f GC", rs.Generator, rs.Round, *rs.L7AllocKB, *rs.L7GCPer1000)+rs.Procs.Note())
 		}
 	}
 	if len(gcNotes) > 0 {
