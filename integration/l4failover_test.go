@@ -202,8 +202,12 @@ func nsDialCounting(ns *netns.NS, fc *foConn) func(ctx context.Context, network,
 }
 
 // newFoConn makes a long connection's client; its connection is made at the first
-// request. A request waits up to 30 s: through an LD's loss, TCP and QUIC retransmit
-// into the window until the router moves the flow.
+// request. A request waits up to 60 s: through an LD's loss, TCP and QUIC retransmit
+// into the window until the router moves the flow, and a connection whose client had
+// nothing left to send (its request acknowledged, the answer lost in the dead LD)
+// waits for the server's retransmissions, which go to the dead LD until a packet of
+// the client's (its TCP keepalive, 15 s in Go) moves the flow's replies at the L7
+// node: some 30 s at worst.
 func newFoConn(t *testing.T, cl *netns.NS, proto string, tlsCfg *tls.Config) *foConn {
 	c := &foConn{proto: proto}
 	switch proto {
@@ -217,7 +221,7 @@ func newFoConn(t *testing.T, cl *netns.NS, proto string, tlsCfg *tls.Config) *fo
 		if proto == "h1" {
 			tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
 		}
-		c.client = &http.Client{Transport: tr, Timeout: 30 * time.Second}
+		c.client = &http.Client{Transport: tr, Timeout: 60 * time.Second}
 		c.close = tr.CloseIdleConnections
 	case "h3":
 		var conn *net.UDPConn
@@ -243,7 +247,7 @@ func newFoConn(t *testing.T, cl *netns.NS, proto string, tlsCfg *tls.Config) *fo
 				return qt.DialEarly(ctx, ua, tlsConf, qc)
 			},
 		}
-		c.client = &http.Client{Transport: h3, Timeout: 30 * time.Second}
+		c.client = &http.Client{Transport: h3, Timeout: 60 * time.Second}
 		c.close = func() { h3.Close(); qt.Close() }
 	}
 	t.Cleanup(c.close)
@@ -572,7 +576,7 @@ bgp:
 	// on a loaded machine): the router's own route event.
 	dropped := routes.firstWithout("198.18.0.2", killed, seen)
 	res.RouteDropS = dropped.Sub(killed).Seconds()
-	waitFor(t, 60*time.Second, "every long connection served after the kill", func() bool {
+	waitFor(t, 90*time.Second, "every long connection served after the kill", func() bool {
 		for _, c := range long {
 			if _, ok := c.firstOKAfter(); !ok {
 				return false
