@@ -103,15 +103,17 @@ func TestDemo(t *testing.T) {
 		t.Logf("tgdemo -l4 on ran %v", time.Since(start).Round(time.Millisecond))
 		checkDemoOutput(t, "l4", s, []string{
 			"removing network namespaces left by an earlier run: " + stale,
-			"l4d                 " + prefix + "ld, DPDK net_af_packet",
-			"ip netns exec " + prefix + "ld curl -s -H \"$T\" 127.0.0.1:9180/status",
-			"$ tgctl cert upload --name demo-site", "l4-pools/l7 created", ": 4 applied, 0 refused, 0 pending, 0 lost",
+			"l4d                 " + prefix + "lda: pid ", "router              " + prefix + "rt 198.18.0.1, bird2",
+			"one multipath route for 203.0.113.10 via both LDs", "lose an LD, keep the connections:",
+			"ip netns exec " + prefix + "lda curl -s -H \"$T\" 127.0.0.1:9180/bgp",
+			"$ tgctl cert upload --name demo-site", "l4-pools/l7 created", ": 5 applied, 0 refused, 0 pending, 0 lost",
 			"try/drain-l7a.yaml   (l7a drained",
-			"l4d-state/admin.token",
+			"l4d-lda-state/admin.token",
 			"stop                Ctrl-C",
-			"l4d: l7a ", // the per-member summary
+			"lda: l7a ", "ldb: l7a ", // the per-member summary of each LD
+			"router: 203.0.113.10 via lda 198.18.0.2, ldb 198.18.0.3",
 			"dashboard (/ui)     http://", "prometheus          http://", "prometheus stopped",
-			"l4d stopped", "l7d l7a stopped", "l7d l7b stopped", "keyserverd stopped", "controld stopped",
+			"l4d lda stopped", "l4d ldb stopped", "bird stopped", "l7d l7a stopped", "l7d l7b stopped", "keyserverd stopped", "controld stopped",
 			"network namespaces " + prefix + "* removed",
 		})
 		select {
@@ -127,8 +129,8 @@ func TestDemo(t *testing.T) {
 			if nodes[proto]["l7a"] == 0 || nodes[proto]["l7b"] == 0 {
 				t.Errorf("%s through the VIP: served by %v, want both l7a and l7b", proto, nodes[proto])
 			}
-			if len(clients[proto]) != 1 || clients[proto]["198.18.0.1"] == 0 {
-				t.Errorf("%s through the VIP: the backend saw clients %v, want only 198.18.0.1", proto, clients[proto])
+			if len(clients[proto]) != 1 || clients[proto]["198.18.2.10"] == 0 {
+				t.Errorf("%s through the VIP: the backend saw clients %v, want only the client behind the router, 198.18.2.10", proto, clients[proto])
 			}
 		}
 		if t.Failed() {
