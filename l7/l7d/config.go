@@ -88,8 +88,8 @@ type FileConfig struct {
 
 	// Tunnel is this node's end of the tunnel from the L4 distributors (package
 	// l7/tunnel, whose Config gives each field and its default: device, vips, lds,
-	// ld_ranges, key, local, flow_idle, one_way_idle, move_idle, max_flows, mtu,
-	// table): GRE or IPIP from them in, the clients' packets delivered to the
+	// ld_ranges, key, local, flow_idle, one_way_idle, move_idle, ld_dead_after,
+	// max_flows, mtu, table): GRE or IPIP from them in, the clients' packets delivered to the
 	// listeners on the VIPs, the replies sent back to the distributor each flow came
 	// from. It needs CAP_NET_ADMIN and CAP_NET_RAW. Changing it takes a restart.
 	// Default: none (the node is reached directly, or through a kernel tunnel device;

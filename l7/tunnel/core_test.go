@@ -174,7 +174,8 @@ func TestFallbacks(t *testing.T) {
 	// A second LD seen lately: ambiguous.
 	in(c, ld2, protoGRE, greWrap(tcpPacket(client, vip, 3, 0, tcpSYN, nil), false, false))
 	p, r = c.outbound(stranger, &fc)
-	if r != outHashed || p.Addr() != ld && p.Addr() != ld2 && p.Addr() != ld6 {
+	// (ld6 has sent nothing: its share is dead_ld, copied to a live LD.)
+	if r != outHashed && (r != outDeadLD || p.Addr() != ld6) || p.Addr() != ld && p.Addr() != ld2 && p.Addr() != ld6 {
 		t.Fatalf("two LDs seen: %s to %s, want hashed to an LD", resultLabels[r][1], p.Addr())
 	}
 	// The hash is of the flow: the same flow, the same LD; flows spread over the LDs.
@@ -183,7 +184,7 @@ func TestFallbacks(t *testing.T) {
 		pkt := tcpPacket(vip, netip.AddrPortFrom(client.Addr(), 2000+port), 1, 1, tcpACK, nil)
 		p1, _ := c.outbound(pkt, &fc)
 		p2, r := c.outbound(pkt, &fc)
-		if r != outHashed || p1 != p2 {
+		if r != outHashed && (r != outDeadLD || p1.Addr() != ld6) || p1 != p2 {
 			t.Fatalf("flow %d: %s to %v then %v", port, resultLabels[r][1], p1.Addr(), p2.Addr())
 		}
 		seen[p1.Addr()]++
@@ -220,7 +221,7 @@ func TestFlowExpiry(t *testing.T) {
 	p := peer{mode: modeGRE}
 	k := func(port uint16) flowKey { return flowKey{sport: port, proto: protoTCP} }
 	learn := func(port uint16, halfOpen bool, now int64) learnResult {
-		return ft.learn(k(port), p, halfOpen, now, -1)
+		return ft.learn(k(port), p, halfOpen, now, -1, nil)
 	}
 	learn(1, true, 1)  // a SYN, answered: half-open
 	learn(2, false, 1) // answered: established
@@ -271,7 +272,7 @@ func TestFlowExpiry(t *testing.T) {
 	if r := learn(2, false, int64(8*time.Second)); r != learnKept {
 		t.Fatalf("same packet again: %v", r)
 	}
-	if r := ft.learn(k(2), q, false, int64(8*time.Second), -1); r != learnUpdated {
+	if r := ft.learn(k(2), q, false, int64(8*time.Second), -1, nil); r != learnUpdated {
 		t.Fatalf("IPIP from the same LD: %v", r)
 	}
 	if got, _ := ft.lookup(k(2)); got != q {
@@ -288,27 +289,27 @@ func TestFlowMoves(t *testing.T) {
 	c := testCore(t, func(c *Config) { c.MoveIdle = config.Duration(move) })
 	p1, p2 := peerFrom(ld, modeGRE), peerFrom(ld2, modeGRE)
 	k := flowKey{sport: 1, proto: protoUDP}
-	c.flows.learn(k, p1, false, 1, c.move)
+	c.flows.learn(k, p1, false, 1, c.move, nil)
 	for _, at := range []int64{2, move / 2, move} { // p1 is heard from at move/2 again
-		if r := c.flows.learn(k, p2, false, at, c.move); r != learnRefused {
+		if r := c.flows.learn(k, p2, false, at, c.move, nil); r != learnRefused {
 			t.Fatalf("from another LD at %v: %v, want refused", time.Duration(at), r)
 		}
 		if at == move/2 {
-			c.flows.learn(k, p1, false, at, c.move)
+			c.flows.learn(k, p1, false, at, c.move, nil)
 		}
 	}
 	if got, _ := c.flows.lookup(k); got != p1 {
 		t.Fatalf("peer %v after refused moves", got.Addr())
 	}
-	if r := c.flows.learn(k, p2, false, move/2+move, c.move); r != learnMoved {
+	if r := c.flows.learn(k, p2, false, move/2+move, c.move, nil); r != learnMoved {
 		t.Fatalf("from another LD after the move time: %v, want moved", r)
 	}
 	if got, _ := c.flows.lookup(k); got != p2 {
 		t.Fatalf("peer %v after the move", got.Addr())
 	}
 	never := testCore(t, func(c *Config) { c.MoveIdle = -1 })
-	never.flows.learn(k, p1, false, 1, never.move)
-	if r := never.flows.learn(k, p2, false, int64(time.Hour), never.move); r != learnRefused {
+	never.flows.learn(k, p1, false, 1, never.move, nil)
+	if r := never.flows.learn(k, p2, false, int64(time.Hour), never.move, nil); r != learnRefused {
 		t.Fatalf("move_idle never, an hour later: %v, want refused", r)
 	}
 }
@@ -432,7 +433,8 @@ func TestTableFull(t *testing.T) {
 		switch r {
 		case inTableFull:
 			full++
-			if p, r := c.outbound(tcpPacket(vip, cl, 1, 2, tcpACK, nil), &fc); r != outHashed || p.Addr() != ld && p.Addr() != ld2 && p.Addr() != ld6 {
+			if p, r := c.outbound(tcpPacket(vip, cl, 1, 2, tcpACK, nil), &fc); r != outHashed && (r != outDeadLD || p.Addr() != ld6) || p.Addr() != ld && p.Addr() != ld2 && p.Addr() != ld6 {
+				// (ld6 sends nothing here: its share is dead_ld, copied to a live LD)
 				t.Fatalf("reply of an untracked flow: %s to %s, want hashed to an LD", resultLabels[r][1], p.Addr())
 			}
 		case inOK:
@@ -455,7 +457,7 @@ func TestYoungQueueBounded(t *testing.T) {
 	p := peer{mode: modeGRE}
 	for i := range 200000 {
 		k := flowKey{sport: uint16(i), dport: uint16(i >> 16), proto: protoUDP}
-		ft.learn(k, p, false, int64(i+1), -1)
+		ft.learn(k, p, false, int64(i+1), -1, nil)
 		if i%3 == 0 {
 			ft.reply(k, true)
 		}
@@ -685,5 +687,114 @@ func TestValidatePaths(t *testing.T) {
 	if err := (&Config{}).Validate(); err == nil || !strings.Contains(err.Error(), "vips: required") ||
 		!strings.Contains(err.Error(), "lds: required unless ld_ranges") {
 		t.Errorf("empty config: %v", err)
+	}
+}
+
+// TestDeadLDReplies: the replies of a flow whose LD has gone silent (an LD killed:
+// the routers have not yet dropped it, or the client has nothing to send) reach a
+// live LD, which holds the flow from the LDs' session sync; while the flow's LD lives
+// they go to it alone. Before, they went to the dead LD until a packet of the flow
+// came from another LD and the flow had been quiet for move_idle, and a client waiting
+// for an answer sent nothing until its keepalive.
+func TestDeadLDReplies(t *testing.T) {
+	ld3 := netip.MustParseAddr("198.18.1.3")
+	c := testCore(t, func(c *Config) { c.LDs = append(c.LDs, ld3) })
+	c.start = c.start.Add(-time.Hour) // room on the clock before the first packet
+	var fc fragCache
+	silence := func(a netip.Addr) { c.ldSeen[c.lds[a]].Store(1) }
+	cl := netip.MustParseAddrPort("198.18.0.61:41000")
+	other := netip.MustParseAddrPort("198.18.0.62:41000")
+	if _, r := in(c, ld, protoGRE, greWrap(udpPacket(cl, vip, []byte("hello")), false, false)); r != inOK {
+		t.Fatal(resultLabels[r][1])
+	}
+	reply := udpPacket(vip, cl, []byte("hi"))
+	alive := func() {
+		t.Helper()
+		for _, a := range []netip.Addr{ld2, ld3} {
+			if _, r := in(c, a, protoGRE, greWrap(udpPacket(other, vip, []byte("x")), false, false)); r != inOK {
+				t.Fatal(resultLabels[r][1])
+			}
+		}
+	}
+	alive()
+	if p, alt, r := c.route(reply, &fc); r != outOK || p.Addr() != ld || alt != (peer{}) {
+		t.Fatalf("reply while its LD lives: %s to %s (copy %v)", resultLabels[r][1], p.Addr(), alt.Addr())
+	}
+
+	silence(ld)
+	p, alt, r := c.route(reply, &fc)
+	if r != outDeadLD || p.Addr() != ld || alt.Addr() != ld2 && alt.Addr() != ld3 {
+		t.Fatalf("reply after its LD went silent: %s to %s, copy to %v; want dead_ld to %s, copy to %s or %s",
+			resultLabels[r][1], p.Addr(), alt.Addr(), ld, ld2, ld3)
+	}
+	if s := c.stats(); s.LDAlive[ld] || !s.LDAlive[ld2] || !s.LDAlive[ld3] {
+		t.Fatalf("alive: %v", s.LDAlive)
+	}
+	// The pick is the flow's, and stays while that LD lives, whichever other dies.
+	picked := alt.Addr()
+	rest := ld2
+	if picked == ld2 {
+		rest = ld3
+	}
+	for range 3 {
+		if _, alt, _ := c.route(reply, &fc); alt.Addr() != picked {
+			t.Fatalf("copy to %s, then to %s", picked, alt.Addr())
+		}
+	}
+	silence(rest)
+	if _, alt, _ := c.route(reply, &fc); alt.Addr() != picked {
+		t.Fatalf("copy to %s, then to %s after %s died", picked, alt.Addr(), rest)
+	}
+	// Flows spread over the live LDs.
+	seen := map[netip.Addr]bool{}
+	alive()
+	silence(ld)
+	for port := range uint16(64) {
+		f := netip.AddrPortFrom(cl.Addr(), 42000+port)
+		if _, r := in(c, ld, protoGRE, greWrap(udpPacket(f, vip, []byte("a")), false, false)); r != inOK {
+			t.Fatal(resultLabels[r][1])
+		}
+		silence(ld)
+		if _, alt, r := c.route(udpPacket(vip, f, []byte("b")), &fc); r != outDeadLD {
+			t.Fatalf("flow %v: %s", f, resultLabels[r][1])
+		} else {
+			seen[alt.Addr()] = true
+		}
+	}
+	if !seen[ld2] || !seen[ld3] || len(seen) != 2 {
+		t.Fatalf("copies of 64 flows went to %v, want both live LDs", seen)
+	}
+
+	// A packet of the flow from a live LD moves it at once, not after move_idle (10s).
+	if _, r := in(c, ld2, protoGRE, greWrap(udpPacket(cl, vip, []byte("again")), false, false)); r != inOK {
+		t.Fatal(resultLabels[r][1])
+	}
+	if s := c.stats(); s.Moves != 1 {
+		t.Fatalf("moves %d, want 1", s.Moves)
+	}
+	if p, alt, r := c.route(reply, &fc); r != outOK || p.Addr() != ld2 || alt != (peer{}) {
+		t.Fatalf("reply after the move: %s to %s (copy %v)", resultLabels[r][1], p.Addr(), alt.Addr())
+	}
+
+	// The LD back: its flows' replies go to it alone again.
+	if _, r := in(c, ld, protoGRE, greWrap(udpPacket(other, vip, []byte("back")), false, false)); r != inOK {
+		t.Fatal(resultLabels[r][1])
+	}
+	if p, alt, r := c.route(udpPacket(vip, netip.AddrPortFrom(cl.Addr(), 42000), []byte("b")), &fc); r != outOK || p.Addr() != ld || alt != (peer{}) {
+		t.Fatalf("reply after its LD came back: %s to %s (copy %v)", resultLabels[r][1], p.Addr(), alt.Addr())
+	}
+
+	// ld_dead_after negative: never.
+	never := testCore(t, func(c *Config) { c.LDDeadAfter = -1 })
+	never.start = never.start.Add(-time.Hour)
+	if _, r := in(never, ld, protoGRE, greWrap(udpPacket(cl, vip, []byte("hello")), false, false)); r != inOK {
+		t.Fatal(resultLabels[r][1])
+	}
+	if _, r := in(never, ld2, protoGRE, greWrap(udpPacket(other, vip, []byte("x")), false, false)); r != inOK {
+		t.Fatal(resultLabels[r][1])
+	}
+	never.ldSeen[never.lds[ld]].Store(1)
+	if p, alt, r := never.route(reply, &fc); r != outOK || p.Addr() != ld || alt != (peer{}) {
+		t.Fatalf("ld_dead_after -1s: %s to %s (copy %v)", resultLabels[r][1], p.Addr(), alt.Addr())
 	}
 }

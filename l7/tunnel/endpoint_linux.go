@@ -382,33 +382,28 @@ func (w *writer) run() error {
 			return err
 		}
 		pkt := w.buf[room : room+n]
-		p, res := e.core.outbound(pkt, &w.fc)
-		if res != outOK && res != outFallback {
+		p, alt, res := e.core.route(pkt, &w.fc)
+		switch res {
+		case outOK, outFallback, outHashed:
+		case outDeadLD:
+			// The live LD's copy first, and its fate is the one counted; the dead
+			// LD gets the packet too, in case it is only quiet.
+			if err := w.sendTo(alt, pkt, room, n); err != nil {
+				return err
+			}
+			errno := w.errno
+			if err := w.sendTo(p, pkt, room, n); err != nil {
+				return err
+			}
+			w.errno = errno
+		default:
 			e.core.count(res)
 			continue
 		}
-		var proto uint8
-		if p.mode == modeGRE {
-			proto = protoGRE
-			wire.PutGREKey(w.buf[room-w.gre:], wire.GREProtocol(pkt[0]>>4 == 6), w.key)
-			w.out = w.buf[room-w.gre : room+n]
-		} else {
-			proto = wire.IPIPProto(pkt[0]>>4 == 6)
-			w.out = pkt
-		}
-		s := e.sock(p.v6, proto)
-		if s == nil { // no LD of that family, or a packet of a family without VIPs
-			e.core.count(outError)
-			continue
-		}
-		w.v6 = p.v6
-		if p.v6 {
-			w.sa6.Addr = p.addr
-		} else {
-			copy(w.sa4.Addr[:], p.addr[:4])
-		}
-		if err := s.rc.Write(w.sendFn); err != nil {
-			return err
+		if res != outDeadLD {
+			if err := w.sendTo(p, pkt, room, n); err != nil {
+				return err
+			}
 		}
 		switch w.errno {
 		case 0:
@@ -419,6 +414,33 @@ func (w *writer) run() error {
 		}
 		e.core.count(res)
 	}
+}
+
+// sendTo encapsulates pkt (w.buf[room:room+n]) for p and sends it, leaving the result in
+// w.errno (EAFNOSUPPORT when there is no socket for it); the error is the raw socket's
+// failure.
+func (w *writer) sendTo(p peer, pkt []byte, room, n int) error {
+	var proto uint8
+	if p.mode == modeGRE {
+		proto = protoGRE
+		wire.PutGREKey(w.buf[room-w.gre:], wire.GREProtocol(pkt[0]>>4 == 6), w.key)
+		w.out = w.buf[room-w.gre : room+n]
+	} else {
+		proto = wire.IPIPProto(pkt[0]>>4 == 6)
+		w.out = pkt
+	}
+	s := w.e.sock(p.v6, proto)
+	if s == nil { // no LD of that family, or a packet of a family without VIPs
+		w.errno = unix.EAFNOSUPPORT
+		return nil
+	}
+	w.v6 = p.v6
+	if p.v6 {
+		w.sa6.Addr = p.addr
+	} else {
+		copy(w.sa4.Addr[:], p.addr[:4])
+	}
+	return s.rc.Write(w.sendFn)
 }
 
 func (e *Endpoint) sock(v6 bool, proto uint8) *rawSock {

@@ -148,14 +148,17 @@ func (t *flowTable) shard(k *flowKey) *flowShard {
 // was a TCP SYN without ACK; an entry once past that stays so. A packet from another
 // LD than the entry's moves the entry there only when the entry has seen nothing from
 // its own LD for moveIdle (negative: never); otherwise it changes nothing.
-func (t *flowTable) learn(k flowKey, p peer, halfOpen bool, now, moveIdle int64) learnResult {
+//
+// dead, when not nil, says whether an LD is taken for dead: a packet from another LD
+// moves an entry whose LD is dead at once (unless moveIdle is negative).
+func (t *flowTable) learn(k flowKey, p peer, halfOpen bool, now, moveIdle int64, dead func(peer) bool) learnResult {
 	s := t.shard(&k)
 	s.mu.Lock()
 	if e, ok := s.m[k]; ok {
 		r := learnUpdated
 		switch {
 		case !e.peer.sameLD(p):
-			if moveIdle < 0 || now-e.seen < moveIdle {
+			if moveIdle < 0 || now-e.seen < moveIdle && (dead == nil || !dead(e.peer)) {
 				s.mu.Unlock()
 				return learnRefused
 			}
@@ -349,7 +352,7 @@ type fragCache struct {
 	slots [fragCacheSize]struct {
 		id       uint32
 		src, dst [16]byte
-		p        peer
+		p, alt   peer
 		seen     int64
 	}
 }
@@ -359,18 +362,19 @@ func (c *fragCache) slot(id uint32, dst *[16]byte) int {
 	return int(h >> (32 - 8))
 }
 
-func (c *fragCache) put(pi *packetInfo, p peer, now int64) {
+// put remembers that the datagram of pi goes to p, and a copy to alt unless it is zero.
+func (c *fragCache) put(pi *packetInfo, p, alt peer, now int64) {
 	s := &c.slots[c.slot(pi.fragID, &pi.key.dst)]
-	s.id, s.src, s.dst, s.p, s.seen = pi.fragID, pi.key.src, pi.key.dst, p, now
+	s.id, s.src, s.dst, s.p, s.alt, s.seen = pi.fragID, pi.key.src, pi.key.dst, p, alt, now
 }
 
 // fragMaxAge is how long a first fragment's destination is remembered.
 const fragMaxAge = int64(30 * time.Second)
 
-func (c *fragCache) get(pi *packetInfo, now int64) (peer, bool) {
+func (c *fragCache) get(pi *packetInfo, now int64) (p, alt peer, ok bool) {
 	s := &c.slots[c.slot(pi.fragID, &pi.key.dst)]
 	if s.seen == 0 || s.id != pi.fragID || s.src != pi.key.src || s.dst != pi.key.dst || now-s.seen > fragMaxAge {
-		return peer{}, false
+		return peer{}, peer{}, false
 	}
-	return s.p, true
+	return s.p, s.alt, true
 }

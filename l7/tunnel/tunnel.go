@@ -18,7 +18,11 @@
 // A flow stays with the LD it was learned from: a packet of it from another LD is
 // delivered, but moves its replies there only once the flow has been quiet on its own
 // LD for Config.MoveIdle (the LD failed, or the routers in front moved the flow), so one
-// spoofed packet cannot redirect a live flow. A flow that has had no reply yet (one-way
+// spoofed packet cannot redirect a live flow. An LD of Config.LDs that has sent nothing
+// for Config.LDDeadAfter while another has is taken for dead: its flows' replies are
+// sent to it and copied to a live LD picked by a hash of the flow (which forwards them
+// when the LDs' session sync gave it the flow), and a packet of such a flow from
+// another LD moves it at once. A flow that has had no reply yet (one-way
 // traffic, as junk is) is forgotten after Config.OneWayIdle, and it and the TCP flows
 // that have shown only SYNs are the ones a full table evicts, oldest first. A reply
 // whose flow is unknown (untracked, expired, never seen) goes to the LD if exactly one
@@ -30,8 +34,9 @@
 //
 // Every packet is counted in tiergate_l7_tunnel_packets_total{dir,result}; the flows
 // tracked are tiergate_l7_tunnel_flows, the flows evicted from a full table
-// tiergate_l7_tunnel_flow_evictions_total, and packets from another LD than their
-// flow's tiergate_l7_tunnel_flow_moves_total{result}.
+// tiergate_l7_tunnel_flow_evictions_total, packets from another LD than their
+// flow's tiergate_l7_tunnel_flow_moves_total{result}, and whether each LD is alive
+// tiergate_l7_tunnel_ld_alive{ld}.
 package tunnel
 
 import (
@@ -50,12 +55,13 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultDevice     = "tg0"
-	DefaultFlowIdle   = config.Duration(10 * time.Minute)
-	DefaultOneWayIdle = config.Duration(30 * time.Second)
-	DefaultMoveIdle   = config.Duration(10 * time.Second)
-	DefaultMaxFlows   = 1 << 20
-	DefaultTable      = 4242
+	DefaultDevice      = "tg0"
+	DefaultFlowIdle    = config.Duration(10 * time.Minute)
+	DefaultOneWayIdle  = config.Duration(30 * time.Second)
+	DefaultMoveIdle    = config.Duration(10 * time.Second)
+	DefaultLDDeadAfter = config.Duration(time.Second)
+	DefaultMaxFlows    = 1 << 20
+	DefaultTable       = 4242
 	// DefaultMTU is the TUN device's MTU when every LD is reached over IPv4: 1500
 	// less the 20-byte outer IPv4 header and the 4-byte GRE header (4 less again with
 	// a Key, whose header is 8 bytes).
@@ -135,6 +141,21 @@ type Config struct {
 	// LD that forwarded a flow is the one that can carry its replies). Negative
 	// ("-1s"): never, a flow stays with its first LD until it expires. Default 10s.
 	MoveIdle config.Duration `yaml:"move_idle" json:"move_idle,omitempty"`
+
+	// LDDeadAfter is how long an LD of LDs may send this node nothing (no packet of
+	// any flow) while another LD of LDs has sent something within it, before it is
+	// taken for dead: the replies of its flows are then sent to it and, a copy, to a
+	// live LD of LDs chosen by a hash of the flow (one that has sent something within
+	// LDDeadAfter), which forwards them when it holds the flow's entry (the LDs' session
+	// sync); and a packet of such a flow from another LD moves its replies there at
+	// once, without waiting for MoveIdle. The original LD keeps getting every reply, so
+	// an LD that is only quiet loses nothing (the other LD drops a copy of a flow it does
+	// not hold, and a client may see a packet twice); it is alive again with its next
+	// packet. LDRanges are not watched. Counted in
+	// tiergate_l7_tunnel_packets_total{dir="out",result="dead_ld"}; each LD's state is
+	// tiergate_l7_tunnel_ld_alive{ld}. Negative ("-1s"): never, replies go to the
+	// flow's LD only. Default 1s.
+	LDDeadAfter config.Duration `yaml:"ld_dead_after" json:"ld_dead_after,omitempty"`
 
 	// MaxFlows bounds the flows tracked (about 150 bytes each). When the table is
 	// full a new flow evicts the oldest flow that has had no reply yet or has shown
@@ -247,6 +268,9 @@ func (c *Config) Defaults() {
 	if c.MoveIdle == 0 {
 		c.MoveIdle = DefaultMoveIdle
 	}
+	if c.LDDeadAfter == 0 {
+		c.LDDeadAfter = DefaultLDDeadAfter
+	}
 	if c.MaxFlows == 0 {
 		c.MaxFlows = DefaultMaxFlows
 	}
@@ -287,6 +311,9 @@ func (c *Config) validate() error {
 	if c.MoveIdle < 0 {
 		c.MoveIdle = -1 // never
 	}
+	if c.LDDeadAfter < 0 {
+		c.LDDeadAfter = -1 // never
+	}
 	c.Defaults()
 	return nil
 }
@@ -309,6 +336,7 @@ const (
 	outOK                       // sent to the LD of the reply's flow
 	outFallback                 // no flow; sent to the only LD seen lately
 	outHashed                   // no flow; sent to an LD of Config.LDs chosen by hash
+	outDeadLD                   // the flow's LD is dead: sent to it and to a live LD by hash
 	outNoFlow                   // no flow, no single recent LD, no LD address: dropped
 	outMalformed                // the local stack's packet did not parse
 	outNotVIP                   // source is not a VIP (a route sent it here by mistake)
@@ -323,6 +351,7 @@ var resultLabels = [numResults][2]string{
 	inUnsupported: {"in", "unsupported"}, inUnknownLD: {"in", "unknown_ld"}, inBadKey: {"in", "bad_key"},
 	inNotLocal: {"in", "not_local"}, inNotVIP: {"in", "not_vip"}, inError: {"in", "error"},
 	outOK: {"out", "ok"}, outFallback: {"out", "fallback"}, outHashed: {"out", "hashed"},
+	outDeadLD: {"out", "dead_ld"},
 	outNoFlow: {"out", "no_flow"}, outMalformed: {"out", "malformed"}, outNotVIP: {"out", "not_vip"},
 	outTooBig: {"out", "too_big"}, outError: {"out", "error"},
 }
@@ -354,6 +383,9 @@ type Stats struct {
 	// replies to that LD (the flow had been quiet on its own for Config.MoveIdle),
 	// MovesRefused those that did not.
 	Moves, MovesRefused uint64
+	// LDAlive says, for each LD of Config.LDs, whether it has sent a packet within
+	// Config.LDDeadAfter (always true when that is negative).
+	LDAlive map[netip.Addr]bool
 }
 
 // core is the part of an Endpoint that decides what happens to packets, apart from the
@@ -361,8 +393,13 @@ type Stats struct {
 type core struct {
 	cfg    Config
 	vips   map[netip.Addr]struct{}
-	lds    map[netip.Addr]struct{}
-	ldList []peer // Config.LDs, for replies of unknown flows
+	lds    map[netip.Addr]int // Config.LDs: the index in ldList
+	ldList []peer             // Config.LDs, for replies of unknown flows
+	// ldSeen is when a packet last came from each LD of ldList (0: never), refreshed
+	// at most once per liveGrain.
+	ldSeen []atomic.Int64
+	dead   int64 // LDDeadAfter in ns; negative: never
+	deadFn func(peer) bool
 	flows  *flowTable
 	recent recentLDs
 	start  time.Time
@@ -378,7 +415,7 @@ func newCore(cfg Config) *core {
 	c := &core{
 		cfg:   cfg,
 		vips:  make(map[netip.Addr]struct{}, len(cfg.VIPs)),
-		lds:   make(map[netip.Addr]struct{}, len(cfg.LDs)),
+		lds:   make(map[netip.Addr]int, len(cfg.LDs)),
 		flows: newFlowTable(cfg.MaxFlows),
 		start: time.Now(),
 		lim: limits{
@@ -388,16 +425,19 @@ func newCore(cfg Config) *core {
 		},
 		idle: int64(cfg.FlowIdle),
 		move: int64(cfg.MoveIdle),
+		dead: int64(cfg.LDDeadAfter),
 	}
+	c.deadFn = c.ldDead
 	for _, v := range cfg.VIPs {
 		c.vips[v] = struct{}{}
 	}
 	for _, a := range cfg.LDs {
 		if _, dup := c.lds[a]; !dup {
-			c.lds[a] = struct{}{}
+			c.lds[a] = len(c.ldList)
 			c.ldList = append(c.ldList, peerFrom(a, modeGRE))
 		}
 	}
+	c.ldSeen = make([]atomic.Int64, len(c.ldList))
 	return c
 }
 
@@ -458,6 +498,12 @@ func (c *core) inbound(v6 bool, proto uint8, pkt []byte, from *[16]byte, n *ldNo
 	if !c.isLD(src) {
 		return nil, inUnknownLD
 	}
+	now := c.now()
+	if i, ok := c.lds[src]; ok {
+		if s := &c.ldSeen[i]; s.Load() <= now-liveGrain || s.Load() == 0 {
+			s.Store(now)
+		}
+	}
 	inner, m, err := decapsulate(proto, payload, c.cfg.Key)
 	if err != nil {
 		return nil, parseResult(err)
@@ -473,10 +519,9 @@ func (c *core) inbound(v6 bool, proto uint8, pkt []byte, from *[16]byte, n *ldNo
 	if pi.frag && !pi.first {
 		return inner, inOK // no ports: nothing to learn
 	}
-	now := c.now()
 	p := peerFrom(src, m)
 	r := inOK
-	switch c.flows.learn(pi.key, p, pi.key.proto == protoTCP && pi.tcpFlags&(tcpSYN|tcpACK) == tcpSYN, now, c.move) {
+	switch c.flows.learn(pi.key, p, pi.key.proto == protoTCP && pi.tcpFlags&(tcpSYN|tcpACK) == tcpSYN, now, c.move, c.deadFn) {
 	case learnKept:
 		return inner, inOK
 	case learnFull:
@@ -495,22 +540,79 @@ func (c *core) inbound(v6 bool, proto uint8, pkt []byte, from *[16]byte, n *ldNo
 	return inner, r
 }
 
+// liveGrain is how stale an LD's last-seen time may get before a packet rewrites it.
+const liveGrain = int64(10 * time.Millisecond)
+
+// ldAlive reports whether LD i of ldList has sent a packet within LDDeadAfter of now.
+func (c *core) ldAlive(i int, now int64) bool {
+	s := c.ldSeen[i].Load()
+	return s != 0 && now-s < c.dead
+}
+
+// ldDead reports whether p is an LD of Config.LDs taken for dead: it has sent nothing
+// for LDDeadAfter (and LDDeadAfter is not negative). Whether another LD is alive is the
+// caller's question.
+func (c *core) ldDead(p peer) bool {
+	if c.dead < 0 {
+		return false
+	}
+	for i := range c.ldList {
+		if c.ldList[i].sameLD(p) {
+			return !c.ldAlive(i, c.now())
+		}
+	}
+	return false
+}
+
+// liveLD returns the LD of Config.LDs other than p that has sent a packet within
+// LDDeadAfter of now and that a hash of flow k picks among those (rendezvous hashing:
+// a flow keeps its pick while that LD lives, whichever others die or return), with the
+// encapsulation it used last; or false when there is none.
+func (c *core) liveLD(p peer, k *flowKey, now int64) (peer, bool) {
+	h := flowHash(k)
+	best, found := -1, uint64(0)
+	for i := range c.ldList {
+		if c.ldList[i].sameLD(p) || !c.ldAlive(i, now) {
+			continue
+		}
+		if w := (h ^ uint64(i+1)*0xbf58476d1ce4e5b9) * 0x94d049bb133111eb; best < 0 || w > found {
+			best, found = i, w
+		}
+	}
+	if best < 0 {
+		return peer{}, false
+	}
+	q := c.ldList[best]
+	if m, ok := c.recent.mode(q); ok {
+		q.mode = m
+	}
+	return q, true
+}
+
 // outbound handles a packet the local stack wrote to the TUN device and returns the LD
 // to send it to, or the result that drops it. fc is the calling goroutine's own cache.
 func (c *core) outbound(pkt []byte, fc *fragCache) (peer, result) {
+	p, _, r := c.route(pkt, fc)
+	return p, r
+}
+
+// route is outbound with the LD a copy goes to when the first is dead (result
+// outDeadLD).
+func (c *core) route(pkt []byte, fc *fragCache) (p, alt peer, r result) {
 	pi, err := parseFlow(pkt)
 	if err != nil {
-		return peer{}, outMalformed
+		return peer{}, peer{}, outMalformed
 	}
 	if !c.isVIP(&pi.key.src, pi.key.v6) {
-		return peer{}, outNotVIP
+		return peer{}, peer{}, outNotVIP
 	}
 	now := c.now()
-	var p peer
 	ok := false
 	k := pi.key.reverse() // the flow's key, client to VIP
 	if pi.frag && !pi.first {
-		p, ok = fc.get(&pi, now)
+		if p, alt, ok = fc.get(&pi, now); ok && alt != (peer{}) {
+			return p, alt, outDeadLD
+		}
 	} else if q := icmpEmbedded(&pi); q != nil {
 		// An ICMP error is not an answer (to junk, it is all there is): it finds the
 		// flow it quotes, and confirms nothing.
@@ -524,7 +626,7 @@ func (c *core) outbound(pkt []byte, fc *fragCache) (peer, result) {
 		// Neither is a TCP reset, what the stack answers a stray segment with.
 		p, ok = c.flows.reply(k, pi.key.proto != protoTCP || pi.tcpFlags&tcpRST == 0)
 	}
-	r := outOK
+	r = outOK
 	if !ok {
 		r = outFallback
 		if p, ok = c.recent.only(now, c.idle); !ok && (!pi.frag || pi.first) { // later fragments: no ports to hash
@@ -532,13 +634,18 @@ func (c *core) outbound(pkt []byte, fc *fragCache) (peer, result) {
 			p, ok = c.byHash(&k)
 		}
 		if !ok {
-			return peer{}, outNoFlow
+			return peer{}, peer{}, outNoFlow
+		}
+	}
+	if (!pi.frag || pi.first) && c.ldDead(p) {
+		if q, live := c.liveLD(p, &k, now); live {
+			alt, r = q, outDeadLD
 		}
 	}
 	if pi.frag && pi.first {
-		fc.put(&pi, p, now)
+		fc.put(&pi, p, alt, now)
 	}
-	return p, r
+	return p, alt, r
 }
 
 // byHash returns the LD of Config.LDs that a hash of flow k picks, with the
@@ -560,6 +667,10 @@ func (c *core) stats() Stats {
 	s := Stats{
 		In: map[string]uint64{}, Out: map[string]uint64{}, Flows: c.flows.len(),
 		Evictions: c.evictions.Load(), Moves: c.moves.Load(), MovesRefused: c.movesRefused.Load(),
+		LDAlive: map[netip.Addr]bool{},
+	}
+	for _, p := range c.ldList {
+		s.LDAlive[p.Addr()] = !c.ldDead(p)
 	}
 	for r := range numResults {
 		l := resultLabels[r]
@@ -586,6 +697,7 @@ type collector struct {
 	flows     *prometheus.Desc
 	evictions *prometheus.Desc
 	moves     *prometheus.Desc
+	ldAlive   *prometheus.Desc
 }
 
 func newCollector(c *core) *collector {
@@ -601,6 +713,9 @@ func newCollector(c *core) *collector {
 		moves: prometheus.NewDesc("tiergate_l7_tunnel_flow_moves_total",
 			"Packets from another LD than the one their flow's replies go to, by result: moved (the flow had been quiet on its LD for move_idle; its replies now go to this LD) or refused (delivered, the replies stay).",
 			[]string{"result"}, nil),
+		ldAlive: prometheus.NewDesc("tiergate_l7_tunnel_ld_alive",
+			"Whether an LD of the tunnel's lds has sent a packet within ld_dead_after (1), or is taken for dead (0): the replies of its flows are then copied to a live LD.",
+			[]string{"ld"}, nil),
 	}
 }
 
@@ -610,6 +725,7 @@ func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.flows
 	ch <- m.evictions
 	ch <- m.moves
+	ch <- m.ldAlive
 }
 
 // Collect implements prometheus.Collector.
@@ -622,6 +738,13 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.evictions, prometheus.CounterValue, float64(m.c.evictions.Load()))
 	ch <- prometheus.MustNewConstMetric(m.moves, prometheus.CounterValue, float64(m.c.moves.Load()), "moved")
 	ch <- prometheus.MustNewConstMetric(m.moves, prometheus.CounterValue, float64(m.c.movesRefused.Load()), "refused")
+	for _, p := range m.c.ldList {
+		v := 1.0
+		if m.c.ldDead(p) {
+			v = 0
+		}
+		ch <- prometheus.MustNewConstMetric(m.ldAlive, prometheus.GaugeValue, v, p.Addr().String())
+	}
 }
 
 var _ prometheus.Collector = (*collector)(nil)

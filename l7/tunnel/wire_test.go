@@ -289,7 +289,7 @@ func FuzzFlowTable(f *testing.F) {
 				}
 				p := peer{mode: modeGRE}
 				p.addr[0] = op >> 6
-				ft.learn(k, p, op&0x10 != 0, now, 20)
+				ft.learn(k, p, op&0x10 != 0, now, 20, nil)
 				for _, k2 := range est {
 					if _, ok := s.m[k2]; !ok {
 						t.Fatalf("step %d: a new flow evicted established flow %d", i/2, k2.sport)
