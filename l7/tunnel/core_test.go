@@ -317,7 +317,7 @@ func TestFlowMoves(t *testing.T) {
 // TestSpoofedLDKeepsFlow plays a spoofed packet from another LD's address into a live
 // flow: it must not redirect the flow's replies, and it is counted.
 func TestSpoofedLDKeepsFlow(t *testing.T) {
-	c := testCore(t, nil)
+	c := testCore(t, func(c *Config) { c.LDDeadAfter = config.Duration(time.Minute) }) // both LDs live throughout
 	var fc fragCache
 	c1 := netip.MustParseAddrPort("198.18.0.60:41000")
 	if _, r := in(c, ld, protoGRE, greWrap(udpPacket(c1, vip, []byte("hello")), false, false)); r != inOK {

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/testkit/netns"
 	"github.com/tiergate/tiergate/wire"
 )
@@ -367,7 +368,11 @@ func TestGarbageInvalid(t *testing.T) {
 // packet from .2 re-pointed the flow there.
 func TestEndpointKeyAndLDs(t *testing.T) {
 	const key = 0xdeadbeef // greWrap's
-	tb := newTestbed(t, func(c *Config) { c.Key = key; c.LDs = []netip.Addr{ld, ld2} })
+	tb := newTestbed(t, func(c *Config) {
+		c.Key = key
+		c.LDs = []netip.Addr{ld, ld2}
+		c.LDDeadAfter = config.Duration(time.Minute) // both LDs live throughout
+	})
 	var uc *net.UDPConn
 	tb.l7.MustDo(func() error {
 		var err error
@@ -583,5 +588,86 @@ func TestEndpointIPv6(t *testing.T) {
 			t.Fatalf("reply from %v, want %v", from, netip.AddrFrom16(l7addr))
 		}
 		break
+	}
+}
+
+// TestEndpointDeadLD: a reply of a flow whose LD has gone silent while another LD
+// still sends reaches that other LD too (it holds the flow from the LDs' session sync),
+// besides the silent LD. Before, it went to the silent LD alone.
+func TestEndpointDeadLD(t *testing.T) {
+	tb := newTestbed(t, func(c *Config) {
+		c.LDs = []netip.Addr{ld, ld2}
+		c.LDDeadAfter = config.Duration(500 * time.Millisecond)
+	})
+	// The server answers each datagram at once and again 1.5 s later, when its LD has
+	// been silent for longer than ld_dead_after.
+	var uc *net.UDPConn
+	tb.l7.MustDo(func() error {
+		var err error
+		uc, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(vip))
+		return err
+	})
+	defer uc.Close()
+	go func() {
+		b := make([]byte, 1500)
+		for {
+			n, from, err := uc.ReadFromUDPAddrPort(b)
+			if err != nil {
+				return
+			}
+			msg := bytes.Clone(b[:n])
+			uc.WriteToUDPAddrPort(msg, from)
+			time.AfterFunc(1500*time.Millisecond, func() { uc.WriteToUDPAddrPort(append(msg, " later"...), from) })
+		}
+	}()
+	gre1 := tb.ldSocket(t, unix.IPPROTO_GRE, ld.String())
+	gre2 := tb.ldSocket(t, unix.IPPROTO_GRE, ld2.String())
+	c := netip.AddrPortFrom(client.Addr(), 40040)
+	other := netip.AddrPortFrom(client.Addr(), 40041)
+	echo := func(data string) func(packetInfo) bool {
+		return func(pi packetInfo) bool { return to(c, protoUDP)(pi) && bytes.HasSuffix(pi.l4, []byte(data)) }
+	}
+	sendTo(t, gre1, greWrap(udpPacket(c, vip, []byte("hello")), false, false))
+	if _, in := recvTunnel(t, gre1, ld, 3*time.Second, echo("hello")); in == nil {
+		t.Fatalf("no echo; stats %+v", tb.ep.Stats())
+	}
+	// ld2 keeps sending (another flow) while ld is silent.
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+				unix.Sendto(gre2, greWrap(udpPacket(other, vip, []byte("x")), false, false), 0, &unix.SockaddrInet4{Addr: local.As4()})
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	if _, in := recvTunnel(t, gre2, ld2, 5*time.Second, echo("hello later")); in == nil {
+		t.Fatalf("the late reply of the silent LD's flow did not reach the live LD; stats %+v", tb.ep.Stats())
+	}
+	if _, in := recvTunnel(t, gre1, ld, 3*time.Second, echo("hello later")); in == nil {
+		t.Fatalf("the late reply did not reach the flow's own LD too; stats %+v", tb.ep.Stats())
+	}
+	if s := tb.stats(func(s Stats) bool { return s.Out["dead_ld"] >= 1 }); s.Out["dead_ld"] < 1 || s.LDAlive[ld] || !s.LDAlive[ld2] {
+		t.Fatalf("stats %+v: want a dead_ld reply, ld dead, ld2 alive", s)
+	}
+	mfs, err := tb.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == "tiergate_l7_tunnel_ld_alive" {
+			for _, m := range mf.GetMetric() {
+				alive[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	if alive[ld.String()] != 0 || alive[ld2.String()] != 1 || len(alive) != 2 {
+		t.Errorf("tiergate_l7_tunnel_ld_alive: %v, want %s 0, %s 1", alive, ld, ld2)
 	}
 }
