@@ -26,6 +26,9 @@ import (
 // makes during it (which reach it through ClientHelloInfo.Context) to its counting.
 type handshake struct {
 	start time.Time
+	// deadline is when the handshake times out (TCP: start + HandshakeTimeout); a
+	// keyserver operation it waits for is given until then. Zero: none.
+	deadline time.Time
 
 	mu     sync.Mutex
 	sig    string // key type of the certificate served
@@ -89,8 +92,37 @@ type reportingSigner struct {
 	hs *handshake
 }
 
+// contextSigner and contextDecrypter are keys whose operations can be bounded by a
+// context: the keyserver client's (keyserver/client.RemoteKey).
+type contextSigner interface {
+	SignContext(ctx context.Context, digest []byte, opts crypto.SignerOpts) ([]byte, error)
+}
+
+type contextDecrypter interface {
+	DecryptContext(ctx context.Context, ciphertext []byte, opts crypto.DecrypterOpts) ([]byte, error)
+}
+
+// context bounds a key operation by the handshake's own deadline, which the
+// keyserver client then uses in place of its fixed request timeout: in a burst, an
+// operation queued behind a busy keyserver is waited for while the client still
+// waits for the handshake.
+func (hs *handshake) context() (context.Context, context.CancelFunc) {
+	if hs.deadline.IsZero() {
+		return context.Background(), func() {}
+	}
+	return context.WithDeadline(context.Background(), hs.deadline)
+}
+
 func (s *reportingSigner) Sign(rand io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
-	sig, err := s.Signer.Sign(rand, digest, opts)
+	var sig []byte
+	var err error
+	if cs, ok := s.Signer.(contextSigner); ok {
+		ctx, cancel := s.hs.context()
+		sig, err = cs.SignContext(ctx, digest, opts)
+		cancel()
+	} else {
+		sig, err = s.Signer.Sign(rand, digest, opts)
+	}
 	if err != nil {
 		s.hs.fail(classifyKeyError(err))
 	}
@@ -103,7 +135,15 @@ type reportingDecrypter struct {
 }
 
 func (d *reportingDecrypter) Decrypt(rand io.Reader, msg []byte, opts crypto.DecrypterOpts) ([]byte, error) {
-	pt, err := d.d.Decrypt(rand, msg, opts)
+	var pt []byte
+	var err error
+	if cd, ok := d.d.(contextDecrypter); ok {
+		ctx, cancel := d.hs.context()
+		pt, err = cd.DecryptContext(ctx, msg, opts)
+		cancel()
+	} else {
+		pt, err = d.d.Decrypt(rand, msg, opts)
+	}
 	if err != nil {
 		d.hs.fail(classifyKeyError(err))
 	}

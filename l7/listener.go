@@ -400,7 +400,7 @@ func (l *listener) lookup(tc *tls.Conn) *tcpConn {
 
 // serveTCP does the TLS handshake and hands the connection to HTTP/1.1 or HTTP/2.
 func (l *listener) serveTCP(c *tcpConn) {
-	hs := &handshake{start: c.start}
+	hs := &handshake{start: c.start, deadline: c.start.Add(l.cfg.HandshakeTimeout.D())}
 	_ = c.raw.SetDeadline(c.start.Add(l.cfg.HandshakeTimeout.D()))
 	if l.s.draining.Load() {
 		c.raw.Close()

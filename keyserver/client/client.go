@@ -347,9 +347,14 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 				c.m.failover()
 			}
 			attempts++
+			// A caller's deadline (a TLS handshake's own) bounds the attempt in place of
+			// RequestTimeout: a server busy with a burst answers late but answers, and
+			// giving up at RequestTimeout failed requests whose caller still waited. The
+			// connection is then checked by a ping after RequestTimeout, and a stalled
+			// server's failed ping fails the attempt over.
 			budget := min(c.cfg.RequestTimeout.D(), remaining)
 			if d, ok := ctx.Deadline(); ok {
-				budget = min(budget, max(time.Until(d), time.Millisecond))
+				budget = min(remaining, max(time.Until(d), time.Millisecond))
 			}
 			timer.Reset(budget)
 			body, aerr := c.attempt(ctx, s, req, budget, timer)
@@ -427,13 +432,17 @@ func (c *Client) attempt(ctx context.Context, s *server, req *protocol.Request, 
 	}
 	s.attempts.Add(1)
 	s.inflight.Add(1)
-	body, err := cn.roundTrip(ctx, req, budget, timer, c.closing, false)
+	check := time.Duration(0)
+	if budget > c.cfg.RequestTimeout.D() {
+		check = c.cfg.RequestTimeout.D()
+	}
+	body, err := cn.roundTrip(ctx, req, budget, timer, c.closing, false, check)
 	s.inflight.Add(-1)
 	o := classify(err)
 	s.m.attempt(o)
 	if err != nil {
 		s.failures.Add(1)
-		if o == outTimeout {
+		if o == outTimeout && check == 0 {
 			s.timedOut(c.cfg.RequestTimeout.D(), max(c.cfg.RequestTimeout.D(), c.cfg.PingInterval.D()))
 			cn.requestPing()
 		}

@@ -864,3 +864,63 @@ func BenchmarkSignParallel(b *testing.B) {
 		})
 	}
 }
+
+// TestCallerDeadlineOutlastsRequestTimeout: a request whose caller gave a deadline
+// (l7d gives a handshake's) waits for a busy server's late answer until that
+// deadline, where RequestTimeout alone gave up on it (a burst of handshakes queued
+// behind one keyserver failed as internal errors); without a deadline,
+// RequestTimeout still bounds it. A stalled server is still left for another within
+// about two RequestTimeouts: the ping that checks the connection fails.
+func TestCallerDeadlineOutlastsRequestTimeout(t *testing.T) {
+	ks := testKeys()
+	a := newResponder(t, ks.p256)
+	const reqTimeout = 200 * time.Millisecond
+	c := newClient(t, Config{RequestTimeout: config.Duration(reqTimeout), Timeout: config.Duration(time.Second), PingInterval: config.Duration(time.Hour)}, a)
+	waitConns(t, c, 0, 2)
+	k := c.NewKey(keyID(t, ks.p256), ks.p256.Public())
+	a.delay.Store(int64(3 * reqTimeout))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	sig, err := k.SignContext(ctx, sum256(1), crypto.SHA256)
+	if err != nil {
+		t.Fatalf("with a deadline of 4s (Timeout 1s), a server answering after %v: %v", 3*reqTimeout, err)
+	}
+	if !ecdsa.VerifyASN1(&ks.p256.PublicKey, sum256(1), sig) {
+		t.Error("the signature does not verify")
+	}
+	if _, err := k.Sign(nil, sum256(2), crypto.SHA256); !errors.Is(err, ErrTimeout) {
+		t.Errorf("without a deadline: %v, want ErrTimeout after RequestTimeout", err)
+	}
+	// A deadline shorter than the answer's delay is kept.
+	short, cancelShort := context.WithTimeout(context.Background(), 2*reqTimeout)
+	defer cancelShort()
+	start := time.Now()
+	if _, err := k.SignContext(short, sum256(3), crypto.SHA256); err == nil {
+		t.Error("a deadline before the answer: signed anyway")
+	} else if el := time.Since(start); el > 2*reqTimeout+time.Second {
+		t.Errorf("a deadline of %v: gave up after %v", 2*reqTimeout, el)
+	}
+
+	// A stalled server with a caller's deadline: fail-over to b after the ping fails.
+	a.delay.Store(0)
+	b := newResponder(t, ks.p256)
+	c2 := newClient(t, Config{RequestTimeout: config.Duration(reqTimeout), Timeout: config.Duration(5 * time.Second), PingInterval: config.Duration(time.Hour)}, a, b)
+	waitConns(t, c2, 0, 2)
+	waitConns(t, c2, 1, 2)
+	k2 := c2.NewKey(keyID(t, ks.p256), ks.p256.Public())
+	a.stall.Store(true)
+	defer a.stall.Store(false)
+	for i := range 8 {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+		start := time.Now()
+		_, err := k2.SignContext(ctx, sum256(10+i), crypto.SHA256)
+		cancel()
+		if err != nil {
+			t.Errorf("request %d with server a stalled: %v", i, err)
+		}
+		if el := time.Since(start); el > 2*reqTimeout+time.Second {
+			t.Errorf("request %d with server a stalled took %v, want about %v at most", i, el, 2*reqTimeout)
+		}
+	}
+}

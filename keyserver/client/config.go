@@ -57,7 +57,11 @@ type Config struct {
 	// Default 1024, the server's default.
 	MaxInFlightPerConn int `yaml:"max_in_flight_per_conn" json:"max_in_flight_per_conn,omitempty"`
 
-	// RequestTimeout bounds one attempt on one server, and a health ping. Default 1s.
+	// RequestTimeout bounds one attempt on one server, and a health ping. A request
+	// whose caller gave a deadline (SignContext, DecryptContext; l7d gives a TLS
+	// handshake's) waits for its answer until that deadline instead, within Timeout, and
+	// its connection is checked by a ping once RequestTimeout has passed: a busy server
+	// answering a burst late is waited for, a stalled one failed over. Default 1s.
 	RequestTimeout config.Duration `yaml:"request_timeout" json:"request_timeout,omitempty"`
 
 	// Timeout bounds a whole request across fail-over attempts. Default 3s.

@@ -188,7 +188,11 @@ func (cn *conn) writeLoop() {
 // ctx ends or the client closes. A ping does not take an in-flight slot, so that a
 // busy connection can still be probed. budget, timer's period, is sent as the
 // request's deadline when the connection takes one (zero: none).
-func (cn *conn) roundTrip(ctx context.Context, req *protocol.Request, budget time.Duration, timer *time.Timer, closing <-chan struct{}, ping bool) ([]byte, error) {
+//
+// When check is positive and no answer came within it, the connection is checked
+// by a ping (a stalled server's failed ping fails the connection and so this call)
+// and the call waits on until timer fires.
+func (cn *conn) roundTrip(ctx context.Context, req *protocol.Request, budget time.Duration, timer *time.Timer, closing <-chan struct{}, ping bool, check time.Duration) ([]byte, error) {
 	if !ping {
 		select {
 		case cn.sem <- struct{}{}:
@@ -239,25 +243,36 @@ func (cn *conn) roundTrip(ctx context.Context, req *protocol.Request, budget tim
 		// fail completes the call: wait for it below.
 	}
 
-	select {
-	case r := <-c.ch:
-		callPool.Put(c)
-		if r.err != nil {
-			return nil, r.err
+	var checkC <-chan time.Time
+	if check > 0 {
+		ct := getTimer(check)
+		defer putTimer(ct)
+		checkC = ct.C
+	}
+	for {
+		select {
+		case <-checkC:
+			cn.requestPing()
+			checkC = nil
+		case r := <-c.ch:
+			callPool.Put(c)
+			if r.err != nil {
+				return nil, r.err
+			}
+			if err := protocol.ResponseError(r.h, r.body); err != nil {
+				return nil, err
+			}
+			return r.body, nil
+		case <-timer.C:
+			cn.abandon(id, c)
+			return nil, ErrTimeout
+		case <-ctx.Done():
+			cn.abandon(id, c)
+			return nil, ctx.Err()
+		case <-closing:
+			cn.abandon(id, c)
+			return nil, ErrClosed
 		}
-		if err := protocol.ResponseError(r.h, r.body); err != nil {
-			return nil, err
-		}
-		return r.body, nil
-	case <-timer.C:
-		cn.abandon(id, c)
-		return nil, ErrTimeout
-	case <-ctx.Done():
-		cn.abandon(id, c)
-		return nil, ctx.Err()
-	case <-closing:
-		cn.abandon(id, c)
-		return nil, ErrClosed
 	}
 }
 
@@ -382,7 +397,7 @@ func (c *Client) supervise(cn *conn) {
 		binary.BigEndian.PutUint64(payload[:], seq)
 		timer.Reset(c.cfg.RequestTimeout.D())
 		req := protocol.Request{Op: protocol.OpPing, Payload: payload[:]}
-		body, err := cn.roundTrip(context.Background(), &req, 0, timer, c.closing, true)
+		body, err := cn.roundTrip(context.Background(), &req, 0, timer, c.closing, true, 0)
 		var pe *protocol.Error
 		switch {
 		case err == nil && string(body) != string(payload[:]):

@@ -50,7 +50,7 @@ func FuzzConnResponses(f *testing.F) {
 				timer := getTimer(5 * time.Second)
 				defer putTimer(timer)
 				req := protocol.Request{Op: protocol.OpECDSASign, Hash: protocol.HashSHA256, Payload: make([]byte, 32)}
-				body, err := cn.roundTrip(context.Background(), &req, 0, timer, nil, false)
+				body, err := cn.roundTrip(context.Background(), &req, 0, timer, nil, false, 0)
 				results <- result{body, err}
 			}()
 		}
@@ -117,7 +117,7 @@ func TestWriteCoalescing(t *testing.T) {
 			timer := getTimer(5 * time.Second)
 			defer putTimer(timer)
 			req := protocol.Request{Op: protocol.OpPing, Payload: []byte("12345678")}
-			_, err := cn.roundTrip(context.Background(), &req, 0, timer, nil, true)
+			_, err := cn.roundTrip(context.Background(), &req, 0, timer, nil, true, 0)
 			done <- err
 		}()
 	}

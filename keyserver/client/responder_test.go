@@ -103,6 +103,7 @@ type responder struct {
 	wg    sync.WaitGroup
 
 	maxDelay   atomic.Int64  // each key operation waits a random time up to this (ns)
+	delay      atomic.Int64  // and this long besides (ns)
 	stall      atomic.Bool   // read requests and never answer (pings included)
 	code       atomic.Uint32 // answer key operations with this code when not zero
 	wrongPub   atomic.Bool   // answer PublicKey with another key
@@ -300,6 +301,9 @@ func (r *responder) serveConn(nc net.Conn) {
 			defer handlers.Done()
 			if d := r.maxDelay.Load(); d > 0 {
 				time.Sleep(time.Duration(mrand.Int64N(d)))
+			}
+			if d := r.delay.Load(); d > 0 {
+				time.Sleep(time.Duration(d))
 			}
 			f := r.answer(req)
 			inflight.Add(-1)
