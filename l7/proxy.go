@@ -217,13 +217,25 @@ func equalFoldASCII(b []byte, s string) bool {
 	return bytes.EqualFold(b, []byte(s))
 }
 
+// isHopHeader reports a name among hopHeaders, which are removed whether a
+// Connection header names them or not: such a token ("keep-alive", the common one)
+// needs no copy to be removed by.
+func isHopHeader(name []byte) bool {
+	for _, h := range hopHeaders {
+		if equalFoldASCII(name, h) {
+			return true
+		}
+	}
+	return false
+}
+
 // removeRequestHopHeaders removes the hop-by-hop headers of a request, those its
 // Connection header names included.
 func removeRequestHopHeaders(h *fasthttp.RequestHeader) {
 	var named [][]byte
 	for _, v := range h.PeekAll("Connection") {
 		listElements(v, func(tok []byte) {
-			if !isProtected(tok) {
+			if !isProtected(tok) && !isHopHeader(tok) {
 				named = append(named, append([]byte(nil), tok...))
 			}
 		})
@@ -241,7 +253,7 @@ func removeResponseHopHeaders(h *fasthttp.ResponseHeader) {
 	var named [][]byte
 	for _, v := range h.PeekAll("Connection") {
 		listElements(v, func(tok []byte) {
-			if !equalFoldASCII(tok, "Content-Length") {
+			if !equalFoldASCII(tok, "Content-Length") && !isHopHeader(tok) {
 				named = append(named, append([]byte(nil), tok...))
 			}
 		})
