@@ -398,9 +398,10 @@ func (st *site) writeL7Config(path string, c l7Config) error {
 		for i, a := range c.tunnelLDs {
 			q[i] = strconv.Quote(a)
 		}
-		// move_idle 2s: a flow's replies follow the other LD once the flow has had no
-		// packet from its own for 2 s, which a dead LD's flows have by the time the
-		// router moves them.
+		// A dead LD's flows: their replies are copied to the other LD once the dead
+		// one has been silent for ld_dead_after (1 s), and follow a packet of theirs
+		// through the other LD at once; move_idle 2s is the fallback for a flow whose
+		// LD still sends other traffic.
 		fmt.Fprintf(&b, "tunnel: {vips: [%q], lds: [%s], key: %d, move_idle: 2s}   # l7d's own end of the LDs' GRE tunnel, l4d's key\n",
 			l4VIP, strings.Join(q, ", "), l4TunnelKey)
 	}

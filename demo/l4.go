@@ -439,7 +439,7 @@ in network namespaces %[1]s*, configured through controld
     2. after 3 s (the LDs sync connections older than that), in another shell: kill -9 %[10]d   (lda; ldb is %[12]d)
        the router drops lda's path as soon as its BGP session closes (kill -STOP instead: a hung LD, dropped at
        the hold timer, %[9]d s), and the curl's requests go on through ldb on the same connection after a pause
-       (l7d sends the replies through ldb once lda has been silent for move_idle, 2 s); new connections that
+       (l7d sends the replies through ldb too once lda has been silent for ld_dead_after, 1 s); new connections that
        ECMP sends to lda fail only in that window
     3. watch the router     birdc -s %[35]s show protocols; birdc -s %[35]s show route
                             ip netns exec %[1]srt ip route show %[6]s

@@ -385,9 +385,10 @@ func runFailover(t *testing.T, conns int) FailoverResult {
 	key := strings.TrimSuffix(cert, ".pem") + ".key"
 	for i, ns := range l7 {
 		cfg := filepath.Join(t.TempDir(), "l7d.yaml")
-		// move_idle 2s: a flow's replies follow a packet from the other LD once the
-		// flow has been quiet for 2 s on its own, which a dead LD's flows are by the
-		// time the router (hold time 3 s, keepalives every 1 s) moves them.
+		// A dead LD's flows: their replies are copied to the live LD once the dead one
+		// has been silent for ld_dead_after (1 s, the default), and follow a packet of
+		// theirs through the live LD at once; move_idle 2s is only the fallback for a
+		// flow whose LD still sends other traffic.
 		if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`
 listeners: [{addr: "0.0.0.0:443", pool: web, quic_server_id: %d}]
 backends: {web: {members: ["%s"]}}
