@@ -39,6 +39,76 @@ const (
 	clusterPrefix = clusterVIP + "/32"
 )
 
+// clusterLDNet is what buildClusterNet needs of an LD: its namespace, its kernel
+// address towards the router (the BGP session's) and, with session sync, its
+// kernel address on the switch (none: no sync port).
+type clusterLDNet struct {
+	ns                *netns.NS
+	session, syncAddr string
+}
+
+// buildClusterNet wires the L4 cluster tests' network (drawn above): each LD's
+// DPDK port x0 and BGP port k0 on the router's bridge, its DPDK port i0 (and its
+// sync port m0) on the switch's, the client behind the router (ECMP by the
+// 5-tuple), the L7 nodes at 198.18.1.11 and up on the switch, and the backend.
+func buildClusterNet(t *testing.T, rt, cl, sw *netns.NS, l7 []*netns.NS, lds []clusterLDNet) {
+	t.Helper()
+	// Frames the LDs receive must be whole and checksummed (a packet socket sees
+	// no offload): offloads off wherever their frames come from.
+	offloadsOff := func(ns *netns.NS, devs ...string) {
+		for _, dev := range devs {
+			ns.MustRun("ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off")
+		}
+	}
+	var rtPorts, swPorts []string
+	for i, ld := range lds {
+		x, k, s := fmt.Sprintf("r%dx", i), fmt.Sprintf("r%dk", i), fmt.Sprintf("s%d", i)
+		netns.Veth(t, ld.ns, "x0", rt, x)
+		netns.Veth(t, ld.ns, "k0", rt, k)
+		netns.Veth(t, ld.ns, "i0", sw, s)
+		rtPorts = append(rtPorts, x, k)
+		swPorts = append(swPorts, s)
+		offloadsOff(rt, x)
+		offloadsOff(sw, s)
+		// x0 and i0 are the datapath's: no kernel address, no IPv6 chatter, no
+		// ARP answers from the kernel for k0's address.
+		for _, dev := range []string{"x0", "i0"} {
+			ld.ns.Sysctl("net.ipv6.conf."+dev+".disable_ipv6", "1")
+			ld.ns.Sysctl("net.ipv4.conf."+dev+".arp_ignore", "1")
+			offloadsOff(ld.ns, dev)
+		}
+		ld.ns.Addr("k0", ld.session+"/24")
+		if ld.syncAddr != "" {
+			m := fmt.Sprintf("m%d", i)
+			netns.Veth(t, ld.ns, "m0", sw, m)
+			swPorts = append(swPorts, m)
+			ld.ns.Addr("m0", ld.syncAddr+"/24")
+		}
+	}
+	netns.Bridge(t, rt, "br0", rtPorts...)
+	rt.Addr("br0", "198.18.0.1/24")
+	netns.Veth(t, cl, "c0", rt, "rc")
+	offloadsOff(cl, "c0")
+	offloadsOff(rt, "rc")
+	cl.Addr("c0", "198.18.2.10/24")
+	cl.Route("add", "203.0.113.0/24", "via", "198.18.2.1")
+	rt.Addr("rc", "198.18.2.1/24")
+	rt.Sysctl("net.ipv4.ip_forward", "1")
+	// ECMP by the 5-tuple, so one client's connections spread over the LDs.
+	rt.Sysctl("net.ipv4.fib_multipath_hash_policy", "1")
+	for i, ns := range l7 {
+		dev := fmt.Sprintf("l%d", i)
+		netns.Veth(t, ns, "e0", sw, dev)
+		offloadsOff(ns, "e0")
+		offloadsOff(sw, dev)
+		ns.Addr("e0", fmt.Sprintf("198.18.1.%d/24", 11+i))
+		swPorts = append(swPorts, dev)
+	}
+	netns.Bridge(t, sw, "br1", swPorts...)
+	sw.Addr("br1", "198.18.1.100/24")
+	startL4Backend(t, sw)
+}
+
 // clusterLD is one LD of the cluster test.
 type clusterLD struct {
 	name     string
@@ -97,54 +167,7 @@ func TestL4ClusterBGP(t *testing.T) {
 		{name: "lda", ns: netns.New(t, "lda"), nextHop: "198.18.0.2", session: "198.18.0.12", internal: "198.18.1.1"},
 		{name: "ldb", ns: netns.New(t, "ldb"), nextHop: "198.18.0.3", session: "198.18.0.13", internal: "198.18.1.2"},
 	}
-	// Frames the LDs receive must be whole and checksummed (a packet socket sees
-	// no offload): offloads off wherever their frames come from.
-	offloadsOff := func(ns *netns.NS, devs ...string) {
-		for _, dev := range devs {
-			ns.MustRun("ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off")
-		}
-	}
-	var rtPorts, swPorts []string
-	for i, ld := range lds {
-		x, k, s := fmt.Sprintf("r%dx", i), fmt.Sprintf("r%dk", i), fmt.Sprintf("s%d", i)
-		netns.Veth(t, ld.ns, "x0", rt, x)
-		netns.Veth(t, ld.ns, "k0", rt, k)
-		netns.Veth(t, ld.ns, "i0", sw, s)
-		rtPorts = append(rtPorts, x, k)
-		swPorts = append(swPorts, s)
-		offloadsOff(rt, x)
-		offloadsOff(sw, s)
-		// x0 and i0 are the datapath's: no kernel address, no IPv6 chatter, no
-		// ARP answers from the kernel for k0's address.
-		for _, dev := range []string{"x0", "i0"} {
-			ld.ns.Sysctl("net.ipv6.conf."+dev+".disable_ipv6", "1")
-			ld.ns.Sysctl("net.ipv4.conf."+dev+".arp_ignore", "1")
-			offloadsOff(ld.ns, dev)
-		}
-		ld.ns.Addr("k0", ld.session+"/24")
-	}
-	netns.Bridge(t, rt, "br0", rtPorts...)
-	rt.Addr("br0", "198.18.0.1/24")
-	netns.Veth(t, cl, "c0", rt, "rc")
-	offloadsOff(cl, "c0")
-	offloadsOff(rt, "rc")
-	cl.Addr("c0", "198.18.2.10/24")
-	cl.Route("add", "203.0.113.0/24", "via", "198.18.2.1")
-	rt.Addr("rc", "198.18.2.1/24")
-	rt.Sysctl("net.ipv4.ip_forward", "1")
-	// ECMP by the 5-tuple, so one client's connections spread over the LDs.
-	rt.Sysctl("net.ipv4.fib_multipath_hash_policy", "1")
-	for i, ns := range l7 {
-		dev := fmt.Sprintf("l%d", i)
-		netns.Veth(t, ns, "e0", sw, dev)
-		offloadsOff(ns, "e0")
-		offloadsOff(sw, dev)
-		ns.Addr("e0", fmt.Sprintf("198.18.1.%d/24", 11+i))
-		swPorts = append(swPorts, dev)
-	}
-	netns.Bridge(t, sw, "br1", swPorts...)
-	sw.Addr("br1", "198.18.1.100/24")
-	startL4Backend(t, sw)
+	buildClusterNet(t, rt, cl, sw, l7, []clusterLDNet{{lds[0].ns, lds[0].session, ""}, {lds[1].ns, lds[1].session, ""}})
 
 	site := newSite(t)
 	cert := site.cert(t, "cluster", ecKey(t), true, "l4.test")

@@ -334,51 +334,7 @@ func runFailover(t *testing.T, conns int) FailoverResult {
 		{name: "lda", ns: netns.New(t, "lda"), nextHop: "198.18.0.2", session: "198.18.0.12", internal: "198.18.1.1", syncAddr: "198.18.1.21"},
 		{name: "ldb", ns: netns.New(t, "ldb"), nextHop: "198.18.0.3", session: "198.18.0.13", internal: "198.18.1.2", syncAddr: "198.18.1.22"},
 	}
-	offloadsOff := func(ns *netns.NS, devs ...string) {
-		for _, dev := range devs {
-			ns.MustRun("ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off")
-		}
-	}
-	var rtPorts, swPorts []string
-	for i, ld := range lds {
-		x, k, s, m := fmt.Sprintf("r%dx", i), fmt.Sprintf("r%dk", i), fmt.Sprintf("s%d", i), fmt.Sprintf("m%d", i)
-		netns.Veth(t, ld.ns, "x0", rt, x)
-		netns.Veth(t, ld.ns, "k0", rt, k)
-		netns.Veth(t, ld.ns, "i0", sw, s)
-		netns.Veth(t, ld.ns, "m0", sw, m)
-		rtPorts = append(rtPorts, x, k)
-		swPorts = append(swPorts, s, m)
-		offloadsOff(rt, x)
-		offloadsOff(sw, s)
-		for _, dev := range []string{"x0", "i0"} {
-			ld.ns.Sysctl("net.ipv6.conf."+dev+".disable_ipv6", "1")
-			ld.ns.Sysctl("net.ipv4.conf."+dev+".arp_ignore", "1")
-			offloadsOff(ld.ns, dev)
-		}
-		ld.ns.Addr("k0", ld.session+"/24")
-		ld.ns.Addr("m0", ld.syncAddr+"/24")
-	}
-	netns.Bridge(t, rt, "br0", rtPorts...)
-	rt.Addr("br0", "198.18.0.1/24")
-	netns.Veth(t, cl, "c0", rt, "rc")
-	offloadsOff(cl, "c0")
-	offloadsOff(rt, "rc")
-	cl.Addr("c0", "198.18.2.10/24")
-	cl.Route("add", "203.0.113.0/24", "via", "198.18.2.1")
-	rt.Addr("rc", "198.18.2.1/24")
-	rt.Sysctl("net.ipv4.ip_forward", "1")
-	rt.Sysctl("net.ipv4.fib_multipath_hash_policy", "1")
-	for i, ns := range l7 {
-		dev := fmt.Sprintf("l%d", i)
-		netns.Veth(t, ns, "e0", sw, dev)
-		offloadsOff(ns, "e0")
-		offloadsOff(sw, dev)
-		ns.Addr("e0", fmt.Sprintf("198.18.1.%d/24", 11+i))
-		swPorts = append(swPorts, dev)
-	}
-	netns.Bridge(t, sw, "br1", swPorts...)
-	sw.Addr("br1", "198.18.1.100/24")
-	startL4Backend(t, sw)
+	buildClusterNet(t, rt, cl, sw, l7, []clusterLDNet{{lds[0].ns, lds[0].session, lds[0].syncAddr}, {lds[1].ns, lds[1].session, lds[1].syncAddr}})
 
 	site := newSite(t)
 	cert := site.cert(t, "failover", ecKey(t), true, "l4.test")
