@@ -108,7 +108,7 @@ fuzz:
 vuln:
 	GO=$(GO) tools/vuln.sh
 
-bench: bench-keyserver bench-handshake bench-policy bench-l4 bench-control bench-blacklist
+bench: bench-keyserver bench-handshake bench-policy bench-l4 bench-l4-cluster bench-control bench-blacklist
 
 bench-keyserver: deps build
 	$(GO) run ./bench/keyserver
