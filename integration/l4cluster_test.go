@@ -388,12 +388,14 @@ func dumpMetrics(t *testing.T, who string, c *http.Client, url string, prefixes 
 }
 
 // clusterLoad makes requests through the VIP one after the other, each on a new
-// connection, until finished, and keeps what failed.
+// connection, until stopped, and keeps what failed and when it started (after a
+// failure it pauses 20 ms, so a window of failures is not a busy loop).
 type clusterLoad struct {
 	stop, done chan struct{}
 	ok         atomic.Int64
 	mu         sync.Mutex
 	errs       []string
+	failed     []time.Time // when each of errs started
 	slowest    time.Duration
 }
 
@@ -414,14 +416,23 @@ func startClusterLoad(c *http.Client, url string) *clusterLoad {
 			l.slowest = max(l.slowest, took)
 			if err != nil {
 				l.errs = append(l.errs, fmt.Sprintf("started %s: %v", start.Format("15:04:05.000"), err))
+				l.failed = append(l.failed, start)
 			}
 			l.mu.Unlock()
-			if err == nil {
+			if err != nil {
+				time.Sleep(20 * time.Millisecond)
+			} else {
 				l.ok.Add(1)
 			}
 		}
 	}()
 	return l
+}
+
+// end stops the requests and waits for the last one.
+func (l *clusterLoad) end() {
+	close(l.stop)
+	<-l.done
 }
 
 // waitOK waits for n more requests to succeed.
@@ -435,8 +446,7 @@ func (l *clusterLoad) waitOK(t *testing.T, n int64) {
 // none did.
 func (l *clusterLoad) finish(t *testing.T, when string) bool {
 	t.Helper()
-	close(l.stop)
-	<-l.done
+	l.end()
 	if len(l.errs) > 0 {
 		t.Errorf("%d of %d requests failed %s: %s", len(l.errs), int(l.ok.Load())+len(l.errs), when, strings.Join(l.errs, "; "))
 		return false

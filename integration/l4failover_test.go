@@ -254,46 +254,6 @@ func newFoConn(t *testing.T, cl *netns.NS, proto string, tlsCfg *tls.Config) *fo
 	return c
 }
 
-// foLoad makes requests through the VIP, each on a new connection, and keeps when
-// the failed ones started.
-type foLoad struct {
-	stop, done chan struct{}
-	ok         atomic.Int64
-	mu         sync.Mutex
-	failed     []time.Time
-	errs       []string
-}
-
-func startFoLoad(c *http.Client, url string) *foLoad {
-	l := &foLoad{stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(l.done)
-		for {
-			select {
-			case <-l.stop:
-				return
-			default:
-			}
-			start := time.Now()
-			if _, _, err := l4Get(c, url); err != nil {
-				l.mu.Lock()
-				l.failed = append(l.failed, start)
-				l.errs = append(l.errs, fmt.Sprintf("started %s: %v", start.Format("15:04:05.000"), err))
-				l.mu.Unlock()
-				time.Sleep(20 * time.Millisecond)
-			} else {
-				l.ok.Add(1)
-			}
-		}
-	}()
-	return l
-}
-
-func (l *foLoad) finish() {
-	close(l.stop)
-	<-l.done
-}
-
 // TestL4ClusterFailover: long-lived client connections (HTTP/1.1, HTTP/2 and
 // HTTP/3, a request every 200 ms each), spread over two LDs and synced between
 // them, survive a pool change that would move some of them by hashing alone, then
@@ -516,7 +476,7 @@ bgp:
 
 	// kill -9 lda with new connections going on. Every long connection is served
 	// again through ldb once the router has dropped lda.
-	load := startFoLoad(fresh, url)
+	load := startClusterLoad(fresh, url)
 	waitFor(t, 30*time.Second, "new connections through the VIP", func() bool { return load.ok.Load() >= 5 })
 	killed := time.Now()
 	for _, c := range long {
@@ -603,7 +563,7 @@ bgp:
 	if fwd := lds[0].metric("tiergate_l4_packets_total", `dir="in"`, `result="forwarded"`); fwd <= 0 {
 		t.Errorf("lda took no traffic back after its restart (tiergate_l4_packets_total{dir=\"in\"} %v)", fwd)
 	}
-	load.finish()
+	load.end()
 	stopLong()
 
 	// The verdict.
