@@ -1,11 +1,9 @@
 package demo
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -618,28 +615,10 @@ func nextHops(ns *netNS, prefix string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ip route in %s: %w", ns, err)
 	}
-	var routes []struct {
-		Gateway  string `json:"gateway"`
-		Nexthops []struct {
-			Gateway string `json:"gateway"`
-		} `json:"nexthops"`
+	gws, err := bird.ParseNextHops(out)
+	if err != nil {
+		return nil, fmt.Errorf("in %s: %w", ns, err)
 	}
-	if len(bytes.TrimSpace(out)) == 0 {
-		return nil, nil
-	}
-	if err := json.Unmarshal(out, &routes); err != nil {
-		return nil, fmt.Errorf("ip -j route in %s: %w: %s", ns, err, out)
-	}
-	var gws []string
-	for _, r := range routes {
-		if r.Gateway != "" {
-			gws = append(gws, r.Gateway)
-		}
-		for _, h := range r.Nexthops {
-			gws = append(gws, h.Gateway)
-		}
-	}
-	slices.Sort(gws)
 	return gws, nil
 }
 

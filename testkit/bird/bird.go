@@ -215,13 +215,23 @@ func (r *Router) NextHops(prefix string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return ParseNextHops([]byte(out))
+}
+
+// ParseNextHops returns the gateways of `ip -j route` output, sorted: one for a
+// plain route, several for a multipath one, none for no route (or no output).
+func ParseNextHops(out []byte) ([]string, error) {
+	out = bytes.TrimSpace(out)
+	if len(out) == 0 {
+		return nil, nil
+	}
 	var routes []struct {
 		Gateway  string `json:"gateway"`
 		Nexthops []struct {
 			Gateway string `json:"gateway"`
 		} `json:"nexthops"`
 	}
-	if err := json.Unmarshal(bytes.TrimSpace([]byte(out)), &routes); err != nil {
+	if err := json.Unmarshal(out, &routes); err != nil {
 		return nil, fmt.Errorf("ip -j route: %w: %s", err, out)
 	}
 	var gws []string

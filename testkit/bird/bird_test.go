@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -43,5 +44,26 @@ func TestCheck(t *testing.T) {
 	}
 	if err := (Config{Peers: []Peer{{Name: "ld_a1", Password: "ok-key"}}}).check(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestParseNextHops: a plain route, a multipath one (sorted), none.
+func TestParseNextHops(t *testing.T) {
+	for _, tc := range []struct {
+		out  string
+		want []string
+	}{
+		{`[{"dst":"203.0.113.10","gateway":"198.18.0.2","dev":"br0"}]`, []string{"198.18.0.2"}},
+		{`[{"dst":"203.0.113.10","nexthops":[{"gateway":"198.18.0.3"},{"gateway":"198.18.0.2"}]}]` + "\n", []string{"198.18.0.2", "198.18.0.3"}},
+		{"[ ]\n", nil},
+		{"", nil},
+	} {
+		got, err := ParseNextHops([]byte(tc.out))
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%q: %v, %v; want %v", tc.out, got, err, tc.want)
+		}
+	}
+	if _, err := ParseNextHops([]byte("Error: ipv4: FIB table does not exist.")); err == nil {
+		t.Error("text that is not JSON: no error")
 	}
 }
