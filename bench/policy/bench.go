@@ -21,7 +21,9 @@ type options struct {
 	blSizes    []int
 	lookups    int
 	updateRuns int
-	matches    int
+	// stallRounds is how many times the lookups beside the updates (and the control) are measured.
+	stallRounds int
+	matches     int
 
 	servers        []string // of serverNames
 	generators     []string // of generatorNames

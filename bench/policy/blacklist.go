@@ -76,6 +76,8 @@ type blUpdate struct {
 	// of its lookups took over a millisecond; nil when no probe ran.
 	StallUs *float64 `json:"max_stall_us,omitempty"`
 	Over1ms *int     `json:"lookups_over_1ms,omitempty"`
+	// The longest lookup of each round (-stall-rounds) beside the update.
+	RoundsStallUs []float64 `json:"round_max_stall_us,omitempty"`
 	Probes  *int64   `json:"lookups,omitempty"`
 	// Garbage collections that ran while the update ran beside the lookups.
 	GCs *uint32 `json:"gc_cycles,omitempty"`
@@ -85,6 +87,7 @@ type blacklistResults struct {
 	sets        []*blSet
 	updates     []*blUpdate
 	swapStallUs *float64  // blacklist.MeasureSwapStall on the 1M list
+	swapRounds  []float64 // the same, per round
 	control     *blUpdate // the lookup goroutine with no update beside it
 	textBytes   int       // the 1M text upload
 	binaryBytes int       // the 1M binary upload
@@ -536,53 +539,77 @@ func (b *bench) measureUpdates(ctx context.Context, d *blData, ref *blacklist.Se
 	// keeps a core busy without touching the list or allocating. What the control
 	// sees is the scheduler and the rest of the machine, not the list, over as much
 	// time as the updates and at about the same moments, so that the longest
-	// lookups of the two are drawn alike.
-	control := func(d time.Duration) { res.controlFor(l, ref, p, d) }
-	for i, u := range updates {
-		l.Replace(ref)
-		runtime.GC()
-		gc0 := numGC()
-		pr := startProbe(l, p.mixed)
-		t0 := time.Now()
-		for j := range b.o.updateRuns {
-			if err := u.run(j); err != nil {
-				pr.stop()
-				return fmt.Errorf("%s (with lookups): %w", u.name, err)
+	// lookups of the two are drawn alike. All of it runs -stall-rounds times: a
+	// stall an update causes comes back in every round, a pause of the machine
+	// (a preempted vCPU) in one round of either.
+	b.Progress("the same beside a lookup goroutine, each followed by the control, %d rounds", b.o.stallRounds)
+	for rnd := range b.o.stallRounds {
+		control := func(d time.Duration) { res.controlFor(l, ref, p, d, rnd) }
+		for i, u := range updates {
+			l.Replace(ref)
+			runtime.GC()
+			gc0 := numGC()
+			pr := startProbe(l, p.mixed)
+			t0 := time.Now()
+			for j := range b.o.updateRuns {
+				if err := u.run(j); err != nil {
+					pr.stop()
+					return fmt.Errorf("%s (with lookups): %w", u.name, err)
+				}
 			}
+			l.WaitFold()
+			took := time.Since(t0)
+			pr.stop()
+			if pr.count == 0 {
+				return fmt.Errorf("%s: the lookup goroutine made no lookup", u.name)
+			}
+			res.updates[i].addRound(pr, numGC()-gc0)
+			control(took)
 		}
-		l.WaitFold()
+
+		l.Replace(nil)
+		t0 := time.Now()
+		worst := blacklist.MeasureSwapStall(l, ref, 1<<20)
 		took := time.Since(t0)
-		pr.stop()
-		r := res.updates[i]
-		r.StallUs, r.Over1ms, r.Probes = ptr(round(float64(pr.worst)/float64(time.Microsecond), 1)), ptr(pr.over), ptr(pr.count)
-		r.GCs = ptr(numGC() - gc0)
-		if pr.count == 0 {
-			return fmt.Errorf("%s: the lookup goroutine made no lookup", u.name)
+		us := round(float64(worst)/float64(time.Microsecond), 1)
+		res.swapRounds = append(res.swapRounds, us)
+		res.swapStallUs = ptr(max(us, deref(res.swapStallUs)))
+		if l.Snapshot() != ref {
+			return fmt.Errorf("MeasureSwapStall left another set in force")
 		}
 		control(took)
 	}
-
-	l.Replace(nil)
-	t0 := time.Now()
-	worst := blacklist.MeasureSwapStall(l, ref, 1<<20)
-	took := time.Since(t0)
-	res.swapStallUs = ptr(round(float64(worst)/float64(time.Microsecond), 1))
-	if l.Snapshot() != ref {
-		return fmt.Errorf("MeasureSwapStall left another set in force")
-	}
-	control(took)
 	res.updateOther = round(others.cores(), 2)
 	for _, u := range res.updates {
-		b.Progress("  %s: median %.1f ms of %v; longest lookup beside it %.1f µs, %d collections meanwhile", u.Name, u.MedianMs, u.RunsMs, *u.StallUs, *u.GCs)
+		b.Progress("  %s: median %.1f ms of %v; longest lookup beside it %.1f µs (by round %v), %d collections meanwhile", u.Name, u.MedianMs, u.RunsMs, *u.StallUs, u.RoundsStallUs, *u.GCs)
 	}
-	b.Progress("  MeasureSwapStall: longest lookup %.1f µs; control (no update): %.1f µs; others %.2f cores",
-		*res.swapStallUs, *res.control.StallUs, res.updateOther)
+	b.Progress("  MeasureSwapStall: longest lookup %.1f µs (by round %v); control (no update): %.1f µs (by round %v); others %.2f cores",
+		*res.swapStallUs, res.swapRounds, *res.control.StallUs, res.control.RoundsStallUs, res.updateOther)
 	return nil
 }
 
+// addRound adds one round of lookups beside the update to its figures.
+func (u *blUpdate) addRound(pr *stallProbe, gcs uint32) {
+	us := round(float64(pr.worst)/float64(time.Microsecond), 1)
+	u.StallUs = ptr(max(us, deref(u.StallUs)))
+	u.Over1ms = ptr(deref(u.Over1ms) + pr.over)
+	u.Probes = ptr(deref(u.Probes) + pr.count)
+	u.GCs = ptr(deref(u.GCs) + gcs)
+	u.RoundsStallUs = append(u.RoundsStallUs, us)
+}
+
+func deref[T any](p *T) T {
+	if p == nil {
+		var zero T
+		return zero
+	}
+	return *p
+}
+
 // controlFor runs the control (see measureUpdates) for d: the probe on l, holding
-// ref, beside a busy goroutine. The control row adds up every window.
-func (r *blacklistResults) controlFor(l *blacklist.List, ref *blacklist.Set, p *probes, d time.Duration) {
+// ref, beside a busy goroutine. The control row adds up every window; its longest
+// lookup is kept per round too.
+func (r *blacklistResults) controlFor(l *blacklist.List, ref *blacklist.Set, p *probes, d time.Duration, rnd int) {
 	if r.control == nil {
 		r.control = &blUpdate{Name: updControl, StallUs: ptr(0.0), Over1ms: ptr(0), Probes: ptr(int64(0)), GCs: ptr(uint32(0))}
 	}
@@ -593,12 +620,17 @@ func (r *blacklistResults) controlFor(l *blacklist.List, ref *blacklist.Set, p *
 	pr := startProbe(l, p.mixed)
 	spin(d)
 	pr.stop()
+	us := round(float64(pr.worst)/float64(time.Microsecond), 1)
 	c.RunsMs = append(c.RunsMs, round(benchkit.Ms(d), 2))
 	c.MedianMs = round(c.MedianMs+benchkit.Ms(d), 2) // the total, shown as such
-	*c.StallUs = max(*c.StallUs, round(float64(pr.worst)/float64(time.Microsecond), 1))
+	*c.StallUs = max(*c.StallUs, us)
 	*c.Over1ms += pr.over
 	*c.Probes += pr.count
 	*c.GCs += numGC() - gc0
+	for len(c.RoundsStallUs) <= rnd {
+		c.RoundsStallUs = append(c.RoundsStallUs, 0)
+	}
+	c.RoundsStallUs[rnd] = max(c.RoundsStallUs[rnd], us)
 }
 
 // maxLargeDeltas bounds the deltas measureLargeDelta applies waiting for a fold;
@@ -639,23 +671,25 @@ func (b *bench) measureLargeDelta(d *blData, s *blacklist.Set, p *probes) error 
 		return err
 	}
 	u.MedianMs = median(u.RunsMs)
-	l := blacklist.NewList("bench", blacklist.Options{})
-	runtime.GC()
-	gc0 := numGC()
-	pr := startProbe(l, p.mixed)
-	t0 := time.Now()
-	err := run(l, false)
-	took := time.Since(t0)
-	pr.stop()
-	if err != nil {
-		return err
-	}
-	u.StallUs, u.Over1ms, u.Probes = ptr(round(float64(pr.worst)/float64(time.Microsecond), 1)), ptr(pr.over), ptr(pr.count)
-	u.GCs = ptr(numGC() - gc0)
 	res.updates = append(res.updates, u)
-	res.controlFor(l, s, p, took)
-	b.Progress("  %s: %d deltas until the list folded them, median %.1f ms, longest %.1f ms; longest lookup beside them (%.0f ms, fold included) %.1f µs; control %.1f µs",
-		u.Name, len(u.RunsMs), u.MedianMs, slices.Max(u.RunsMs), benchkit.Ms(took), *u.StallUs, *res.control.StallUs)
+	var took time.Duration
+	for rnd := range b.o.stallRounds {
+		l := blacklist.NewList("bench", blacklist.Options{})
+		runtime.GC()
+		gc0 := numGC()
+		pr := startProbe(l, p.mixed)
+		t0 := time.Now()
+		err := run(l, false)
+		took = time.Since(t0)
+		pr.stop()
+		if err != nil {
+			return err
+		}
+		u.addRound(pr, numGC()-gc0)
+		res.controlFor(l, s, p, took, rnd)
+	}
+	b.Progress("  %s: %d deltas until the list folded them, median %.1f ms, longest %.1f ms; longest lookup beside them (%.0f ms, fold included) %.1f µs (by round %v); control %.1f µs",
+		u.Name, len(u.RunsMs), u.MedianMs, slices.Max(u.RunsMs), benchkit.Ms(took), *u.StallUs, u.RoundsStallUs, *res.control.StallUs)
 	return nil
 }
 

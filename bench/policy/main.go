@@ -68,6 +68,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	sizes := fs.String("bl-sizes", "1M,10M", "comma-separated blacklist `sizes` (k and M suffixes); the 1M update figures need 1M")
 	fs.IntVar(&o.lookups, "lookups", 10_000_000, "blacklist lookups timed per set and probe kind")
 	fs.IntVar(&o.updateRuns, "update-runs", 3, "times each blacklist update is timed (the median is reported)")
+	fs.IntVar(&o.stallRounds, "stall-rounds", 5, "rounds of the blacklist updates beside a lookup goroutine, each followed by the control (the stall target compares the medians of the rounds' longest lookups)")
 	fs.IntVar(&o.matches, "matches", 5_000_000, "route matches timed over the mix of requests")
 	servers := fs.String("servers", strings.Join(serverNames, ","), "comma-separated proxies to measure")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per proxy row")
@@ -111,8 +112,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if o.duration <= 0 || o.warmup < 0 || o.conns <= 0 || o.rounds <= 0 || o.maxOps <= 0 || o.opTimeout <= 0 ||
-		o.workers <= 0 || o.backendWorkers <= 0 || o.wrkThreads <= 0 || o.wrkThreads > o.conns || o.lookups <= 0 || o.matches <= 0 || o.updateRuns <= 0 || o.quietWait < 0 {
-		fmt.Fprintln(stderr, "bench-policy: -duration, -conns, -rounds, -wrk-threads (at most -conns), -max-ops, -op-timeout, -workers, -backend-workers, -lookups, -matches and -update-runs must be positive, -warmup and -quiet-wait not negative")
+		o.workers <= 0 || o.backendWorkers <= 0 || o.wrkThreads <= 0 || o.wrkThreads > o.conns || o.lookups <= 0 || o.matches <= 0 || o.updateRuns <= 0 || o.stallRounds <= 0 || o.quietWait < 0 {
+		fmt.Fprintln(stderr, "bench-policy: -duration, -conns, -rounds, -wrk-threads (at most -conns), -max-ops, -op-timeout, -workers, -backend-workers, -lookups, -matches, -update-runs and -stall-rounds must be positive, -warmup and -quiet-wait not negative")
 		return 2
 	}
 
