@@ -78,7 +78,7 @@ type blUpdate struct {
 	Over1ms *int     `json:"lookups_over_1ms,omitempty"`
 	// The longest lookup of each round (-stall-rounds) beside the update.
 	RoundsStallUs []float64 `json:"round_max_stall_us,omitempty"`
-	Probes  *int64   `json:"lookups,omitempty"`
+	Probes        *int64    `json:"lookups,omitempty"`
 	// Garbage collections that ran while the update ran beside the lookups.
 	GCs *uint32 `json:"gc_cycles,omitempty"`
 }

@@ -13,7 +13,7 @@ func TestStallRounds(t *testing.T) {
 			{Name: updText, RoundsStallUs: []float64{300, 3900, 280}},
 			{Name: updDelta, RoundsStallUs: []float64{450, 200, 260}},
 			{Name: updDelta10M, RoundsStallUs: []float64{120}}, // measured in fewer rounds
-			{Name: updBinary},                                   // not measured beside lookups
+			{Name: updBinary}, // not measured beside lookups
 		},
 		swapRounds: []float64{100, 90, 610},
 		control:    &blUpdate{Name: updControl, RoundsStallUs: []float64{400, 350, 500, 700}},
