@@ -65,6 +65,7 @@ type Table struct {
 	buckets  []uint32         // link to the first entry of each chain
 	mask     uint64           // len(buckets)-1
 	counts   *[1 << 16]uint32 // entries per member ID
+	rules    *[1 << 16]uint32 // entries per rule ID (Key.Rule)
 	timeouts [numStates]uint32
 
 	capacity    uint32
@@ -109,6 +110,7 @@ func New(cfg Config) (*Table, error) {
 	t.buckets, freeBuckets = hugeAlloc[uint32](int(nb))
 	t.mask = nb - 1
 	t.counts = new([1 << 16]uint32)
+	t.rules = new([1 << 16]uint32)
 
 	t.synList = t.capacity + 1
 	t.unconfList = t.synList + 1
@@ -411,6 +413,7 @@ func (t *Table) Insert(k *Key, hash uint64, member uint16, st State, now uint32)
 	t.buckets[b] = link
 	t.file(i)
 	t.counts[member]++
+	t.rules[k.Rule]++
 	t.n++
 	t.stats.Inserts++
 	return evicted, true
@@ -547,6 +550,7 @@ func (t *Table) release(i uint32) {
 	t.unfile(i)
 	e := &t.entries[i]
 	t.counts[e.member]--
+	t.rules[e.key.Rule]--
 	t.n--
 	e.state = 0
 	e.next = t.free
@@ -625,6 +629,11 @@ func (t *Table) Unconfirmed() int { return t.unconfirmed }
 // yet reclaimed.
 func (t *Table) MemberConns(id uint16) uint32 { return t.counts[id] }
 
+// RuleConns returns how many entries belong to rule id (Key.Rule), in any state,
+// including expired ones not yet reclaimed: what a per-rule limit of concurrent
+// connections counts.
+func (t *Table) RuleConns(id uint16) uint32 { return t.rules[id] }
+
 // MemberCounts returns the entries per member, indexed by member ID (length 65536), as
 // MemberConns counts them. It is the table's own array, kept current by every insert,
 // delete, expiry and eviction: read it, do not modify it, and do not hand it to another
@@ -632,9 +641,9 @@ func (t *Table) MemberConns(id uint16) uint32 { return t.counts[id] }
 func (t *Table) MemberCounts() []uint32 { return t.counts[:] }
 
 // MemoryBytes returns the bytes the table allocated: entries, buckets, list heads and
-// the per-member counts.
+// the per-member and per-rule counts.
 func (t *Table) MemoryBytes() int {
-	return cap(t.entries)*int(EntrySize()) + cap(t.buckets)*4 + len(t.counts)*4
+	return cap(t.entries)*int(EntrySize()) + cap(t.buckets)*4 + len(t.counts)*4 + len(t.rules)*4
 }
 
 // Stats returns the event counters.
