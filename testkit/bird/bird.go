@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,6 +36,29 @@ type Config struct {
 	HoldTime int
 	// Peers are the BGP sessions, each a protocol of its Name.
 	Peers []Peer
+	// BFD, when set, runs bird's BFD (`protocol bfd`) with these timers on every
+	// interface, for the peers with BFD and the static routes with BFD.
+	BFD *BFD
+	// Static are routes of bird's own (`protocol static`), exported to the kernel
+	// like the peers'.
+	Static []Static
+}
+
+// BFD is the router's BFD timers (RFC 5880): it asks its peers for packets every
+// MinRx, sends every MinTx once a session is up (one a second before), and takes a
+// session down after Multiplier of the peer's intervals without a packet.
+type BFD struct {
+	MinRx, MinTx time.Duration
+	Multiplier   int
+}
+
+// Static is a route of the router's own.
+type Static struct {
+	// Prefix is the destination ("203.0.113.10/32"), Via the next hop.
+	Prefix, Via string
+	// BFD keeps the route only while a BFD session with Via is up (needs
+	// Config.BFD).
+	BFD bool
 }
 
 // Peer is one BGP session.
@@ -49,6 +73,9 @@ type Peer struct {
 	Password string
 	// TTLSecurity turns GTSM on (`ttl security on`).
 	TTLSecurity bool
+	// BFD makes the session follow a BFD session with the peer (`bfd on`): when
+	// it goes down, so do the session and its routes (needs Config.BFD).
+	BFD bool
 }
 
 // Router is a running bird.
@@ -85,6 +112,21 @@ template bgp ld {
 	ipv4 { import all; export none; };
 }
 `, c.RouterID, c.Address, c.AS, hold)
+	if f := c.BFD; f != nil {
+		fmt.Fprintf(&b, "protocol bfd {\n\tinterface \"*\" {\n\t\tmin rx interval %d ms;\n\t\tmin tx interval %d ms;\n\t\tidle tx interval 1000 ms;\n\t\tmultiplier %d;\n\t};\n}\n",
+			f.MinRx.Milliseconds(), f.MinTx.Milliseconds(), f.Multiplier)
+	}
+	if len(c.Static) > 0 {
+		b.WriteString("protocol static {\n\tipv4;\n")
+		for _, r := range c.Static {
+			fmt.Fprintf(&b, "\troute %s via %s", r.Prefix, r.Via)
+			if r.BFD {
+				b.WriteString(" bfd")
+			}
+			b.WriteString(";\n")
+		}
+		b.WriteString("}\n")
+	}
 	for _, p := range c.Peers {
 		fmt.Fprintf(&b, "protocol bgp %s from ld {\n\tneighbor %s as %d;\n", p.Name, p.Address, p.AS)
 		if p.Password != "" {
@@ -92,6 +134,9 @@ template bgp ld {
 		}
 		if p.TTLSecurity {
 			b.WriteString("\tttl security on;\n")
+		}
+		if p.BFD {
+			b.WriteString("\tbfd on;\n")
 		}
 		b.WriteString("}\n")
 	}
@@ -102,7 +147,13 @@ template bgp ld {
 // other than letters, digits and underscores, a password with a quote, a backslash
 // or a control character (bird's strings have no escapes).
 func (c Config) check() error {
+	if f := c.BFD; f != nil && (f.MinRx < time.Millisecond || f.MinTx < time.Millisecond || f.Multiplier < 1 || f.Multiplier > 255) {
+		return fmt.Errorf("bird: BFD timers %+v: want intervals of at least 1ms and a multiplier in 1..255", *f)
+	}
 	for _, p := range c.Peers {
+		if p.BFD && c.BFD == nil {
+			return fmt.Errorf("bird: session %s has BFD and the router none (Config.BFD)", p.Name)
+		}
 		if p.Name == "" || strings.Trim(p.Name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != "" {
 			return fmt.Errorf("bird: session name %q: want letters, digits and underscores", p.Name)
 		}
@@ -205,6 +256,32 @@ func (r *Router) Established(name string) bool {
 		}
 	}
 	return false
+}
+
+// BFDSessions returns the state of each BFD session (Up, Down, Init, AdminDown)
+// by the peer's address, from `birdc show bfd sessions`.
+func (r *Router) BFDSessions() (map[string]string, error) {
+	out, err := r.Birdc("show", "bfd", "sessions")
+	if err != nil {
+		return nil, err
+	}
+	return ParseBFDSessions(out), nil
+}
+
+// ParseBFDSessions reads `birdc show bfd sessions`: each session's state by the
+// peer's address.
+func ParseBFDSessions(out string) map[string]string {
+	m := map[string]string{}
+	for line := range strings.SplitSeq(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			continue
+		}
+		if _, err := netip.ParseAddr(f[0]); err == nil {
+			m[f[0]] = f[2]
+		}
+	}
+	return m
 }
 
 // NextHops returns the gateways of the kernel's route for prefix (like
