@@ -75,6 +75,15 @@ type Config struct {
 	// not fit the tunnel: fragmentation needed (IPv4) or packet too big (IPv6), with
 	// the largest size that fits.
 	ICMP ICMPConfig `yaml:"icmp" json:"icmp"`
+
+	// Trace records the path of marked probe packets (TGW's trace and drop points):
+	// the marker (dscp, sources, tcp_option: a packet meeting every one set is
+	// marked), the LD's ID in the records (ld; default the host name, else the
+	// external address), and each worker's ring (records, default 1024; sample_bytes,
+	// default 128). Read with Distributor.Trace (l4d: GET /trace) and
+	// tiergate_l4_trace_points_total / tiergate_l4_trace_drops_total. Default: no
+	// criterion, nothing traced.
+	Trace TraceConfig `yaml:"trace" json:"trace,omitzero"`
 }
 
 // ICMPConfig rate-limits the ICMP errors the LD sends, per worker, with a token
@@ -233,6 +242,11 @@ func (c *Config) withDefaults() Config {
 	if out.ICMP.Burst == 0 {
 		out.ICMP.Burst = defaultICMPBurst
 	}
+	ext := out.External.Addr.Addr()
+	if !ext.IsValid() {
+		ext = out.External.Addr6.Addr()
+	}
+	out.Trace = out.Trace.WithDefaults(ext)
 	out.Rules = slices.Clone(c.Rules)
 	for i := range out.Rules {
 		out.Rules[i].Scheduler = strings.ToLower(out.Rules[i].Scheduler)
@@ -322,6 +336,7 @@ func (c *Config) Validate() error {
 		bad("icmp.burst", "%d is negative", d.ICMP.Burst)
 	}
 	ck.Nest("conntrack", d.Conntrack.Validate())
+	ck.Nest("trace", c.Trace.Validate())
 	names := map[string]bool{}
 	keys := map[ruleKey]string{}
 	for i, r := range d.Rules {

@@ -69,6 +69,23 @@
 //   - Every packet is counted once, by direction and result: forwarded, local, or the
 //     reason it was dropped (tiergate_l4_packets_total).
 //
+// # Tracing
+//
+// With Config.Trace (trace.go, l4/trace), probe packets marked as the operator
+// configures (a DSCP value, the probe servers' source prefixes, a TCP option kind;
+// every criterion set must match) are traced, as TGW's trace and drop points: each
+// worker records, in a ring of its own (Config.Trace.Records, 1024 by default; written
+// without a lock, read by Distributor.Trace under per-record sequence numbers), a
+// trace point for a marked packet tunnelled to a member, replied to the client or
+// answered locally (LD ID, worker, time, direction, member), and a drop point for one
+// dropped, whatever the reason (the hook is in count, where every packet is counted,
+// and in the move to tx_full), with a sample of its first bytes. Whether a packet is
+// marked is decided once, in handle, and only when tracing is on: with it off, a
+// packet pays one predictable branch on the snapshot's trace pointer. The marker
+// stays on the inner packet, which is tunnelled untouched, so the L7 node sees it; a
+// member's reply is traced when its inner packet is marked (its destination a probe
+// server, or its DSCP set by the L7 node).
+//
 // # Session sync
 //
 // With EnableSync, each worker sends the connections of its table that have lived

@@ -53,6 +53,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descRulePackets, descRuleFlows, descMemberPackets, descMemberConns, descMemberUp, descMemberDrained} {
 		ch <- d
 	}
+	describeTrace(ch)
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -93,6 +94,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBlRemoved, prometheus.CounterValue, float64(removed))
 	ch <- prometheus.MustNewConstMetric(descEvictions, prometheus.CounterValue, float64(ev))
 	ch <- prometheus.MustNewConstMetric(descExpired, prometheus.CounterValue, float64(ex))
+	c.collectTrace(ch)
 
 	s := c.d.snap.Load()
 	if s == nil {

@@ -55,6 +55,7 @@ type snapshot struct {
 	hasExtGW6  bool
 	quicCIDLen int
 	timeouts   conntrack.Timeouts
+	trace      *traceConf // probe tracing (trace.go); nil when off
 }
 
 // side is one port's own addresses.
@@ -179,6 +180,7 @@ func (c *control) buildSnapshot() (*snapshot, error) {
 		icmpBurst:  cfg.ICMP.Burst,
 		quicCIDLen: quicCIDLen,
 		timeouts:   cfg.Conntrack.Timeouts,
+		trace:      newTraceConf(&cfg.Trace),
 	}
 	if cfg.Tunnel.Mode == ModeIPIP {
 		s.encapMode = packet.EncapIPIP

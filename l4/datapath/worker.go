@@ -87,6 +87,11 @@ type worker struct {
 	pub *published
 
 	sync *workerSync // session sync (sync.go); nil when off
+
+	// tmark is set while the packet being handled is a marked probe (trace.go);
+	// it is computed only when tracing is on.
+	tmark bool
+	tr    workerTrace
 }
 
 // tokenBucket limits a rate on the worker's nanosecond clock: a token every interval,
@@ -162,13 +167,17 @@ type published struct {
 
 // counted is how a packet was counted.
 type counted struct {
-	d direction
-	r result
+	d    direction
+	r    result
+	mark bool // a marked probe, recorded by tracePoint
 }
 
 func (w *worker) count(d direction, r result) {
 	w.c.packets[d][r]++
-	w.last = counted{d, r}
+	w.last = counted{d: d, r: r}
+	if w.tmark {
+		w.tracePoint(d, r)
+	}
 }
 
 // run polls until stop is set. It runs on a locked OS thread.
@@ -280,9 +289,12 @@ func (w *worker) flush(p port.Port, bufs []port.Buf, meta []counted) {
 	}
 	sent := p.TxBurst(w.id, bufs)
 	if sent < len(bufs) {
-		for _, m := range meta[sent:] {
+		for i, m := range meta[sent:] {
 			w.c.packets[m.d][m.r]--
 			w.c.packets[m.d][resTxFull]++
+			if m.mark {
+				w.traceTxFull(&bufs[sent+i], m)
+			}
 		}
 		p.Free(bufs[sent:])
 	}
@@ -295,6 +307,7 @@ func (w *worker) resync(s *snapshot) {
 	// keeps its timeouts.
 	_ = w.table.SetTimeouts(s.timeouts)
 	w.icmp.set(s.icmpRate, s.icmpBurst)
+	w.traceSync(s)
 	w.wrr = make([]*sched.WRR, len(s.ruleByID))
 	w.wlc = make([]*sched.WLC, len(s.ruleByID))
 	for id, r := range s.ruleByID {
@@ -324,6 +337,9 @@ func (w *worker) handleFrame(s *snapshot, b *port.Buf, fromExt bool) verdict {
 func (w *worker) handle(s *snapshot, b *port.Buf, p *packet.Packet, perr error, h uint64, fromExt bool) verdict {
 	frame := b.Data[b.Off : b.Off+b.Len]
 	w.inExt = fromExt
+	if s.trace != nil {
+		w.traceMark(s, frame, p, perr)
+	}
 	if perr != nil {
 		w.count(dirIn, parseResult(perr))
 		return vDrop
@@ -653,6 +669,9 @@ func (w *worker) forward(s *snapshot, b *port.Buf, p *packet.Packet, r *rule, id
 	}
 	b.Len = b.Off + p.L3 + innerLen - start
 	b.Off = start
+	if w.tmark {
+		w.tr.hop = m
+	}
 	w.count(dirIn, resForwarded)
 	w.c.rule[r.id]++
 	w.c.member[id]++
@@ -737,6 +756,9 @@ func (w *worker) fromMember(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 	if err := packet.ParseIP(frame, inner, &ip); err != nil {
 		w.count(dirOut, resBadTunnel)
 		return vDrop
+	}
+	if s.trace != nil {
+		w.traceInner(s, frame, &ip)
 	}
 	if ip.EtherType == packet.EtherTypeIPv6 && (ip.Src.Is4In6() || ip.Dst.Is4In6()) {
 		w.count(dirOut, resV4Mapped)
