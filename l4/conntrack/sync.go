@@ -164,6 +164,8 @@ type View struct {
 	Sent, Synced bool
 	// MarkSent, set by Walk's fn, marks the entry sent.
 	MarkSent bool
+	// Proxy is the entry's SYN proxy state (Flags 0: not proxied).
+	Proxy Proxy
 }
 
 // Walk visits up to n positions of the table's entries from position from (1 to
@@ -185,6 +187,9 @@ func (t *Table) Walk(from uint32, n int, now uint32, fn func(v *View) bool) (nex
 		}
 		v = View{Key: e.key, Member: e.member, State: e.state, Expire: e.expire,
 			Sent: e.flags&flagSent != 0, Synced: e.flags&flagSynced != 0}
+		if t.proxy != nil {
+			v.Proxy = t.proxy[i]
+		}
 		if !fn(&v) {
 			return i
 		}

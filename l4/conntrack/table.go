@@ -89,6 +89,10 @@ type Table struct {
 	// events, when EnableEvents made it, records state changes and deletions for
 	// session sync (sync.go); nil otherwise.
 	events *eventRing
+
+	// proxy, when EnableProxy made it, is the SYN proxy state of each entry, by
+	// index (proxy.go); nil otherwise.
+	proxy []Proxy
 }
 
 // New makes a table holding up to cfg.Capacity entries, allocating all its memory.
@@ -552,6 +556,9 @@ func (t *Table) release(i uint32) {
 	t.counts[e.member]--
 	t.rules[e.key.Rule]--
 	t.n--
+	if t.proxy != nil {
+		t.proxy[i] = Proxy{}
+	}
 	e.state = 0
 	e.next = t.free
 	t.free = i

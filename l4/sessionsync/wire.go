@@ -26,7 +26,8 @@ import (
 // An entry:
 //
 //	flags    1  bits 0-1 op (1 upsert, 2 delete); bit 2 the flow is IPv6;
-//	            bit 3 the member's address is IPv6
+//	            bit 3 the member's address is IPv6; bit 4 the connection is
+//	            proxied by the SYN proxy (an upsert only)
 //	proto    1  6 (TCP) or 17 (UDP)
 //	state    1  conntrack.State (established, fin, close, udp); 0 for a delete
 //	encap    1  EncapGRE, EncapGREKey or EncapIPIP
@@ -37,7 +38,17 @@ import (
 //	vip      4 or 16
 //	member   4 or 16  the L7 node the flow is tunnelled to
 //
-// An IPv4 flow to an IPv4 member is 24 bytes, so a 1,500-byte path carries 56.
+// and, when bit 4 is set, the SYN proxy's translation (conntrack.Proxy):
+//
+//	seqdelta 4  the member's ISN less the LD's cookie
+//	tsdelta  4  the LD's TSval less the member's
+//	wshift   1  the member's window scale less the LD's (signed)
+//	pflags   1  conntrack.ProxyTS, ProxyWScale, ProxySACK
+//
+// An IPv4 flow to an IPv4 member is 24 bytes, so a 1,500-byte path carries 56 (a
+// proxied one 34). The proxy's bit came in version 1 as it is: an LD that does not
+// know it refuses the datagram (reserved flag bits) rather than install a proxied
+// connection it could not translate.
 
 const (
 	magic0, magic1 = 'T', 'S'
@@ -48,7 +59,7 @@ const (
 	MACLen    = sha256.Size
 	// MinEntryLen and MaxEntryLen bound an entry's encoded length.
 	MinEntryLen = 12 + 3*4
-	MaxEntryLen = 12 + 3*16
+	MaxEntryLen = 12 + 3*16 + proxyLen
 	// MinDatagram is the smallest datagram size a Batch accepts: one entry of each
 	// family fits.
 	MinDatagram = HeaderLen + MaxEntryLen + MACLen
@@ -118,7 +129,17 @@ type Entry struct {
 	State      conntrack.State
 	Op         Op
 	Encap      Encap
+	// Proxied says the SYN proxy translates the connection with Proxy (its Flags
+	// other than ProxyOn and ProxyPending travel; an upsert only).
+	Proxied bool
+	Proxy   conntrack.Proxy
 }
+
+// proxyLen is the length of an entry's proxy fields.
+const proxyLen = 10
+
+// proxyFlags are the conntrack.Proxy flags that travel.
+const proxyFlags = conntrack.ProxyTS | conntrack.ProxyWScale | conntrack.ProxySACK
 
 // Typed errors of the parser, matched with errors.Is.
 var (
@@ -153,6 +174,9 @@ func (e *Entry) EncodedLen() int {
 	if !is4(&e.Member) {
 		n += 12
 	}
+	if e.Proxied {
+		n += proxyLen
+	}
 	return n
 }
 
@@ -165,6 +189,9 @@ func appendEntry(b []byte, e *Entry) []byte {
 	}
 	if m6 {
 		f |= 1 << 3
+	}
+	if e.Proxied {
+		f |= 1 << 4
 	}
 	b = append(b, f, e.Proto, byte(e.State), byte(e.Encap))
 	b = binary.BigEndian.AppendUint32(b, e.TTL)
@@ -180,6 +207,11 @@ func appendEntry(b []byte, e *Entry) []byte {
 	addr(&e.Client, v6)
 	addr(&e.VIP, v6)
 	addr(&e.Member, m6)
+	if e.Proxied {
+		b = binary.BigEndian.AppendUint32(b, e.Proxy.SeqDelta)
+		b = binary.BigEndian.AppendUint32(b, e.Proxy.TSDelta)
+		b = append(b, byte(e.Proxy.WShift), e.Proxy.Flags&proxyFlags)
+	}
 	return b
 }
 
@@ -191,9 +223,10 @@ func decodeEntry(b []byte, e *Entry) (int, error) {
 	f := b[0]
 	v6, m6 := f&(1<<2) != 0, f&(1<<3) != 0
 	*e = Entry{Op: Op(f & 3), Proto: b[1], State: conntrack.State(b[2]), Encap: Encap(b[3])}
-	if f&^0x0f != 0 {
-		return 0, fmt.Errorf("%w: reserved flag bits %#x", ErrEntry, f&^0x0f)
+	if f&^0x1f != 0 {
+		return 0, fmt.Errorf("%w: reserved flag bits %#x", ErrEntry, f&^0x1f)
 	}
+	e.Proxied = f&(1<<4) != 0
 	if e.Proto != 6 && e.Proto != 17 {
 		return 0, fmt.Errorf("%w: protocol %d", ErrEntry, e.Proto)
 	}
@@ -207,6 +240,9 @@ func decodeEntry(b []byte, e *Entry) (int, error) {
 	case OpDelete:
 		if e.State != 0 {
 			return 0, fmt.Errorf("%w: delete with state %v", ErrEntry, e.State)
+		}
+		if e.Proxied {
+			return 0, fmt.Errorf("%w: delete with proxy state", ErrEntry)
 		}
 	default:
 		return 0, fmt.Errorf("%w: op %d", ErrEntry, e.Op)
@@ -245,6 +281,20 @@ func decodeEntry(b []byte, e *Entry) (int, error) {
 		if err := addr(a.p, a.six); err != nil {
 			return 0, err
 		}
+	}
+	if e.Proxied {
+		if len(b) < n+proxyLen {
+			return 0, ErrShort
+		}
+		e.Proxy = conntrack.Proxy{SeqDelta: binary.BigEndian.Uint32(b[n:]), TSDelta: binary.BigEndian.Uint32(b[n+4:]),
+			WShift: int8(b[n+8]), Flags: b[n+9] | conntrack.ProxyOn}
+		if b[n+9]&^proxyFlags != 0 {
+			return 0, fmt.Errorf("%w: proxy flags %#x", ErrEntry, b[n+9])
+		}
+		if e.Proxy.WShift < -conntrack.MaxWShift || e.Proxy.WShift > conntrack.MaxWShift {
+			return 0, fmt.Errorf("%w: window shift %d", ErrEntry, e.Proxy.WShift)
+		}
+		n += proxyLen
 	}
 	return n, nil
 }

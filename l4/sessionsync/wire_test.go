@@ -23,6 +23,10 @@ func sampleEntries() []Entry {
 			Member: a16("2001:db8:2::20"), State: conntrack.StateFin, Op: OpUpsert, Encap: EncapGREKey, TTL: 60},
 		{Client: a16("192.0.2.12"), ClientPort: 40002, VIP: a16("198.51.100.1"), VIPPort: 443, Proto: 6,
 			Member: [16]byte{10: 0xff, 11: 0xff}, Op: OpDelete, Encap: EncapGRE},
+		{Client: a16("2001:db8::13"), ClientPort: 40003, VIP: a16("2001:db8:1::1"), VIPPort: 443, Proto: 6,
+			Member: a16("2001:db8:2::20"), State: conntrack.StateEstablished, Op: OpUpsert, Encap: EncapGRE, TTL: 900,
+			Proxied: true, Proxy: conntrack.Proxy{SeqDelta: 0x89abcdef, TSDelta: 0xfffff000, WShift: -3,
+				Flags: conntrack.ProxyOn | conntrack.ProxyTS | conntrack.ProxyWScale | conntrack.ProxySACK}},
 	}
 }
 
@@ -62,7 +66,7 @@ func TestRoundTrip(t *testing.T) {
 			t.Errorf("entry %d: got %+v, want %+v", i, got[i], es[i])
 		}
 	}
-	if want := HeaderLen + 24 + 48 + 36 + 24 + MACLen; len(msg) != want {
+	if want := HeaderLen + 24 + 48 + 36 + 24 + 60 + 10 + MACLen; len(msg) != want {
 		t.Errorf("datagram is %d bytes, want %d", len(msg), want)
 	}
 }
