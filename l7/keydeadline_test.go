@@ -38,7 +38,8 @@ func (s *deadlineSigner) Sign(rand io.Reader, digest []byte, opts crypto.SignerO
 }
 
 // TestKeyOperationGetsHandshakeDeadline: an offloaded key's operation is given the
-// handshake's own deadline (accept + HandshakeTimeout), which the keyserver client
+// handshake's own deadline (its start plus what is left of the client's
+// HandshakeTimeout, nearly all of it by then), which the keyserver client
 // waits until in place of its fixed request timeout, so a burst queued behind a busy
 // keyserver is not failed while its clients still wait.
 func TestKeyOperationGetsHandshakeDeadline(t *testing.T) {

@@ -76,7 +76,8 @@ const (
 type tcpConn struct {
 	l     *listener
 	raw   net.Conn
-	tc    *tls.Conn
+	tc    *tls.Conn // over hsc
+	hsc   handshakeConn
 	start time.Time
 	info  ConnInfo // set once the handshake is done
 	gauge prometheus.Gauge
@@ -351,7 +352,9 @@ func (l *listener) acceptLoop() {
 			reset(nc)
 			continue
 		}
-		c := &tcpConn{l: l, raw: nc, tc: tls.Server(nc, l.tcpTLS), start: time.Now(), gauge: l.gTLS, src: src}
+		c := &tcpConn{l: l, raw: nc, start: time.Now(), gauge: l.gTLS, src: src}
+		c.hsc = handshakeConn{Conn: nc, l: l}
+		c.tc = tls.Server(&c.hsc, l.tcpTLS)
 		if !l.track(c) {
 			nc.Close()
 			l.handshakeEnded(&l.tcpHS, src)
@@ -400,8 +403,8 @@ func (l *listener) lookup(tc *tls.Conn) *tcpConn {
 
 // serveTCP does the TLS handshake and hands the connection to HTTP/1.1 or HTTP/2.
 func (l *listener) serveTCP(c *tcpConn) {
-	hs := &handshake{start: c.start, deadline: c.start.Add(l.cfg.HandshakeTimeout.D())}
-	_ = c.raw.SetDeadline(c.start.Add(l.cfg.HandshakeTimeout.D()))
+	hs := &handshake{start: c.start, conn: &c.hsc, slots: l.s.keySlots}
+	c.hsc.start(c.start, l.cfg.HandshakeTimeout.D())
 	if l.s.draining.Load() {
 		c.raw.Close()
 		l.untrack(c.tc)
@@ -424,7 +427,7 @@ func (l *listener) serveTCP(c *tcpConn) {
 		return
 	}
 	c.held = heldConn
-	_ = c.raw.SetDeadline(time.Time{})
+	c.hsc.end()
 	remote, source := clientip.ConnPeer(c.raw)
 	c.info = ConnInfo{Listener: l.cfg.Name, Remote: remote, Source: source, TLS: &st}
 	if l.s.draining.Load() {

@@ -64,7 +64,7 @@ func (l *listener) quicConnContext(ctx context.Context, ci *quic.ClientInfo) (co
 		return nil, errTooManyHandshakes
 	}
 	l.gH3.Inc()
-	hs := &handshake{start: time.Now(), src: src}
+	hs := &handshake{start: time.Now(), src: src, slots: l.s.keySlots}
 	ctx = context.WithValue(ctx, handshakeKey{}, hs)
 	context.AfterFunc(ctx, func() {
 		l.gH3.Dec()

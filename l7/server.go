@@ -33,6 +33,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,7 @@ type Server struct {
 	router    *route.Router
 	listeners []*listener
 	bodies    *bodyBudget // MaxBodyMemory
+	keySlots  keySlots    // local keys' operations in progress, GOMAXPROCS at most
 
 	state    atomic.Pointer[snapshot] // what requests and handshakes read; written by Start and Commit
 	draining atomic.Bool
@@ -83,6 +85,8 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg: cfg,
 		log: cfg.Logger.With("component", "l7"),
 		m:   newMetrics(cfg.Registerer),
+
+		keySlots: newKeySlots(runtime.GOMAXPROCS(0)),
 	}
 	s.bodies = &bodyBudget{max: cfg.MaxBodyMemory, inUse: s.m.bodyMemory, refused: s.m.bodyRefused}
 	s.router = route.NewRouter(route.Options{Registerer: cfg.Registerer, Logger: cfg.Logger})

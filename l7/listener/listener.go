@@ -60,10 +60,13 @@ type Listener struct {
 	// turns it off.
 	DeferAccept config.Duration `yaml:"defer_accept,omitempty" json:"defer_accept,omitempty"`
 
-	// HandshakeTimeout bounds the TLS handshake over TCP, from accept, and the QUIC
-	// handshake (which quic-go also gives up when it hears nothing from the client
-	// for half of it): a connection that has not finished its handshake by then is
-	// closed, and its place among MaxHandshakes freed. Default 5s.
+	// HandshakeTimeout bounds the TLS handshake over TCP, from accept, counting only
+	// the time it waits for the client (time l7d spends on it, computing or queued
+	// behind other handshakes for a core or the keyserver, is not counted, to within
+	// a sixteenth of the timeout), and the QUIC handshake (which quic-go also gives
+	// up when it hears nothing from the client for half of it): a connection that
+	// has not finished its handshake by then is closed, and its place among
+	// MaxHandshakes freed. Default 5s.
 	HandshakeTimeout config.Duration `yaml:"handshake_timeout,omitempty" json:"handshake_timeout,omitempty"`
 
 	// ReadHeaderTimeout bounds reading a request's headers (HTTP/1.1, HTTP/2), and

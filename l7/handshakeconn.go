@@ -1,0 +1,109 @@
+package l7
+
+import (
+	"errors"
+	"net"
+	"time"
+)
+
+// handshakeConn is the TCP connection as crypto/tls reads and writes it. During the
+// handshake it keeps HandshakeTimeout a bound on the time the handshake waits for its
+// client, and not on the time the client waits for l7d: time spent between two reads
+// or writes (computing, a signature queued behind others, a goroutine waiting for a
+// core, an offloaded key's round trip) is added to the connection's deadline before
+// the next one. A deadline counted from accept alone failed the later connections of
+// a burst of full handshakes with a local key: each was waiting for a core behind
+// the signatures of those accepted before it when its time ran out, after part of
+// its work had been done, and was closed unanswered. nginx's timeouts likewise run
+// only while it waits for the client.
+//
+// The server's time is added only once it reaches a sixteenth of HandshakeTimeout,
+// so an ordinary handshake sets its deadline once, at accept (the client's budget is
+// then short of HandshakeTimeout by less than that sixteenth). After the handshake
+// the connection passes reads and writes straight through. Its methods run on the
+// goroutine serving the connection.
+type handshakeConn struct {
+	net.Conn
+	l         *listener
+	deadline  time.Time     // read and write deadline in force; zero once the handshake is over
+	last      time.Time     // when the handshake last stopped waiting for the client (accept, first)
+	owed      time.Duration // the server's time since last, not yet added to deadline
+	slack     time.Duration // owed is added to deadline once it reaches this
+	handshake bool
+}
+
+// start begins the handshake's clock at accept, at which the connection's deadline
+// is set to accept + timeout.
+func (c *handshakeConn) start(accept time.Time, timeout time.Duration) {
+	c.deadline = accept.Add(timeout)
+	c.last = accept
+	c.slack = timeout / 16
+	c.handshake = true
+	_ = c.Conn.SetDeadline(c.deadline)
+}
+
+// end stops the clock and clears the deadline.
+func (c *handshakeConn) end() {
+	c.handshake = false
+	c.deadline = time.Time{}
+	_ = c.Conn.SetDeadline(time.Time{})
+}
+
+// keyDeadline is the deadline of a key operation the handshake starts now: now plus
+// what is left of the client's budget, since the operation is the server's time.
+func (c *handshakeConn) keyDeadline() time.Time {
+	return time.Now().Add(c.deadline.Add(c.owed).Sub(c.last))
+}
+
+// settle adds the server's time since the last wait for the client to the deadline,
+// once it is worth a system call, before the handshake waits for the client again.
+func (c *handshakeConn) settle() {
+	now := time.Now()
+	c.owed += now.Sub(c.last)
+	c.last = now
+	if c.owed < c.slack {
+		return
+	}
+	c.deadline = c.deadline.Add(c.owed)
+	c.owed = 0
+	_ = c.Conn.SetDeadline(c.deadline)
+	// Shutdown sets draining, then moves the deadline of every handshaking connection
+	// to the past: seen here after this deadline was set, or set after it.
+	if c.l.s.draining.Load() {
+		_ = c.Conn.SetDeadline(drainDeadline)
+	}
+}
+
+func (c *handshakeConn) Read(p []byte) (int, error) {
+	if !c.handshake {
+		return c.Conn.Read(p)
+	}
+	c.settle()
+	n, err := c.Conn.Read(p)
+	if n == 0 && timedOut(err) && !c.l.s.draining.Load() {
+		// Go's scheduler runs expired timers before it polls the network, and a
+		// process with every core busy polls only when the system monitor does (10
+		// ms): the deadline can fire on a read whose bytes have arrived. Look at the
+		// socket once more, as nginx handles the events it got before the timers
+		// that expired.
+		_ = c.Conn.SetReadDeadline(time.Now().Add(time.Millisecond))
+		n, err = c.Conn.Read(p)
+	}
+	c.last = time.Now()
+	return n, err
+}
+
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func (c *handshakeConn) Write(p []byte) (int, error) {
+	if !c.handshake {
+		return c.Conn.Write(p)
+	}
+	c.settle()
+	n, err := c.Conn.Write(p)
+	c.last = time.Now()
+	return n, err
+}
