@@ -76,6 +76,11 @@ type Config struct {
 	// the largest size that fits.
 	ICMP ICMPConfig `yaml:"icmp" json:"icmp"`
 
+	// Overload protects the LD past a load watermark with per-rule quotas on new
+	// connections (OverloadConfig). Default: on only when overload.capacity_pps is
+	// set; the rules' static limits (RuleConfig.Limits) apply either way.
+	Overload OverloadConfig `yaml:"overload" json:"overload,omitzero"`
+
 	// Trace records the path of marked probe packets (TGW's trace and drop points):
 	// the marker (dscp, sources, tcp_option: a packet meeting every one set is
 	// marked), the LD's ID in the records (ld; default the host name, else the
@@ -153,6 +158,10 @@ type RuleConfig struct {
 	// so a client that changes address keeps its member. Only with Protocol "udp".
 	// Default false.
 	QUIC bool `yaml:"quic" json:"quic,omitempty"`
+	// Limits are the rule's static limits (new connections per second, concurrent
+	// connections) and its weight in overload quotas (RuleLimits). Default: no
+	// limit, weight 1.
+	Limits RuleLimits `yaml:"limits" json:"limits,omitzero"`
 }
 
 // PoolConfig is a set of L7 members with a health check.
@@ -242,6 +251,7 @@ func (c *Config) withDefaults() Config {
 	if out.ICMP.Burst == 0 {
 		out.ICMP.Burst = defaultICMPBurst
 	}
+	out.Overload = out.Overload.withDefaults()
 	ext := out.External.Addr.Addr()
 	if !ext.IsValid() {
 		ext = out.External.Addr6.Addr()
@@ -336,6 +346,7 @@ func (c *Config) Validate() error {
 		bad("icmp.burst", "%d is negative", d.ICMP.Burst)
 	}
 	ck.Nest("conntrack", d.Conntrack.Validate())
+	validateOverload(&ck, &d)
 	ck.Nest("trace", c.Trace.Validate())
 	names := map[string]bool{}
 	keys := map[ruleKey]string{}

@@ -211,6 +211,7 @@ func (c *control) apply(cfg Config) error {
 		}
 	}
 	c.publish(s)
+	c.ovApply()
 	c.restartHealth()
 	return nil
 }
@@ -288,6 +289,7 @@ func (c *control) run(ctx context.Context, closed <-chan struct{}) {
 		case now := <-tick.C:
 			c.resolveAll(now)
 			c.reapRetired()
+			c.ovTick(now)
 		}
 		if c.dirty {
 			c.rebuild()

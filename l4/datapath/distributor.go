@@ -66,6 +66,8 @@ type Distributor struct {
 	bl atomic.Pointer[[]*blacklist.List]
 	// sync is session sync's shared state (sync.go), nil when off.
 	sync *syncShared
+	// ov is overload protection and the rules' limits (overload.go).
+	ov ovShared
 
 	ctlFrames  chan ctlFrame // from workers to the control goroutine
 	ctlTx      chan ctlFrame // from the control goroutine to worker 0, to transmit

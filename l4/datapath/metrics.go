@@ -53,6 +53,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descRulePackets, descRuleFlows, descMemberPackets, descMemberConns, descMemberUp, descMemberDrained} {
 		ch <- d
 	}
+	ovDescribe(ch)
 	describeTrace(ch)
 }
 
@@ -100,6 +101,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	if s == nil {
 		return
 	}
+	c.ovCollect(ch, s)
 	for id, r := range s.ruleByID {
 		if r == nil {
 			continue
@@ -144,6 +146,8 @@ type Status struct {
 	Neigh   map[string]string `json:"neighbours"`
 	// Blacklist is what the workers did for the blacklists (SetBlacklists).
 	Blacklist BlacklistStatus `json:"blacklist"`
+	// Overload is the overload protection's state and the rules' limits and quotas.
+	Overload OverloadStatus `json:"overload"`
 }
 
 // BlacklistStatus is the blacklists' view: the lists in force and the sweeps of the
@@ -211,6 +215,7 @@ func (d *Distributor) Status() Status {
 		st.Blacklist.Entries = append(st.Blacklist.Entries, l.Len())
 	}
 	s := d.snap.Load()
+	st.Overload = d.overloadStatus(s)
 	for id, r := range s.ruleByID {
 		if r == nil {
 			continue

@@ -35,6 +35,8 @@ const (
 	resReturnNoFlow    // a reply to no flow in the connection table
 	resV4Mapped        // an IPv6 packet with an IPv4-mapped address (::ffff:a.b.c.d)
 	resBlacklisted     // to a VIP from a source on a blacklist (Distributor.SetBlacklists)
+	resRuleLimit       // a new connection over its rule's static limits (RuleLimits)
+	resOverloadQuota   // a new connection (or, with overload.packets, a packet) over its rule's overload quota
 	numResults
 )
 
@@ -63,6 +65,8 @@ var resultNames = [numResults]string{
 	resReturnNoFlow:    "return_no_flow",
 	resV4Mapped:        "v4mapped",
 	resBlacklisted:     "blacklisted",
+	resRuleLimit:       "rule_limit",
+	resOverloadQuota:   "overload_quota",
 }
 
 func (r result) String() string { return resultNames[r] }

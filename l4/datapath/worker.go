@@ -88,6 +88,8 @@ type worker struct {
 
 	sync *workerSync // session sync (sync.go); nil when off
 
+	ov workerOverload // overload protection and rule limits (overload.go)
+
 	// tmark is set while the packet being handled is a marked probe (trace.go);
 	// it is computed only when tracing is on.
 	tmark bool
@@ -189,6 +191,7 @@ func (w *worker) run(stop *atomic.Bool, idleSleep time.Duration) {
 		w.now = conntrack.Clock(now)
 		w.mono = int64(now.Sub(w.d.epoch))
 		w.ms = uint32(w.mono / int64(time.Millisecond))
+		w.ovLoop()
 		n := w.poll(w.ext, vExt)
 		if !w.onePort {
 			n += w.poll(w.int, vInt)
@@ -210,6 +213,7 @@ func (w *worker) run(stop *atomic.Bool, idleSleep time.Duration) {
 			w.publish()
 			lastPub = now
 		}
+		w.ov.busy = n > 0
 		if n > 0 {
 			idle = 0
 			continue
@@ -236,6 +240,7 @@ func (w *worker) poll(p port.Port, self verdict) int {
 	if s.version != w.snapVer {
 		w.resync(s)
 	}
+	w.ovSync()
 	w.txExt, w.txInt, w.drop = w.txExt[:0], w.txInt[:0], w.drop[:0]
 	w.txExtMeta, w.txIntMeta = w.txExtMeta[:0], w.txIntMeta[:0]
 	// First pass: parse the burst and start loading the connection-table lines
@@ -536,6 +541,11 @@ func (w *worker) flowMember(s *snapshot, r *rule, p *packet.Packet, client netip
 	if w.bl != nil && blocked(*w.bl, client) {
 		return 0, resBlacklisted
 	}
+	if w.ov.active {
+		if res := w.admitNew(r, p); res != resForwarded {
+			return 0, res
+		}
+	}
 	id, ok = w.schedule(r, h)
 	if !ok {
 		return 0, resNoMember
@@ -636,6 +646,10 @@ func (w *worker) icmpError(s *snapshot, b *port.Buf, frame []byte, p *packet.Pac
 
 // forward tunnels the IP packet of frame p to member id.
 func (w *worker) forward(s *snapshot, b *port.Buf, p *packet.Packet, r *rule, id uint16) verdict {
+	if w.ov.pkts && !w.admitPacket(r) {
+		w.count(dirIn, resOverloadQuota)
+		return vDrop
+	}
 	if int(id) >= len(s.members) || s.members[id] == nil {
 		w.count(dirIn, resNoMember)
 		return vDrop
@@ -951,4 +965,5 @@ func (w *worker) publish() {
 	pub.evictions.Store(st.Evictions)
 	pub.expired.Store(st.Expired)
 	pub.insertErr.Store(st.InsertFailures)
+	w.ovPublish(s)
 }

@@ -138,13 +138,15 @@ func (w *Watermarks) Update(load float64, now time.Time) (protecting, changed bo
 // Protecting reports the state, and since when it has held.
 func (w *Watermarks) Protecting() (bool, time.Time) { return w.protecting, w.since }
 
-// Split divides a budget (per second) between rules: weighted max-min fairness. Each
-// rule is guaranteed budget × its weight's share; a rule that demands less than its
-// guarantee keeps its whole guarantee as its quota (it is not throttled, and may grow
-// up to it), and what it leaves unused goes to the rules that demand more, again by
-// weight, until none is left. So a rule's surge takes only what the others leave, and
-// never what they use. Quotas are at least floor. Weights ≤ 0 count as 0: such a rule
-// gets only what is left over and the floor (when every weight is 0, all count as 1).
+// Split divides a budget (per second) between rules: weighted max-min fairness
+// (water-filling). Each rule is guaranteed budget × its weight's share; what a rule
+// demanding less leaves unused goes to the rules that demand more, by weight, until
+// none is left. So a rule's surge takes only what the others leave, never what they
+// use. Every rule's quota is then the water level (what each unit of weight of the
+// rules held back gets) times its weight: a rule under its share is not throttled and
+// may grow up to that, which is at least its guarantee; if it does, the next
+// interval's budget accounts for it. Quotas are at least floor. A weight ≤ 0 counts as
+// 0, and such a rule gets the floor (when every weight is 0, all count as 1).
 func Split(budget float64, weights, demands []float64, floor float64) []float64 {
 	n := len(weights)
 	q := make([]float64, n)
