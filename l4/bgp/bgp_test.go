@@ -349,10 +349,19 @@ peers:
 	if q := c.Peers[1]; q.KeepaliveInterval.D() != time.Second || q.TTLHops != 1 {
 		t.Fatalf("defaults: %+v", q)
 	}
+	if b := c.BFD; b.Enabled || b.MinTx.D() != 300*time.Millisecond || b.MinRx.D() != 300*time.Millisecond || b.Multiplier != 3 || c.BFDOn(p) {
+		t.Fatalf("BFD defaults: %+v", b)
+	}
+	off := false
+	c.BFD.Enabled, c.Peers[1].BFD = true, &off
+	if !c.BFDOn(c.Peers[0]) || c.BFDOn(c.Peers[1]) {
+		t.Fatal("bfd.enabled with a peer's bfd: false")
+	}
 
 	bad := Config{
 		NextHop6:   netip.MustParseAddr("198.18.0.2"),
 		ListenPort: 70000,
+		BFD:        BFDConfig{MinTx: config.Duration(5 * time.Millisecond), Multiplier: 256},
 		Peers: []PeerConfig{
 			{Address: netip.MustParseAddr("198.18.0.1"), HoldTime: config.Duration(2 * time.Second)},
 			{Address: netip.MustParseAddr("198.18.0.1"), AS: 1, HoldTime: config.Duration(3500 * time.Millisecond), TTLHops: 3},
@@ -371,7 +380,7 @@ peers:
 		}
 	}
 	for _, want := range []string{"asn", "next_hop6", "router_id", "listen_port", "peers[0].as", "peers[0].hold_time",
-		"peers[1].address", "peers[1].hold_time", "peers[1].ttl_hops"} {
+		"peers[1].address", "peers[1].hold_time", "peers[1].ttl_hops", "bfd.min_tx", "bfd.multiplier"} {
 		if !slices.Contains(paths, want) {
 			t.Errorf("no error at %s: %v", want, err)
 		}

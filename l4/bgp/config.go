@@ -53,6 +53,31 @@ type Config struct {
 	// CheckInterval is how often l4d re-evaluates what it can serve (ports, datapath,
 	// members' health, gates); a drain or undrain acts at once. Default 500ms.
 	CheckInterval config.Duration `yaml:"check_interval" json:"check_interval,omitempty"`
+	// BFD runs a BFD session (l4/bfd: RFC 5880/5881 single hop, asynchronous) with
+	// each peer beside its BGP session, so that a router set up for it (bird2:
+	// `bfd on`) drops this LD's routes within min_tx x multiplier of the LD's
+	// death instead of at the hold timer. Default off.
+	BFD BFDConfig `yaml:"bfd" json:"bfd,omitzero"`
+}
+
+// BFDConfig is the BFD sessions' setting: the same timers for every peer.
+type BFDConfig struct {
+	// Enabled opens a BFD session with every peer whose own bfd is not false.
+	// Default false.
+	Enabled bool `yaml:"enabled" json:"enabled,omitempty"`
+	// MinTx is the interval this LD wishes to send its packets at once a session
+	// is up (one a second before); the router sends at the longer of it and its
+	// own min rx. Default 300ms, at least 10ms.
+	MinTx config.Duration `yaml:"min_tx" json:"min_tx,omitempty"`
+	// MinRx is the shortest interval between the router's packets this LD takes:
+	// the router sends at the longer of it and its min tx. Default 300ms, at least
+	// 10ms.
+	MinRx config.Duration `yaml:"min_rx" json:"min_rx,omitempty"`
+	// Multiplier is how many of the agreed intervals without a packet take a
+	// session down, at either end: the router takes this LD for dead after
+	// multiplier x max(min_tx, its min rx). Default 3 (0.9 s with the default
+	// intervals, which a loaded 2-core machine keeps without flapping), 1..255.
+	Multiplier int `yaml:"multiplier" json:"multiplier,omitempty"`
 }
 
 // PeerConfig is one router.
@@ -90,6 +115,17 @@ type PeerConfig struct {
 	TTLHops int `yaml:"ttl_hops" json:"ttl_hops,omitempty"`
 	// Passive waits for the peer to connect and never connects out. Default false.
 	Passive bool `yaml:"passive" json:"passive,omitempty"`
+	// BFD opens (true) or not (false) a BFD session with this peer, with the
+	// timers of the bfd section. Default: bfd.enabled.
+	BFD *bool `yaml:"bfd" json:"bfd,omitempty"`
+}
+
+// BFDOn reports whether peer p has a BFD session under c.
+func (c *Config) BFDOn(p PeerConfig) bool {
+	if p.BFD != nil {
+		return *p.BFD
+	}
+	return c.BFD.Enabled
 }
 
 // Defaults.
@@ -99,6 +135,8 @@ const (
 	DefaultConnectRetry  = 5 * time.Second
 	DefaultWithdrawDelay = 3 * time.Second
 	DefaultCheckInterval = 500 * time.Millisecond
+	DefaultBFDInterval   = 300 * time.Millisecond
+	DefaultBFDMultiplier = 3
 	// MinHoldTime is the shortest hold time BGP allows (RFC 4271 4.2), zero aside.
 	MinHoldTime = 3 * time.Second
 )
@@ -121,6 +159,15 @@ func (c *Config) Defaults() {
 	}
 	if c.CheckInterval == 0 {
 		c.CheckInterval = config.Duration(DefaultCheckInterval)
+	}
+	if c.BFD.MinTx == 0 {
+		c.BFD.MinTx = config.Duration(DefaultBFDInterval)
+	}
+	if c.BFD.MinRx == 0 {
+		c.BFD.MinRx = config.Duration(DefaultBFDInterval)
+	}
+	if c.BFD.Multiplier == 0 {
+		c.BFD.Multiplier = DefaultBFDMultiplier
 	}
 	for i := range c.Peers {
 		p := &c.Peers[i]
@@ -177,6 +224,17 @@ func (c *Config) Validate() error {
 	}
 	if c.CheckInterval.D() < 10*time.Millisecond {
 		ck.Addf("check_interval", "%v is shorter than 10ms", c.CheckInterval)
+	}
+	for _, d := range []struct {
+		field string
+		v     config.Duration
+	}{{"bfd.min_tx", c.BFD.MinTx}, {"bfd.min_rx", c.BFD.MinRx}} {
+		if d.v.D() < 10*time.Millisecond || d.v.D() > time.Minute {
+			ck.Addf(d.field, "%v is outside 10ms..1m", d.v)
+		}
+	}
+	if c.BFD.Multiplier < 1 || c.BFD.Multiplier > 255 {
+		ck.Addf("bfd.multiplier", "%d is outside 1..255", c.BFD.Multiplier)
 	}
 	if len(c.Peers) == 0 {
 		ck.Addf("peers", "at least one peer is required")

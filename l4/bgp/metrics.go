@@ -2,6 +2,7 @@ package bgp
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"time"
 
@@ -29,6 +30,17 @@ var (
 		"VIPs withdrawn (each time one goes from announced to withdrawn), by reason.", []string{"reason"}, nil)
 	descVIPAnnounced = prometheus.NewDesc("tiergate_l4_bgp_vip_announced",
 		"1 when the VIP is announced; 0 when it is withdrawn, with the reason.", []string{"vip", "reason"}, nil)
+
+	descBFDUp = prometheus.NewDesc("tiergate_l4_bfd_session_up",
+		"1 when the BFD session with the peer is up, else 0 (only peers with BFD).", []string{"peer"}, nil)
+	descBFDFlaps = prometheus.NewDesc("tiergate_l4_bfd_session_flaps_total",
+		"Times the BFD session with the peer left up.", []string{"peer"}, nil)
+	descBFDPackets = prometheus.NewDesc("tiergate_l4_bfd_packets_total",
+		"BFD control packets sent (dir=out) to and taken (dir=in) from the peer.", []string{"peer", "dir"}, nil)
+	descBFDDetect = prometheus.NewDesc("tiergate_l4_bfd_detect_time_seconds",
+		"The time without a packet from the peer after which this LD takes the BFD session down.", []string{"peer"}, nil)
+	descBFDDropped = prometheus.NewDesc("tiergate_l4_bfd_dropped_total",
+		"BFD packets received and dropped, by reason (ttl: not 255, malformed, auth, unknown_session, queue_full).", []string{"reason"}, nil)
 )
 
 // collector reads the speaker at scrape time.
@@ -36,7 +48,8 @@ type collector struct{ s *Speaker }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSessionUp, descSessionState, descSessionUptime, descSessionFlaps,
-		descPeerAdvertised, descAnnounced, descWithdrawn, descAnnouncements, descWithdrawals, descVIPAnnounced} {
+		descPeerAdvertised, descAnnounced, descWithdrawn, descAnnouncements, descWithdrawals, descVIPAnnounced,
+		descBFDUp, descBFDFlaps, descBFDPackets, descBFDDetect, descBFDDropped} {
 		ch <- d
 	}
 }
@@ -59,6 +72,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descSessionUptime, p.UptimeSeconds, p.Address)
 		counter(descSessionFlaps, float64(p.Flaps), p.Address)
 		gauge(descPeerAdvertised, float64(p.Advertised), p.Address)
+		if b := p.BFD; b != nil {
+			gauge(descBFDUp, b2f(b.Up()), p.Address)
+			counter(descBFDFlaps, float64(b.Flaps), p.Address)
+			counter(descBFDPackets, float64(b.TxPackets), p.Address, "out")
+			counter(descBFDPackets, float64(b.RxPackets), p.Address, "in")
+			gauge(descBFDDetect, b.DetectTimeMs/1000, p.Address)
+		}
+	}
+	for _, r := range slices.Sorted(maps.Keys(st.BFDDropped)) {
+		counter(descBFDDropped, float64(st.BFDDropped[r]), r)
 	}
 	gauge(descAnnounced, float64(st.Announced))
 	withdrawn := map[string]int{}

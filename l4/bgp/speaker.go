@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/tiergate/tiergate/internal/config"
+	"github.com/tiergate/tiergate/l4/bfd"
 )
 
 // Reasons a VIP is withdrawn, as Status, GET /bgp and the metrics' reason label give
@@ -50,8 +51,11 @@ type Speaker struct {
 	log       *slog.Logger
 	passwords []string // by peer index
 
-	mu      sync.Mutex
-	srv     *server.BgpServer // nil before Start and after Stop
+	mu  sync.Mutex
+	srv *server.BgpServer // nil before Start and after Stop
+	// bfd runs the BFD sessions of the peers with BFD, from Start to Stop; nil
+	// when none has it.
+	bfd     *bfd.Speaker
 	started time.Time
 	vips    map[netip.Addr]*vipState
 	// counters, under mu
@@ -197,8 +201,42 @@ func (s *Speaker) SetPeers(ctx context.Context, peers []PeerConfig) error {
 			}
 		}
 	}
+	if s.srv != nil {
+		if err := s.syncBFDLocked(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if len(added) > 0 || len(errs) > 0 {
 		s.log.Info("BGP peers changed", "peers", len(peers), "opened", len(added), "errors", len(errs))
+	}
+	return errors.Join(errs...)
+}
+
+// syncBFDLocked makes the BFD sessions those of the peers with BFD: it opens the
+// missing ones (and those whose timers or local address changed) and removes the
+// others, each saying AdminDown.
+func (s *Speaker) syncBFDLocked() error {
+	want := map[netip.Addr]bool{}
+	var errs []error
+	params := bfd.Params{MinTx: s.cfg.BFD.MinTx.D(), MinRx: s.cfg.BFD.MinRx.D(), Multiplier: s.cfg.BFD.Multiplier}
+	for _, p := range s.cfg.Peers {
+		if !s.cfg.BFDOn(p) {
+			continue
+		}
+		want[p.Address] = true
+		if s.bfd == nil {
+			s.bfd = bfd.New(bfd.Options{Logger: s.log})
+		}
+		if err := s.bfd.Add(p.Address, p.LocalAddress, params); err != nil {
+			errs = append(errs, fmt.Errorf("opening the BFD session with peer %v: %w", p.Address, err))
+		}
+	}
+	if s.bfd != nil {
+		for _, st := range s.bfd.Sessions() {
+			if !want[st.Peer] {
+				s.bfd.Remove(st.Peer)
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -206,6 +244,14 @@ func (s *Speaker) SetPeers(ctx context.Context, peers []PeerConfig) error {
 // Start starts the BGP server, listening on ListenPort, and adds the peers; it
 // connects out to them in the background and announces what Set says.
 func (s *Speaker) Start(ctx context.Context) error {
+	// BFD first: a socket it cannot open (port 3784 taken) fails the start.
+	s.mu.Lock()
+	err := s.syncBFDLocked()
+	s.mu.Unlock()
+	if err != nil {
+		s.stopBFD()
+		return err
+	}
 	srv := server.NewBgpServer(server.LoggerOption(newLogger(s.log)))
 	go srv.Serve()
 	listen := make([]string, 0, len(s.cfg.ListenAddresses))
@@ -219,6 +265,7 @@ func (s *Speaker) Start(ctx context.Context) error {
 		ListenAddresses: listen,
 	}}); err != nil {
 		srv.Stop()
+		s.stopBFD()
 		return fmt.Errorf("starting the BGP speaker (AS %d, port %d): %w", s.cfg.ASN, s.cfg.ListenPort, err)
 	}
 	// The peers are added under mu, so that a SetPeers meanwhile waits and then
@@ -229,6 +276,7 @@ func (s *Speaker) Start(ctx context.Context) error {
 			s.mu.Unlock()
 			_ = srv.StopBgp(context.WithoutCancel(ctx), &api.StopBgpRequest{})
 			srv.Stop()
+			s.stopBFD()
 			return fmt.Errorf("adding BGP peer %v (AS %d): %w", p.Address, p.AS, err)
 		}
 	}
@@ -439,11 +487,25 @@ func (s *Speaker) Stop(ctx context.Context) error {
 	}
 	err := srv.StopBgp(ctx, &api.StopBgpRequest{})
 	srv.Stop()
+	// BFD last: the sessions are closed already, so the routers never learn of
+	// a graceful stop from BFD.
+	s.stopBFD()
 	if err != nil {
 		return fmt.Errorf("stopping the BGP speaker: %w", err)
 	}
 	s.log.Info("BGP speaker stopped")
 	return nil
+}
+
+// stopBFD ends the BFD sessions, each saying AdminDown.
+func (s *Speaker) stopBFD() {
+	s.mu.Lock()
+	b := s.bfd
+	s.bfd = nil
+	s.mu.Unlock()
+	if b != nil {
+		b.Close()
+	}
 }
 
 // Status is the speaker's view: its sessions and its VIPs.
@@ -461,6 +523,9 @@ type Status struct {
 	// withdrawn, by reason.
 	Announcements uint64            `json:"announcements"`
 	Withdrawals   map[string]uint64 `json:"withdrawals"`
+	// BFDDropped counts the BFD packets received and dropped, by reason (l4/bfd's
+	// Speaker.Drops); absent without BFD.
+	BFDDropped map[string]uint64 `json:"bfd_dropped,omitempty"`
 }
 
 // PeerStatus is one session.
@@ -480,6 +545,9 @@ type PeerStatus struct {
 	Advertised uint64 `json:"advertised"`
 	// Flaps counts the times the session went down after having been established.
 	Flaps uint32 `json:"flaps"`
+	// BFD is the peer's BFD session (state up, down, init or admin_down, timers,
+	// counters); absent when the peer has none.
+	BFD *bfd.SessionStatus `json:"bfd,omitempty"`
 }
 
 // VIPStatus is one VIP.
@@ -506,8 +574,17 @@ func (s *Speaker) Status(ctx context.Context) Status {
 	}
 	srv := s.srv
 	cfgPeers := slices.Clone(s.cfg.Peers)
+	bs := s.bfd
 	s.mu.Unlock()
 	st.Peers = s.peers(ctx, srv, cfgPeers)
+	if bs != nil {
+		st.BFDDropped = bs.Drops()
+		for i := range st.Peers {
+			if b, ok := bs.Session(cfgPeers[i].Address); ok {
+				st.Peers[i].BFD = &b
+			}
+		}
+	}
 	return st
 }
 

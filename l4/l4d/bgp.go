@@ -105,7 +105,11 @@ func (c *FileConfig) bgpSummary() string {
 		}
 	}
 	for _, p := range b.Peers {
-		peers = append(peers, fmt.Sprintf("%v AS %d (hold %v)", p.Address, p.AS, p.HoldTime))
+		bfd := ""
+		if b.BFDOn(p) {
+			bfd = fmt.Sprintf(", BFD %v x %d", b.BFD.MinTx, b.BFD.Multiplier)
+		}
+		peers = append(peers, fmt.Sprintf("%v AS %d (hold %v%s)", p.Address, p.AS, p.HoldTime, bfd))
 	}
 	return fmt.Sprintf("BGP: AS %d, router id %v, next hop %s; peers %s; withdraw_delay %v",
 		b.ASN, b.RouterID, strings.Join(nh, ", "), strings.Join(peers, ", "), b.WithdrawDelay)

@@ -107,8 +107,12 @@ type FileConfig struct {
 	// /bgp and tiergate_l4_bgp_*, on POST /drain, SIGTERM (then l4d forwards for
 	// withdraw_delay, default 3s, before it stops), datapath stopped, a port down,
 	// no member up and undrained in any of its rules (withdraw_unhealthy, default
-	// true), or an announce gate closed (warm-up). Fixed at start. Default none: no
-	// BGP.
+	// true), or an announce gate closed (warm-up). With bfd.enabled (min_tx,
+	// min_rx 300ms, multiplier 3 by default; a peer's bfd: false leaves it out) a
+	// BFD session runs beside each BGP session, so that a router with BFD on drops
+	// a dead LD's routes in under a second; its state is in GET /bgp and
+	// tiergate_l4_bfd_*, and it stops after the BGP sessions, so a graceful stop
+	// never relies on it. Fixed at start. Default none: no BGP.
 	BGP *bgp.Config `yaml:"bgp" json:"bgp,omitempty"`
 
 	// Sync, when set, shares the long-lived connections with the cluster's other
@@ -148,6 +152,16 @@ type FileConfig struct {
 	// clients whose packets do not fit the tunnel (datapath.ICMPConfig). Changes on
 	// reload. Default rate 1000 per second per worker, burst 50.
 	ICMP datapath.ICMPConfig `yaml:"icmp" json:"icmp,omitzero"`
+
+	// Trace records the path of marked probe packets (datapath.TraceConfig, TGW's
+	// trace and drop points): a packet meeting every criterion set (dscp 1..63,
+	// sources: the probe servers' prefixes, tcp_option: an option kind) is
+	// recorded by each worker with ld (this LD's ID; default the host name, else
+	// the external address), readable from GET /trace and
+	// tiergate_l4_trace_points_total / tiergate_l4_trace_drops_total; records
+	// (per worker, default 1024) and sample_bytes (default 128) bound the memory.
+	// Changes on reload. Default none: nothing traced.
+	Trace datapath.TraceConfig `yaml:"trace" json:"trace,omitzero"`
 
 	// Forwarding is what the datapath forwards; it changes at runtime.
 	Forwarding `yaml:",inline"`
@@ -413,6 +427,7 @@ func (c *FileConfig) Datapath() (datapath.Config, error) {
 
 		MaxNeighbours: c.MaxNeighbours,
 		ICMP:          c.ICMP,
+		Trace:         c.Trace,
 	}
 	cfg.Internal = cfg.External
 	if c.Ports.Internal != nil {
