@@ -15,7 +15,14 @@
 //     against none, in rounds of the three rows on the same flows, in memory and over
 //     net_ring; the clients of those two set-ups are spread over the IPv4 space;
 //   - end-to-end packets per second through veth pairs with net_af_packet, from a raw
-//     socket in a client namespace to a sink namespace (kernel-bound; for context).
+//     socket in a client namespace to a sink namespace (kernel-bound; for context);
+//   - the defence rows (issue 17), in rounds that alternate their order: the SYN
+//     proxy's cookie SYN-ACKs per second of the worker's CPU, answering a spoofed SYN
+//     flood (testkit/synflood's frames) on in-memory ports, against the kernel's own
+//     SYN proxy (nftables synproxy) answering the same kind of flood over veth in a
+//     namespace, its receive path steered to one core whose softirq time is counted;
+//     established flows with the SYN proxy on ÷ off; and what overload control and
+//     tracing (unmarked packets) add per packet of established flows.
 //
 // It prints a readable table, the targets with PASS or MISS, and as its very last line
 // one JSON object with the headline figures. It needs root (namespaces, DPDK) and
@@ -24,6 +31,8 @@
 // and (left by a killed run) at the next start.
 //
 //	go run ./bench/l4 [-flows 1000000] [-duration 3s] [-blacklist 1000000] [-skip-dpdk] [-skip-veth]
+//	    [-phases all|table,forward,dpdk,synproxy,synproxy-established,overload,trace|defence]
+//	    [-defence-rounds 3] [-defence-duration 1s]
 package main
 
 import (
@@ -32,6 +41,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tiergate/tiergate/bench/benchkit"
@@ -62,6 +74,36 @@ type options struct {
 	blDuration time.Duration
 	blListed   float64
 	blPlan     *blacklistPlan // built by run
+	// phases are the measurements to run (-phases), in the order of allPhases.
+	phases []string
+	// defence rows: rounds, and the time of each row in a round.
+	defRounds   int
+	defDuration time.Duration
+}
+
+// allPhases are the measurements, as -phases names them: the connection table, the
+// in-memory forwarding (with its blacklist rows), DPDK (net_ring with its blacklist
+// rows, and veth), and the defence rows (defencePhases).
+var allPhases = append([]string{"table", "forward", "dpdk"}, defencePhases...)
+
+// phase reports whether the measurement named name runs.
+func (o *options) phase(name string) bool { return slices.Contains(o.phases, name) }
+
+// parsePhases reads -phases: "all", or a comma-separated list of allPhases where
+// "defence" stands for defencePhases.
+func parsePhases(s string) ([]string, error) {
+	if s == "all" {
+		return allPhases, nil
+	}
+	var names []string
+	for _, f := range strings.Split(s, ",") {
+		if strings.TrimSpace(f) == "defence" {
+			names = append(names, defencePhases...)
+		} else {
+			names = append(names, f)
+		}
+	}
+	return benchkit.ParseList(strings.Join(names, ","), allPhases)
 }
 
 // Main runs the benchmark and returns the exit status: 0 when every measurement ran
@@ -86,7 +128,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.blRounds, "blacklist-rounds", 3, "rounds of the blacklist rows (without, with, with some clients listed)")
 	fs.DurationVar(&o.blDuration, "blacklist-duration", time.Second, "measured time of each blacklist row")
 	fs.Float64Var(&o.blListed, "blacklist-listed", 0.01, "share of the flows whose clients are on the list in the third blacklist row")
+	phases := fs.String("phases", "all", "the measurements to run, comma-separated: "+strings.Join(allPhases, ", ")+
+		" (defence: the last "+strconv.Itoa(len(defencePhases))+"), or all")
+	fs.IntVar(&o.defRounds, "defence-rounds", 3, "rounds of the defence rows (each row once per round, the order alternating)")
+	fs.DurationVar(&o.defDuration, "defence-duration", time.Second, "measured time of each defence row in a round")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var err error
+	if o.phases, err = parsePhases(*phases); err != nil {
+		fmt.Fprintf(stderr, "bench-l4: -phases: %v\n", err)
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -102,6 +153,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	case o.blEntries < 0 || o.blEntries > maxBlacklist || o.blRounds < 1 || o.blDuration <= 0 || o.blListed < 0 || o.blListed > 1:
 		fmt.Fprintf(stderr, "bench-l4: -blacklist wants 0 to %d, -blacklist-rounds at least 1, -blacklist-duration positive, -blacklist-listed 0 to 1\n", maxBlacklist)
+		return 2
+	case o.defRounds < 1 || o.defDuration <= 0:
+		fmt.Fprintln(stderr, "bench-l4: -defence-rounds must be at least 1, -defence-duration positive")
 		return 2
 	case o.duration <= 0 || o.vethDuration <= 0 || o.vethFrames < 1 || o.quietWait < 0:
 		fmt.Fprintln(stderr, "bench-l4: -duration, -veth-duration and -veth-frames must be positive, -quiet-wait not negative")

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/netip"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/tiergate/tiergate/l4/packet"
 	"github.com/tiergate/tiergate/l4/port"
+	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
 // TestMainInMemory runs the whole program without DPDK on small numbers: the in-memory
@@ -21,7 +23,7 @@ import (
 // JSON summary.
 func TestMainInMemory(t *testing.T) {
 	var out, errb bytes.Buffer
-	code := Main([]string{"-skip-dpdk", "-flows", "10000", "-duration", "200ms", "-table", "10000", "-quiet-wait", "0",
+	code := Main([]string{"-phases", "table,forward", "-flows", "10000", "-duration", "200ms", "-table", "10000", "-quiet-wait", "0",
 		"-blacklist", "20000", "-blacklist-rounds", "2", "-blacklist-duration", "200ms"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
@@ -102,6 +104,10 @@ func TestMainRejectsBadFlags(t *testing.T) {
 		{"-blacklist", "-1"},
 		{"-blacklist-rounds", "0"},
 		{"-blacklist-listed", "1.5"},
+		{"-phases", "bogus"},
+		{"-phases", ""},
+		{"-defence-rounds", "0"},
+		{"-defence-duration", "0s"},
 		{"-bogus"},
 		{"extra"},
 	} {
@@ -314,6 +320,114 @@ func TestCommas(t *testing.T) {
 	for n, want := range map[int]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -1000: "-1,000"} {
 		if got := commas(n); got != want {
 			t.Errorf("commas(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// TestMainDefence runs only the defence rows on small numbers: the rows the datapath
+// has are measured and reported in the table and the JSON, the others say "not
+// available" (never a number), and the kernel's synproxy peer answers the flood.
+func TestMainDefence(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireCommand(t, "ip", "iproute2")
+	testenv.RequireCommand(t, "nft", "nftables")
+	if runtime.NumCPU() < 2 {
+		t.Skip("the kernel's synproxy is measured on a core apart from the flood's: needs 2 CPUs")
+	}
+	var out, errb bytes.Buffer
+	code := Main([]string{"-phases", "defence", "-flows", "10000", "-quiet-wait", "0",
+		"-defence-rounds", "2", "-defence-duration", "200ms"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	text := strings.TrimRight(out.String(), "\n")
+	last := text[strings.LastIndexByte(text, '\n')+1:]
+	var s struct {
+		Cookies     *float64         `json:"synproxy_cookies_mpps_per_core"`
+		Kernel      *float64         `json:"kernel_synproxy_mpps_per_core"`
+		VsKernel    *float64         `json:"synproxy_vs_kernel"`
+		Established *float64         `json:"synproxy_established_ratio"`
+		OverloadNs  *float64         `json:"overload_ns_per_packet"`
+		TraceNs     *float64         `json:"trace_ns_per_packet"`
+		Targets     map[string]*bool `json:"targets_met"`
+		Failures    []string         `json:"failures"`
+		Skipped     []string         `json:"skipped"`
+		Defence     *defenceResults  `json:"defence"`
+		InMem       *forwardResults  `json:"inmem"`
+	}
+	if err := json.Unmarshal([]byte(last), &s); err != nil {
+		t.Fatalf("last line %q: %v", last, err)
+	}
+	if len(s.Failures) != 0 || s.Defence == nil || s.InMem != nil {
+		t.Fatalf("failures %q, defence %v, in-memory forwarding %v", s.Failures, s.Defence, s.InMem)
+	}
+	if !slices.ContainsFunc(s.Skipped, func(x string) bool { return strings.Contains(x, "table, forward, dpdk") }) {
+		t.Errorf("skipped: %q", s.Skipped)
+	}
+	for _, k := range []string{"synproxy_vs_kernel", "synproxy_established"} {
+		if _, ok := s.Targets[k]; !ok {
+			t.Errorf("targets_met lacks %s", k)
+		}
+	}
+	d := s.Defence
+	// A figure is a positive number when its row ran, null when the datapath lacks
+	// the feature; never both.
+	check := func(row string, vs ...*float64) {
+		_, na := d.NotAvailable[row]
+		for i, v := range vs {
+			switch {
+			case na && v != nil:
+				t.Errorf("%s is not available but figure %d is %v", row, i, *v)
+			case !na && v == nil:
+				t.Errorf("%s: figure %d is null", row, i)
+			}
+		}
+	}
+	// The kernel's synproxy is measured whether the LD's SYN proxy is there or not.
+	sp := d.Synproxy
+	if sp == nil || len(sp.Rounds) != 2 || s.Kernel == nil || *s.Kernel <= 0 {
+		t.Fatalf("SYN proxy rows: %+v, kernel %v", sp, s.Kernel)
+	}
+	for i, rd := range sp.Rounds {
+		if k := rd.Kernel; k == nil || k.MppsPerCore <= 0 || k.SynAcks == 0 || k.SynReceived == 0 || k.KernelCPU <= 0 {
+			t.Errorf("kernel synproxy round %d: %+v", i+1, k)
+		}
+	}
+	if !strings.Contains(out.String(), "kernel nftables synproxy, CPU 1") {
+		t.Error("the report lacks the kernel's synproxy")
+	}
+	if _, na := d.NotAvailable["synproxy"]; !na {
+		if sp.Answered == 0 || sp.Answered > sp.Received || sp.ToMembers != 0 {
+			t.Errorf("LD SYN proxy: %+v", sp)
+		}
+		for i, rd := range sp.Rounds {
+			if rd.LD == nil || rd.LD.MppsPerCPU <= 0 || rd.Ratio <= 0 {
+				t.Errorf("SYN proxy round %d: %+v", i+1, rd)
+			}
+		}
+		if !strings.Contains(out.String(), "LD, one worker, in-memory ports") {
+			t.Error("the report lacks the LD's SYN proxy")
+		}
+	} else if s.Cookies != nil || s.VsKernel != nil {
+		t.Errorf("the LD's SYN proxy is not available, yet figures %v %v", s.Cookies, s.VsKernel)
+	}
+	if !strings.Contains(out.String(), "(issue 17)") {
+		t.Error("the report lacks the targets of issue 17")
+	}
+	check("synproxy-established", s.Established)
+	check("overload", s.OverloadNs)
+	check("trace (DSCP)", s.TraceNs)
+	for name, f := range map[string]*featureResults{"overload": d.Overload, "trace": d.Trace, "trace option": d.TraceOption} {
+		if f == nil {
+			continue
+		}
+		if len(f.Rounds) != 2 || f.Ratio <= 0 {
+			t.Errorf("%s rows: %+v", name, f)
+		}
+		for i, rd := range f.Rounds {
+			if rd.On == nil || rd.Off == nil || rd.On.Packets == 0 || rd.Off.Packets == 0 {
+				t.Errorf("%s round %d: %+v", name, i+1, rd)
+			}
 		}
 	}
 }

@@ -21,6 +21,8 @@ const (
 	table10M              = 10_000_000
 	targetBlacklistRatio  = 0.9 // established flows with a 1M-entry list ÷ without
 	blacklist1M           = 1_000_000
+	targetSynproxyVsKern  = 3.0  // LD cookie SYN-ACKs per core ÷ the kernel's nftables synproxy (issue 17)
+	targetSynproxyEstab   = 0.85 // established flows with the SYN proxy on ÷ off (issue 17)
 )
 
 // summary is the last line of the output. The first five fields are the headline
@@ -37,6 +39,24 @@ type summary struct {
 	// of the rounds, through DPDK net_ring when measured and not source-bound, else
 	// in memory; null when the list was not 1M entries.
 	BlacklistRatio *float64 `json:"l4_mpps_with_1m_blacklist_ratio"`
+
+	// The defence rows (issue 17); null when not measured (or not available).
+	// SynproxyCookies is the LD's cookie SYN-ACKs per second of its worker's CPU, in
+	// millions; KernelSynproxy the kernel's nftables synproxy's per second of its
+	// core's softirq time; SynproxyVsKernel the median of the rounds' ratios.
+	SynproxyCookies     *float64 `json:"synproxy_cookies_mpps_per_core"`
+	KernelSynproxy      *float64 `json:"kernel_synproxy_mpps_per_core"`
+	SynproxyVsKernel    *float64 `json:"synproxy_vs_kernel"`
+	SynproxyEstablished *float64 `json:"synproxy_established_ratio"`
+	// OverloadNs and TraceNs are the worker CPU time per packet of established flows
+	// that overload control (normal state, limits set) and tracing (a DSCP marker;
+	// no packet marked) add; the ratios are the rates with ÷ without.
+	OverloadNs       *float64 `json:"overload_ns_per_packet"`
+	OverloadRatio    *float64 `json:"overload_established_ratio"`
+	TraceNs          *float64 `json:"trace_ns_per_packet"`
+	TraceRatio       *float64 `json:"trace_established_ratio"`
+	TraceOptionNs    *float64 `json:"trace_tcp_option_ns_per_packet"`
+	TraceOptionRatio *float64 `json:"trace_tcp_option_established_ratio"`
 
 	Targets map[string]*bool `json:"targets_met"`
 
@@ -73,10 +93,11 @@ type summary struct {
 	Skipped    []string `json:"skipped"`
 	Failures   []string `json:"failures"`
 
-	InMem *forwardResults `json:"inmem"`
-	Ring  *forwardResults `json:"dpdk_net_ring"`
-	Veth  *vethResult     `json:"veth_af_packet"`
-	Table *tableResult    `json:"table"`
+	InMem   *forwardResults `json:"inmem"`
+	Ring    *forwardResults `json:"dpdk_net_ring"`
+	Veth    *vethResult     `json:"veth_af_packet"`
+	Table   *tableResult    `json:"table"`
+	Defence *defenceResults `json:"defence,omitempty"`
 }
 
 func report(o *options, r *results) {
@@ -84,7 +105,7 @@ func report(o *options, r *results) {
 	s := summary{
 		Flows: o.flows, DurationS: o.duration.Seconds(), Cores: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
 		EAL: r.eal, Skipped: r.skipped, Failures: r.Failures, Targets: map[string]*bool{},
-		InMem: r.inmem, Ring: r.ring, Veth: r.veth, Table: r.table,
+		InMem: r.inmem, Ring: r.ring, Veth: r.veth, Table: r.table, Defence: r.defence,
 	}
 	if s.Skipped == nil {
 		s.Skipped = []string{}
@@ -141,7 +162,7 @@ func report(o *options, r *results) {
 		}
 		s.FeederBound = &r.ring.SourceBound
 	}
-	if !o.skipDPDK {
+	if !o.skipDPDK && o.phase("dpdk") {
 		phases("DPDK net_ring", r.ring, ringNote)
 		if r.ring != nil {
 			s.NewFlowsDPDK = mpps(r.ring.NewFlows)
@@ -150,12 +171,15 @@ func report(o *options, r *results) {
 			s.EstablishedDPDKCPU = mppsCPU(r.ring.Established)
 		}
 	}
-	ft.Fprint(w)
-	fmt.Fprintln(w, "Mpps = packets ÷ seconds (wall clock, the headline); Mpps/CPU s = packets ÷ the CPU time the worker's thread")
-	fmt.Fprintln(w, "had; idle = share of the phase the worker waited for packets (from a poll that found none to the next that")
-	fmt.Fprintln(w, "found some); others = cores used by other processes meanwhile.")
-	fmt.Fprintln(w)
+	if o.phase("forward") || o.phase("dpdk") {
+		ft.Fprint(w)
+		fmt.Fprintln(w, "Mpps = packets ÷ seconds (wall clock, the headline); Mpps/CPU s = packets ÷ the CPU time the worker's thread")
+		fmt.Fprintln(w, "had; idle = share of the phase the worker waited for packets (from a poll that found none to the next that")
+		fmt.Fprintln(w, "found some); others = cores used by other processes meanwhile.")
+		fmt.Fprintln(w)
+	}
 	maxOther = max(maxOther, blacklistTable(w, r, &s))
+	maxOther = max(maxOther, defenceTable(w, r, &s))
 	s.MaxOtherCores = round(maxOther, 2)
 	if maxOther >= 0.2 {
 		fmt.Fprintf(w, "warning: other processes used up to %.2f of the %d cores during a phase: the machine was shared, so the\n", maxOther, runtime.NumCPU())
@@ -219,6 +243,10 @@ func report(o *options, r *results) {
 		atMost(s.Table10MMiB, targetTable10MMiB), numUnit(s.Table10MMiB, "%.1f MiB"))
 	row("blacklist_1m", fmt.Sprintf("established flows with a 1M blacklist ≥ %.1f × without (issue 14)", targetBlacklistRatio),
 		atLeast(s.BlacklistRatio, targetBlacklistRatio), numUnit(s.BlacklistRatio, "%.3f ×"))
+	row("synproxy_vs_kernel", fmt.Sprintf("SYN-proxy cookie answers per core ≥ %.0f × the kernel's nftables synproxy (issue 17)", targetSynproxyVsKern),
+		atLeast(s.SynproxyVsKernel, targetSynproxyVsKern), numUnit(s.SynproxyVsKernel, "%.2f ×"))
+	row("synproxy_established", fmt.Sprintf("established flows with the SYN proxy on ≥ %.2f × off (issue 17)", targetSynproxyEstab),
+		atLeast(s.SynproxyEstablished, targetSynproxyEstab), numUnit(s.SynproxyEstablished, "%.3f ×"))
 	tg.Fprint(w)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "peers, as published (not measured here): DPVS about 2.9 Mpps per worker; IPVS 128 bytes per connection entry.")
@@ -232,6 +260,11 @@ func report(o *options, r *results) {
 func header(w io.Writer, o *options, r *results) {
 	fmt.Fprintf(w, "\nL4 load distributor benchmark (l4/datapath, one worker): forwarding, new flows, connection table memory\n")
 	fmt.Fprintf(w, "machine:   %d CPUs, GOMAXPROCS %d, %s/%s, %s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version())
+	if !o.phase("forward") && !o.phase("dpdk") {
+		fmt.Fprintf(w, "phases:    %s\n", strings.Join(o.phases, ", "))
+		fmt.Fprintln(w)
+		return
+	}
 	fmt.Fprintf(w, "traffic:   TCP to %s:%d from %s flows (one client address each, spread over the IPv4 unicast space;\n", vip, vipPort, commas(uint64(o.flows)))
 	fmt.Fprintf(w, "           ports from %d), each pass in one shuffled\n", clientPortBase)
 	fmt.Fprintf(w, "           order; SYN frames %d B (MSS, SACK, timestamps, window scale), ACK frames %d B (timestamps);\n", synFrameLen, ackFrameLen)
@@ -242,7 +275,7 @@ func header(w io.Writer, o *options, r *results) {
 	fmt.Fprintf(w, "in-memory: the external port is a generator whose RxBurst copies each pre-built frame into a buffer: the copy\n")
 	fmt.Fprintf(w, "           stands for the NIC's DMA and runs on the worker's core, so it is inside the figure; the internal\n")
 	fmt.Fprintf(w, "           port takes every frame and recycles its buffer.\n")
-	if !o.skipDPDK {
+	if !o.skipDPDK && o.phase("dpdk") {
 		fmt.Fprintf(w, "DPDK:      EAL %s\n", strings.Join(r.eal, " "))
 		fmt.Fprintf(w, "           a feeder goroutine on the other core (locked thread, registered lcore) allocates mbufs, copies the\n")
 		fmt.Fprintf(w, "           frames into them and transmits them on net_ring0 TX queue 0, which is the ring (1024 slots) of its\n")

@@ -8,6 +8,8 @@ import (
 	"os"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/tiergate/tiergate/bench/benchkit"
@@ -25,6 +27,7 @@ type results struct {
 	eal       []string // EAL arguments, when DPDK ran
 	buildDur  time.Duration
 	blacklist *blacklistSets
+	defence   *defenceResults
 	skipped   []string
 	benchkit.Bench
 }
@@ -50,41 +53,56 @@ func run(ctx context.Context, o *options) error {
 	log := slog.New(slog.NewTextHandler(o.log, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	res := &results{Bench: benchkit.Bench{Log: o.log, QuietCores: o.quietCores, QuietWait: o.quietWait}}
 
-	res.Progress("connection table of %d", o.tableSize)
-	t, err := measureTable(o.tableSize)
-	if err != nil {
-		res.Fail("connection table: %v", err)
+	if o.phase("table") {
+		res.Progress("connection table of %d", o.tableSize)
+		t, err := measureTable(o.tableSize)
+		if err != nil {
+			res.Fail("connection table: %v", err)
+		}
+		res.table = t
+		debug.FreeOSMemory()
 	}
-	res.table = t
-	debug.FreeOSMemory()
 
-	if ctx.Err() == nil {
+	forward, dpdk := o.phase("forward"), o.phase("dpdk") && !o.skipDPDK
+	feature := o.phase("overload") || o.phase("trace") || o.phase("synproxy-established")
+	if ctx.Err() == nil && (forward || dpdk || feature) {
 		res.Progress("building %d SYN and %d ACK frames", o.flows, o.flows)
 		start := time.Now()
 		clients := newSpreadClients(o.flows)
 		syn := buildFramesOf(o.flows, true, extMAC, [6]byte(gwMAC), 1, clients.client)
 		ack := buildFramesOf(o.flows, false, extMAC, [6]byte(gwMAC), 2, clients.client)
 		res.buildDur = time.Since(start)
-		if o.blEntries > 0 {
+		if o.blEntries > 0 && (forward || dpdk) {
 			res.Progress("building a blacklist of %d IPv4 addresses", o.blEntries)
 			res.blacklist = newBlacklistSets(o.blEntries, clients, o.blListed)
 			o.blPlan = &blacklistPlan{sets: res.blacklist, rounds: o.blRounds, duration: o.blDuration}
-		} else {
+		} else if o.blEntries == 0 {
 			res.skipped = append(res.skipped, "blacklist rows (-blacklist 0)")
 		}
 
-		res.Progress("in-memory ports")
-		waitQuiet(ctx, res)
-		if res.inmem, err = runInMem(ctx, o, syn, ack, log); err != nil {
-			res.Fail("in-memory: %v", err)
+		if forward {
+			res.Progress("in-memory ports")
+			waitQuiet(ctx, res)
+			var err error
+			if res.inmem, err = runInMem(ctx, o, syn, ack, log); err != nil {
+				res.Fail("in-memory: %v", err)
+			}
 		}
-		if ctx.Err() == nil && !o.skipDPDK {
+		if ctx.Err() == nil && dpdk {
 			runDPDK(ctx, o, res, syn, ack, log)
 		}
+		if ctx.Err() == nil {
+			runDefence(ctx, o, res, syn, ack, log)
+		}
+	} else if ctx.Err() == nil {
+		runDefence(ctx, o, res, nil, nil, log)
 	}
-	if o.skipDPDK {
+	if skipped := slices.DeleteFunc(slices.Clone(allPhases), o.phase); len(skipped) > 0 {
+		res.skipped = append(res.skipped, "phases "+strings.Join(skipped, ", ")+" (-phases)")
+	}
+	if o.skipDPDK && o.phase("dpdk") {
 		res.skipped = append(res.skipped, "DPDK net_ring and veth (-skip-dpdk)")
-	} else if o.skipVeth {
+	} else if o.skipVeth && o.phase("dpdk") {
 		res.skipped = append(res.skipped, "veth net_af_packet (-skip-veth)")
 	}
 	if ctx.Err() != nil {
