@@ -90,6 +90,7 @@ type configBody struct {
 //	GET    /bgp                                 BGP sessions, VIPs announced or withdrawn and why (bgp section)
 //	POST   /drain                               withdraw every VIP from the routers (operator drain of the LD)
 //	POST   /undrain                             announce them again
+//	GET    /trace                               recent trace and drop points of marked probes (trace section); ?src=, ?kind=, ?reason=, ?limit=
 //
 // Every change builds a whole new configuration and applies it atomically; one the
 // datapath rejects is answered 400 with the reason and changes nothing. With a
@@ -263,6 +264,7 @@ func (d *Daemon) adminHandler() http.Handler {
 		})
 	}
 	d.bgpRoutes(handle)
+	d.traceRoutes(handle)
 	return d.Auth.Wrap(mux)
 }
 
