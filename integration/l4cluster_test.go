@@ -189,13 +189,18 @@ shutdown_grace: 2s
 	}
 
 	// Hold time 6 s, not BGP's shortest 3 s: nothing here measures failover, and a
-	// session must not drop on a loaded machine between two checks.
+	// session must not drop on a loaded machine between two checks. BFD (l4d's
+	// defaults, 300 ms x 3) beside each session takes a hung LD out in about a
+	// second.
 	const password = "tiergate-bgp-md5"
 	const holdTime = 6 * time.Second
+	bfdTimers := &bird.BFD{MinRx: 300 * time.Millisecond, MinTx: 300 * time.Millisecond, Multiplier: 3}
+	bfdDetect := time.Duration(bfdTimers.Multiplier) * bfdTimers.MinRx
 	router := bird.Start(t, rt, bird.Config{RouterID: "198.18.0.1", Address: "198.18.0.1", AS: 65000, HoldTime: 6,
+		BFD: bfdTimers,
 		Peers: []bird.Peer{
-			{Name: "lda", Address: lds[0].session, AS: 65001, Password: password},
-			{Name: "ldb", Address: lds[1].session, AS: 65001, TTLSecurity: true},
+			{Name: "lda", Address: lds[0].session, AS: 65001, Password: password, BFD: true},
+			{Name: "ldb", Address: lds[1].session, AS: 65001, TTLSecurity: true, BFD: true},
 		}})
 
 	for i, ld := range lds {
@@ -232,6 +237,7 @@ bgp:
   asn: 65001
   withdraw_delay: 5s             # ample for the test to see the session up after the withdrawal
   check_interval: 200ms
+  bfd: {enabled: true}           # 300ms x 3
   peers:
     - {address: 198.18.0.1, as: 65000, hold_time: 6s, connect_retry: 1s, %s}
 `, dir, ld.nextHop, ld.internal, clusterVIP, security)), 0o600); err != nil {
@@ -267,6 +273,16 @@ bgp:
 		if st := ld.get(t, "/bgp"); !strings.Contains(st, `"state": "established"`) || !strings.Contains(st, `"announced": true`) {
 			t.Fatalf("%s: GET /bgp:\n%s", ld.name, st)
 		}
+	}
+	// BFD is up at both ends of both sessions.
+	waitFor(t, 30*time.Second, "BFD up with both LDs", func() bool {
+		sessions, _ := router.BFDSessions()
+		return sessions[lds[0].session] == "Up" && sessions[lds[1].session] == "Up" &&
+			scrapeWith(lds[0].http, "http://127.0.0.1:9180/metrics", "tiergate_l4_bfd_session_up") == 1 &&
+			scrapeWith(lds[1].http, "http://127.0.0.1:9180/metrics", "tiergate_l4_bfd_session_up") == 1
+	})
+	if st := lds[0].get(t, "/bgp"); !strings.Contains(st, `"bfd": {`) || !strings.Contains(st, `"detect_time_ms": 900`) {
+		t.Errorf("lda: GET /bgp shows no BFD session up with 300 ms x 3:\n%s", st)
 	}
 
 	// The client's new connections spread over both LDs (and through them to the
@@ -348,18 +364,23 @@ bgp:
 	ldb.d.start()
 	waitNextHops("ldb restarted", "198.18.0.2", "198.18.0.3")
 
-	// An LD that hangs (stopped: no keepalives, its session never closed) loses
-	// its path when the router's hold timer expires, and the other LD serves.
+	// An LD that hangs (stopped: no keepalives, no BFD packets, its session never
+	// closed) loses its path when the router's BFD session times out, well before
+	// the hold timer would have it, and the other LD serves.
 	lda := lds[0]
+	waitFor(t, 30*time.Second, "BFD up with lda", func() bool {
+		sessions, _ := router.BFDSessions()
+		return sessions[lda.session] == "Up"
+	})
 	if err := lda.d.proc.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	hung := time.Now()
 	waitNextHops("lda hung", "198.18.0.3")
 	took := time.Since(hung)
-	t.Logf("lda's path gone %v after it hung (hold time %v)", took.Round(time.Millisecond), holdTime)
-	if took > holdTime+3*time.Second {
-		t.Errorf("lda's path went %v after it hung, more than the hold time %v and 3 s", took, holdTime)
+	t.Logf("lda's path gone %v after it hung (BFD detection time %v, hold time %v)", took.Round(time.Millisecond), bfdDetect, holdTime)
+	if took > bfdDetect+3*time.Second {
+		t.Errorf("lda's path went %v after it hung, more than BFD's detection time %v and 3 s (hold time %v)\n%s", took, bfdDetect, holdTime, router.LogTail())
 	}
 	lda.d.kill()
 	if _, _, err := l4Get(fresh, url); err != nil {

@@ -31,7 +31,7 @@ import (
 // and a third L7 node):
 //
 //	cl (client 198.18.2.10) ── c0 ─ rc (198.18.2.1)
-//	rt: router, bird2 (AS 65000, hold time 3 s), ECMP on L4; bridge br0 198.18.0.1/24
+//	rt: router, bird2 (AS 65000, hold time 3 s, BFD 300 ms x 3), ECMP on L4; bridge br0 198.18.0.1/24
 //	 ├── lda: x0 (DPDK, 198.18.0.2), k0 (kernel 198.18.0.12: BGP)
 //	 └── ldb: x0 (DPDK, 198.18.0.3), k0 (kernel 198.18.0.13: BGP)
 //	sw: bridge br1 (backend 198.18.1.100:8080)
@@ -43,15 +43,25 @@ import (
 // connections are synced, so consistent hashing alone would move some of them to c.
 
 // Environment of the benchmark (bench/l4cluster runs this test as a child): the
-// number of long connections, and a file the figures are written to as JSON.
+// number of long connections, a file the figures are written to as JSON, and the
+// BFD interval ("off": none, the router drops a dead LD at the hold timer).
 const (
 	failoverConnsEnv = "TIERGATE_FAILOVER_CONNS"
 	failoverOutEnv   = "TIERGATE_FAILOVER_OUT"
+	failoverBFDEnv   = "TIERGATE_FAILOVER_BFD"
 )
 
 // failoverHoldTime is the BGP hold time of the router and the LDs: 3 s, the
 // shortest BGP allows.
 const failoverHoldTime = 3 * time.Second
+
+// failoverBFD is the BFD interval (min tx and min rx, at the router and the LDs)
+// and multiplier: l4d's defaults, which a loaded 2-core machine keeps without
+// flapping; the router drops a dead LD 0.9 s after its last packet.
+const (
+	failoverBFD     = 300 * time.Millisecond
+	failoverBFDMult = 3
+)
 
 // FailoverResult is what the LD-loss scenario measured; bench/l4cluster reads it.
 type FailoverResult struct {
@@ -68,6 +78,8 @@ type FailoverResult struct {
 	NewConnFailedOut int     `json:"new_conn_failed_outside_window"`
 	RejoinS          float64 `json:"rejoin_s"` // restart to the route via both again
 	MovedByPool      int     `json:"pool_change_new_conns_to_c"`
+	BFDIntervalMs    float64 `json:"bfd_interval_ms"` // 0: no BFD
+	BFDMultiplier    int     `json:"bfd_multiplier"`
 }
 
 // foLD is one LD of the failover test.
@@ -257,7 +269,7 @@ func newFoConn(t *testing.T, cl *netns.NS, proto string, tlsCfg *tls.Config) *fo
 // TestL4ClusterFailover: long-lived client connections (HTTP/1.1, HTTP/2 and
 // HTTP/3, a request every 200 ms each), spread over two LDs and synced between
 // them, survive a pool change that would move some of them by hashing alone, then
-// the loss of an LD (kill -9: the router drops it at its hold time) and its
+// the loss of an LD (kill -9: the router drops it when BFD times out) and its
 // return (after its warm-up); new connections fail only between the kill and the
 // router's dropping the dead LD.
 func TestL4ClusterFailover(t *testing.T) {
@@ -269,7 +281,19 @@ func TestL4ClusterFailover(t *testing.T) {
 		}
 		conns = n
 	}
-	res := runFailover(t, conns)
+	bfdInterval := failoverBFD
+	switch v := os.Getenv(failoverBFDEnv); v {
+	case "":
+	case "off":
+		bfdInterval = 0
+	default:
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 10*time.Millisecond {
+			t.Fatalf("%s=%q: want a duration of at least 10ms, or off", failoverBFDEnv, v)
+		}
+		bfdInterval = d
+	}
+	res := runFailover(t, conns, bfdInterval)
 	t.Logf("failover: %+v", res)
 	if out := os.Getenv(failoverOutEnv); out != "" {
 		data, _ := json.Marshal(res)
@@ -279,7 +303,7 @@ func TestL4ClusterFailover(t *testing.T) {
 	}
 }
 
-func runFailover(t *testing.T, conns int) FailoverResult {
+func runFailover(t *testing.T, conns int, bfdInterval time.Duration) FailoverResult {
 	testenv.RequireRoot(t)
 	testenv.RequireCommand(t, "ip", "iproute2")
 	testenv.RequireCommand(t, "ethtool", "ethtool")
@@ -287,6 +311,13 @@ func runFailover(t *testing.T, conns int) FailoverResult {
 	testenv.RequireFile(t, "/usr/include/dpdk/rte_eal.h", "libdpdk-dev")
 	bin := binaries(t)
 	res := FailoverResult{Conns: conns, HoldTimeS: failoverHoldTime.Seconds()}
+	var routerBFD *bird.BFD
+	ldBFD := "{enabled: false}"
+	if bfdInterval > 0 {
+		routerBFD = &bird.BFD{MinRx: bfdInterval, MinTx: bfdInterval, Multiplier: failoverBFDMult}
+		ldBFD = fmt.Sprintf("{enabled: true, min_tx: %v, min_rx: %v, multiplier: %d}", bfdInterval, bfdInterval, failoverBFDMult)
+		res.BFDIntervalMs, res.BFDMultiplier = float64(bfdInterval.Milliseconds()), failoverBFDMult
+	}
 
 	rt, cl, sw := netns.New(t, "rt"), netns.New(t, "cl"), netns.New(t, "sw")
 	l7 := []*netns.NS{netns.New(t, "l7a"), netns.New(t, "l7b"), netns.New(t, "l7c")}
@@ -320,7 +351,11 @@ shutdown_grace: 2s
 	}
 
 	router := bird.Start(t, rt, bird.Config{RouterID: "198.18.0.1", Address: "198.18.0.1", AS: 65000, HoldTime: int(failoverHoldTime / time.Second),
-		Peers: []bird.Peer{{Name: "lda", Address: lds[0].session, AS: 65001}, {Name: "ldb", Address: lds[1].session, AS: 65001}}})
+		BFD: routerBFD,
+		Peers: []bird.Peer{
+			{Name: "lda", Address: lds[0].session, AS: 65001, BFD: routerBFD != nil},
+			{Name: "ldb", Address: lds[1].session, AS: 65001, BFD: routerBFD != nil},
+		}})
 
 	syncKey := filepath.Join(t.TempDir(), "sync.key")
 	if err := os.WriteFile(syncKey, []byte("tiergate failover test: a shared key of 32+ bytes\n"), 0o600); err != nil {
@@ -363,10 +398,11 @@ bgp:
   asn: 65001
   withdraw_delay: 1s
   check_interval: 200ms
+  bfd: %s
   peers:
     - {address: 198.18.0.1, as: 65000, hold_time: %ds, connect_retry: 1s}
 `, filepath.Dir(ld.cfg), ld.nextHop, ld.internal, clusterVIP, clusterVIP, members(nMembers),
-			syncKey, ld.syncAddr, peer.syncAddr, int(failoverHoldTime/time.Second))), 0o600); err != nil {
+			syncKey, ld.syncAddr, peer.syncAddr, ldBFD, int(failoverHoldTime/time.Second))), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -394,6 +430,12 @@ bgp:
 		}
 	}
 	waitNextHops("both LDs announcing", 40*time.Second, "198.18.0.2", "198.18.0.3")
+	if routerBFD != nil {
+		waitFor(t, 30*time.Second, "BFD up with both LDs", func() bool {
+			sessions, _ := router.BFDSessions()
+			return sessions[lds[0].session] == "Up" && sessions[lds[1].session] == "Up"
+		})
+	}
 
 	tlsCfg := &tls.Config{RootCAs: site.pool(), ServerName: "l4.test"}
 	url := "https://" + clusterVIP + "/"
@@ -484,7 +526,7 @@ bgp:
 	}
 	// The LD's machine is lost, not only its process: its kernel, which would
 	// close the BGP session at once, goes with it (k0 down), so the router drops
-	// it by the hold timer.
+	// it when BFD times out (or, without BFD, by the hold timer).
 	routes := watchRoutes(t, rt, clusterVIP)
 	lds[0].ns.MustRun("ip", "link", "set", "k0", "down")
 	lds[0].d.kill()
@@ -530,8 +572,8 @@ bgp:
 	// New connections succeed again after the window.
 	okAt := load.ok.Load()
 	waitFor(t, 30*time.Second, "new connections after the router dropped lda", func() bool { return load.ok.Load() >= okAt+5 })
-	t.Logf("kill at %s, route via ldb only after %.2fs (seen by polling after %.2fs), the last long connection served again after %.2fs",
-		killed.Format("15:04:05.000"), res.RouteDropS, seen.Sub(killed).Seconds(), res.FailoverS)
+	t.Logf("kill at %s, route via ldb only after %.2fs (seen by polling after %.2fs), the last long connection served again after %.2fs (hold time %v, BFD %v x %d)",
+		killed.Format("15:04:05.000"), res.RouteDropS, seen.Sub(killed).Seconds(), res.FailoverS, failoverHoldTime, bfdInterval, res.BFDMultiplier)
 
 	// Restart lda: after its warm-up (ldb's full sync) it announces again and
 	// takes back the flows the router hashes to it.
