@@ -132,6 +132,9 @@ func setRules(cfg *datapath.Config, name, js string) error {
 
 // runDefence runs the selected defence rows.
 func runDefence(ctx context.Context, o *options, res *results, syn, ack *frameSet, log *slog.Logger) {
+	if !slices.ContainsFunc(defencePhases, o.phase) {
+		return
+	}
 	dr := &defenceResults{NotAvailable: map[string]string{}}
 	res.defence = dr
 	if o.phase("synproxy") && ctx.Err() == nil {
@@ -145,8 +148,17 @@ func runDefence(ctx context.Context, o *options, res *results, syn, ack *frameSe
 		}
 		dr.Synproxy = s
 	}
-	if o.phase("synproxy-established") {
-		dr.NotAvailable["synproxy-established"] = "not measured yet"
+	if o.phase("synproxy-established") && ctx.Err() == nil {
+		res.Progress("SYN proxy: established flows with it on and off, %d flows, %d rounds", syn.n, o.defRounds)
+		waitQuiet(ctx, res)
+		f, err := runSynproxyEstablished(ctx, o, syn, ack, log)
+		switch {
+		case errors.Is(err, errNotAvailable):
+			dr.NotAvailable["synproxy-established"] = err.Error()
+		case err != nil:
+			res.Fail("SYN proxy, established flows: %v", err)
+		}
+		dr.Established = f
 	}
 	if !o.phase("overload") && !o.phase("trace") || ctx.Err() != nil {
 		return
@@ -171,7 +183,7 @@ func buildSynFlood(n int) (*frameSet, error) {
 	if b.FrameLen() != synFrameLen || synFrameLen > frameStride {
 		return nil, fmt.Errorf("synflood frames are %d bytes, the frame sets' SYNs %d", b.FrameLen(), synFrameLen)
 	}
-	f := &frameSet{kind: "spoofed SYN", data: make([]byte, n*frameStride), n: n, length: synFrameLen}
+	f := &frameSet{kind: "spoofed SYN", data: make([]byte, n*frameStride), n: n, length: synFrameLen, stride: frameStride}
 	for j := range n {
 		b.Next(f.frame(j))
 	}

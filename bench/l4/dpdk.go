@@ -214,7 +214,7 @@ func (f *ringFeeding) run(p *dpdk.Port, set *frameSet, count int64) {
 			}
 			for i := range n {
 				b := &bufs[i]
-				o := pos * frameStride
+				o := pos * set.stride
 				b.Len = copy(b.Data[b.Off:], set.data[o:o+set.length])
 				if pos++; pos == set.n {
 					pos = 0
@@ -276,7 +276,7 @@ func closePort(p *dpdk.Port, err *error) {
 // setDstMAC rewrites the destination MAC of every frame of set.
 func setDstMAC(set *frameSet, mac [6]byte) {
 	for j := range set.n {
-		copy(set.data[j*frameStride:], mac[:])
+		copy(set.data[j*set.stride:], mac[:])
 	}
 }
 

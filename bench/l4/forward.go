@@ -159,12 +159,20 @@ type rig struct {
 // startRig starts a distributor (one worker, busy poll) over ext and int.
 func startRig(name string, cfg datapath.Config, ext, in port.Port, src source, flows int,
 	init func(int) (func(), error), log *slog.Logger) (*rig, error) {
+	return startRigIdle(name, cfg, ext, in, src, flows, init, -1, log)
+}
+
+// startRigIdle is startRig whose worker sleeps idleSleep when it has found nothing
+// to do for a while (-1: it never sleeps), so that a rig not being fed leaves the
+// cores to another.
+func startRigIdle(name string, cfg datapath.Config, ext, in port.Port, src source, flows int,
+	init func(int) (func(), error), idleSleep time.Duration, log *slog.Logger) (*rig, error) {
 	r := &rig{name: name, ext: newMeter(ext), int: newMeter(in), src: src, flows: flows, runErr: make(chan error, 1)}
 	d, err := datapath.NewDistributor(cfg, datapath.Options{
 		External:  r.ext,
 		Internal:  r.int,
 		Workers:   1,
-		IdleSleep: -1,
+		IdleSleep: idleSleep,
 		WorkerInit: func(w int) (func(), error) {
 			r.tid.Store(int64(unix.Gettid()))
 			if init == nil {

@@ -49,11 +49,12 @@ type frameSet struct {
 	data   []byte
 	n      int // frames
 	length int // bytes per frame
+	stride int // bytes from one frame to the next: frameStride, or more for longer frames
 }
 
 // frame returns frame j in storage order.
 func (f *frameSet) frame(j int) []byte {
-	off := j * frameStride
+	off := j * f.stride
 	return f.data[off : off+f.length : off+f.length]
 }
 
@@ -68,7 +69,7 @@ func buildFrames(flows int, syn bool, dstMAC, srcMAC [6]byte, seed uint64) *fram
 
 // buildFramesOf is buildFrames with the clients from client.
 func buildFramesOf(flows int, syn bool, dstMAC, srcMAC [6]byte, seed uint64, client clientFunc) *frameSet {
-	f := &frameSet{kind: "ACK", data: make([]byte, flows*frameStride), n: flows, length: ackFrameLen}
+	f := &frameSet{kind: "ACK", data: make([]byte, flows*frameStride), n: flows, length: ackFrameLen, stride: frameStride}
 	if syn {
 		f.kind, f.length = "SYN", synFrameLen
 	}

@@ -11,17 +11,20 @@ import (
 // ring's mbufs in flight.
 const genPoolSize = 4096
 
-// memSource feeds a genPort.
-type memSource struct{ g *genPort }
+// memSource feeds a genPort (or a sinkPort).
+type memSource struct {
+	g interface {
+		start(set *frameSet, count int64) *genFeed
+	}
+}
 
 func (s memSource) feed(set *frameSet, count int64) feeding {
-	return &memFeeding{f: s.g.start(set, count), g: s.g}
+	return &memFeeding{f: s.g.start(set, count)}
 }
 
 // memFeeding is one run of the generator.
 type memFeeding struct {
 	f *genFeed
-	g *genPort
 }
 
 // stop stops the generator, waits until the worker's RxBurst has seen it (the worker

@@ -82,8 +82,15 @@ func (g *genPort) Headroom() int { return port.MemHeadroom }
 
 // RxBurst fills bufs with copies of the next frames of the feed.
 func (g *genPort) RxBurst(queue int, bufs []port.Buf) int {
-	f := g.feed.Load()
-	if f == nil || queue != 0 {
+	if queue != 0 {
+		return 0
+	}
+	return handOut(g.feed.Load(), g.pool, bufs)
+}
+
+// handOut fills bufs from pool with copies of the next frames of f (nil: none).
+func handOut(f *genFeed, pool *genPool, bufs []port.Buf) int {
+	if f == nil {
 		return 0
 	}
 	if f.stop.Load() {
@@ -93,16 +100,16 @@ func (g *genPort) RxBurst(queue int, bufs []port.Buf) int {
 	if f.left == 0 {
 		return 0
 	}
-	n := min(len(bufs), len(g.pool.free))
+	n := min(len(bufs), len(pool.free))
 	if f.left > 0 && int64(n) > f.left {
 		n = int(f.left)
 	}
-	free := g.pool.free
+	free := pool.free
 	set := f.set
 	pos := f.pos
 	for i := range n {
 		b := free[len(free)-1-i]
-		off := pos * frameStride
+		off := pos * set.stride
 		b.Len = copy(b.Data[port.MemHeadroom:], set.data[off:off+set.length])
 		b.Off = port.MemHeadroom
 		bufs[i] = b
@@ -110,7 +117,7 @@ func (g *genPort) RxBurst(queue int, bufs []port.Buf) int {
 			pos = 0
 		}
 	}
-	g.pool.free = free[:len(free)-n]
+	pool.free = free[:len(free)-n]
 	f.pos = pos
 	if f.left > 0 {
 		f.left -= int64(n)
@@ -137,22 +144,38 @@ func (g *genPort) Alloc(bufs []port.Buf) int { return heapAlloc(bufs) }
 func (g *genPort) Free(bufs []port.Buf) { g.pool.put(bufs) }
 
 // sinkPort is the internal port of the in-memory measurement: TxBurst takes every
-// frame (as a NIC would, at once) and recycles its buffer; nothing is received.
+// frame (as a NIC would, at once) and recycles its buffer; it receives only what a
+// feed started on it hands out (the members' replies of the SYN-proxy rows).
 type sinkPort struct {
 	name  string
 	mac   [6]byte
 	pool  *genPool
+	feed  atomic.Pointer[genFeed]
 	ctlTx atomic.Uint64
 }
 
-func (s *sinkPort) Name() string                { return s.name }
-func (s *sinkPort) MAC() [6]byte                { return s.mac }
-func (s *sinkPort) RxQueues() int               { return 1 }
-func (s *sinkPort) TxQueues() int               { return 2 }
-func (s *sinkPort) Headroom() int               { return port.MemHeadroom }
-func (s *sinkPort) RxBurst(int, []port.Buf) int { return 0 }
-func (s *sinkPort) Alloc(bufs []port.Buf) int   { return heapAlloc(bufs) }
-func (s *sinkPort) Free(bufs []port.Buf)        { s.pool.put(bufs) }
+// start makes RxBurst hand out count frames of set (count < 0: until stop).
+func (s *sinkPort) start(set *frameSet, count int64) *genFeed {
+	f := &genFeed{set: set, left: count}
+	s.feed.Store(f)
+	return f
+}
+
+// RxBurst hands out the feed's frames, if one was started.
+func (s *sinkPort) RxBurst(queue int, bufs []port.Buf) int {
+	if queue != 0 {
+		return 0
+	}
+	return handOut(s.feed.Load(), s.pool, bufs)
+}
+
+func (s *sinkPort) Name() string              { return s.name }
+func (s *sinkPort) MAC() [6]byte              { return s.mac }
+func (s *sinkPort) RxQueues() int             { return 1 }
+func (s *sinkPort) TxQueues() int             { return 2 }
+func (s *sinkPort) Headroom() int             { return port.MemHeadroom }
+func (s *sinkPort) Alloc(bufs []port.Buf) int { return heapAlloc(bufs) }
+func (s *sinkPort) Free(bufs []port.Buf)      { s.pool.put(bufs) }
 func (s *sinkPort) TxBurst(q int, bufs []port.Buf) int {
 	if q == s.TxQueues()-1 {
 		s.ctlTx.Add(uint64(len(bufs)))

@@ -41,6 +41,10 @@ type meter struct {
 
 	wantSample atomic.Bool
 	sample     atomic.Pointer[[]byte] // a copy of the first frame transmitted after wantSample
+
+	// capture, when set, keeps a copy of every frame transmitted on the data queues
+	// (the SYN-proxy rows' handshakes; never while a phase is timed).
+	capture atomic.Pointer[frameSet]
 }
 
 func newMeter(p port.Port) *meter { return &meter{Port: p} }
@@ -86,6 +90,14 @@ func (m *meter) TxBurst(queue int, bufs []port.Buf) int {
 		n := m.Port.TxBurst(queue, bufs)
 		m.ctlTx.Add(uint64(n))
 		return n
+	}
+	if c := m.capture.Load(); c != nil {
+		for i := range bufs {
+			if f := bufs[i].Frame(); c.n < cap(c.data)/c.stride && len(f) <= c.stride {
+				copy(c.data[c.n*c.stride:], f)
+				c.n++
+			}
+		}
 	}
 	if len(bufs) > 0 && m.wantSample.Load() {
 		f := append([]byte(nil), bufs[0].Frame()...)
