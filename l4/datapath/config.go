@@ -76,6 +76,11 @@ type Config struct {
 	// the largest size that fits.
 	ICMP ICMPConfig `yaml:"icmp" json:"icmp"`
 
+	// SynProxy sets the SYN proxy of the rules whose synproxy is on or auto
+	// (SynProxyConfig: auto thresholds, the MSS and window scale the LD advertises,
+	// the cookie secret and its rotation). Unused when no rule is proxied.
+	SynProxy SynProxyConfig `yaml:"synproxy" json:"synproxy,omitzero"`
+
 	// Overload protects the LD past a load watermark with per-rule quotas on new
 	// connections (OverloadConfig). Default: on only when overload.capacity_pps is
 	// set; the rules' static limits (RuleConfig.Limits) apply either way.
@@ -158,6 +163,11 @@ type RuleConfig struct {
 	// so a client that changes address keeps its member. Only with Protocol "udp".
 	// Default false.
 	QUIC bool `yaml:"quic" json:"quic,omitempty"`
+	// SynProxy is the rule's SYN proxy (TCP only): "on", the LD answers every SYN
+	// with a SYN cookie and opens the connection to the member only on a valid ACK;
+	// "auto", it does so while its connection table passes synproxy.auto_on
+	// half-open; "off" (default, also ""), never.
+	SynProxy string `yaml:"synproxy" json:"synproxy,omitempty"`
 	// Limits are the rule's static limits (new connections per second, concurrent
 	// connections) and its weight in overload quotas (RuleLimits). Default: no
 	// limit, weight 1.
@@ -346,6 +356,8 @@ func (c *Config) Validate() error {
 		bad("icmp.burst", "%d is negative", d.ICMP.Burst)
 	}
 	ck.Nest("conntrack", d.Conntrack.Validate())
+	d.SynProxy = d.SynProxy.withDefaults()
+	validateSynProxy(&ck, &d)
 	validateOverload(&ck, &d)
 	ck.Nest("trace", c.Trace.Validate())
 	names := map[string]bool{}

@@ -86,6 +86,23 @@
 // member's reply is traced when its inner packet is marked (its destination a probe
 // server, or its DSCP set by the L7 node).
 //
+// # SYN proxy
+//
+// A rule with synproxy on (or auto, while a worker's table passes synproxy.auto_on
+// half-open: a SYN flood) has the LD answer each SYN itself with a SYN cookie
+// (l4/synproxy: as Linux makes them, MSS, window scale and SACK kept, keyed SipHash
+// under a rotated secret) and keep nothing, so a spoofed flood costs the members
+// nothing and the table nothing. An ACK whose cookie checks creates the connection
+// and sends its member a SYN in the client's name with the client's options; the
+// member's SYN-ACK, which comes back through the tunnel, is answered with the ACK
+// that completes its handshake and not passed on. From then on the LD translates
+// every packet of the connection: sequence numbers and SACK blocks, timestamps, and
+// windows when the member's window scale is not the one the LD advertised. The
+// deltas live in a side array of the connection table, allocated only when the proxy
+// is configured, and travel with the entry in session sync. Bad cookies are dropped
+// (synproxy_bad_cookie); a client's packets before its member answered are dropped
+// too (synproxy_wait) and sent again by the client (synproxy.go).
+//
 // # Session sync
 //
 // With EnableSync, each worker sends the connections of its table that have lived

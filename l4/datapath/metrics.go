@@ -55,6 +55,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ovDescribe(ch)
 	describeTrace(ch)
+	pxDescribe(ch)
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -101,6 +102,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	if s == nil {
 		return
 	}
+	c.pxCollect(ch, s)
 	c.ovCollect(ch, s)
 	for id, r := range s.ruleByID {
 		if r == nil {

@@ -37,6 +37,9 @@ const (
 	resBlacklisted     // to a VIP from a source on a blacklist (Distributor.SetBlacklists)
 	resRuleLimit       // a new connection over its rule's static limits (RuleLimits)
 	resOverloadQuota   // a new connection (or, with overload.packets, a packet) over its rule's overload quota
+
+	resSynProxyBadCookie // an ACK to a proxied rule whose SYN cookie does not check
+	resSynProxyWait      // a proxied connection's packet before its member's handshake completed
 	numResults
 )
 
@@ -67,6 +70,9 @@ var resultNames = [numResults]string{
 	resBlacklisted:     "blacklisted",
 	resRuleLimit:       "rule_limit",
 	resOverloadQuota:   "overload_quota",
+
+	resSynProxyBadCookie: "synproxy_bad_cookie",
+	resSynProxyWait:      "synproxy_wait",
 }
 
 func (r result) String() string { return resultNames[r] }

@@ -56,6 +56,8 @@ type snapshot struct {
 	quicCIDLen int
 	timeouts   conntrack.Timeouts
 	trace      *traceConf // probe tracing (trace.go); nil when off
+
+	synproxy *pxSnap // the SYN proxy's settings (synproxy.go); nil when no rule is proxied
 }
 
 // side is one port's own addresses.
@@ -265,6 +267,7 @@ func (c *control) buildSnapshot() (*snapshot, error) {
 		}
 		s.vips[k.addr] = struct{}{}
 	}
+	s.synproxy = buildPxSnap(&cfg, s)
 	return s, nil
 }
 

@@ -405,6 +405,9 @@ func (w *worker) emit(s *snapshot, r *spsc, k *conntrack.Key, member uint16, st 
 		}
 		e.Member = s.members[member].addr.As16()
 		e.State = st
+		if w.px != nil {
+			w.pxEmit(k, &e)
+		}
 		if d := int32(expire - w.now); d > 0 {
 			e.TTL = uint32(d)
 		}
@@ -468,7 +471,7 @@ func (w *worker) install(s *snapshot, e *sessionsync.Entry) {
 	if e.Encap != encapOf(s) {
 		ws.encapMis.Add(1)
 	}
-	if w.table.Install(&k, h, id, e.State, e.TTL, w.now) {
+	if w.pxInstall(r, &k, h, id, e) {
 		ws.installed.Add(1)
 		return
 	}

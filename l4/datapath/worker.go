@@ -88,6 +88,9 @@ type worker struct {
 
 	sync *workerSync // session sync (sync.go); nil when off
 
+	px    *workerProxy // SYN proxy (synproxy.go); nil until a rule is proxied
+	pxPub pxPublished
+
 	ov workerOverload // overload protection and rule limits (overload.go)
 
 	// tmark is set while the packet being handled is a marked probe (trace.go);
@@ -191,6 +194,9 @@ func (w *worker) run(stop *atomic.Bool, idleSleep time.Duration) {
 		w.now = conntrack.Clock(now)
 		w.mono = int64(now.Sub(w.d.epoch))
 		w.ms = uint32(w.mono / int64(time.Millisecond))
+		if w.px != nil {
+			w.pxTick()
+		}
 		w.ovLoop()
 		n := w.poll(w.ext, vExt)
 		if !w.onePort {
@@ -326,6 +332,7 @@ func (w *worker) resync(s *snapshot) {
 			w.wlc[id] = sched.NewWLC(r.ids, r.weights)
 		}
 	}
+	w.pxResync(s)
 }
 
 // handleFrame parses one frame and handles it.
@@ -434,6 +441,9 @@ func (w *worker) toVIP(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet,
 			w.quicFlow(r, p, h, id)
 			return w.forward(s, b, p, r, id)
 		}
+	}
+	if w.px != nil && w.px.ever[r.id] && p.Proto == packet.ProtoTCP {
+		return w.synproxyIn(s, b, frame, p, r, h)
 	}
 	id, res := w.flowMember(s, r, p, p.Src, p.SrcPort, h)
 	if res != resForwarded {
@@ -782,6 +792,11 @@ func (w *worker) fromMember(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 		w.count(dirOut, resBadTunnel)
 		return vDrop
 	}
+	if w.px != nil && ip.Proto == packet.ProtoTCP {
+		if v, done := w.synproxyOut(s, b, frame, &ip, inner); done {
+			return v
+		}
+	}
 	if !w.replyFlow(s, frame, &ip) {
 		w.count(dirOut, resReturnNoFlow)
 		return vDrop
@@ -965,5 +980,6 @@ func (w *worker) publish() {
 	pub.evictions.Store(st.Evictions)
 	pub.expired.Store(st.Expired)
 	pub.insertErr.Store(st.InsertFailures)
+	w.pxPublish()
 	w.ovPublish(s)
 }
