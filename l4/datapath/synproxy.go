@@ -440,6 +440,16 @@ func (w *worker) pxOpen(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet
 		w.count(dirIn, resBlacklisted)
 		return vDrop, true
 	}
+	if w.ov.active {
+		// The connection is new now, not at its SYN (which made nothing): the
+		// rule's limits and overload quota admit it here.
+		q := *p
+		q.TCPFlags = packet.TCPSyn
+		if res := w.admitNew(r, &q); res != resForwarded {
+			w.count(dirIn, res)
+			return vDrop, true
+		}
+	}
 	id, ok := w.schedule(r, h)
 	if !ok {
 		w.count(dirIn, resNoMember)

@@ -334,3 +334,23 @@ func TestSynProxySync(t *testing.T) {
 		t.Fatalf("after the move, the client's ACK reaches the member as %+v", d)
 	}
 }
+
+// TestSynProxyRuleLimit: a proxied rule's connection limit counts the connections
+// whose cookie checked; the cookie answers cost nothing of it.
+func TestSynProxyRuleLimit(t *testing.T) {
+	cfg := pxConfig("on")
+	cfg.Rules[0].Limits.MaxConns = 1
+	r := startRig(t, cfg, Options{})
+	r.resolveNeighbours()
+	for i := range 2 {
+		sport := uint16(43000 + i)
+		r.ext.Inject(pxSeg(t, client, vip, sport, 443, 100, 0, packet.TCPSyn, 64240, nil, nil))
+		sa := parseSeg(t, waitSent(t, r.ext, 1)[0], 14)
+		r.ext.Inject(pxSeg(t, client, vip, sport, 443, 101, sa.seq+1, packet.TCPAck, 502, nil, nil))
+	}
+	waitSent(t, r.int, 1)
+	r.waitCount(dirIn, resRuleLimit, 1)
+	if n := len(r.int.Drain()); n != 0 {
+		t.Fatalf("%d more SYNs to members past the limit", n)
+	}
+}
