@@ -27,15 +27,18 @@ type failoverFigures struct {
 	NewConnFailed    int     `json:"new_conn_requests_failed"`
 	NewConnFailedOut int     `json:"new_conn_failed_outside_window"`
 	RejoinS          float64 `json:"rejoin_s"`
+	BFDIntervalMs    float64 `json:"bfd_interval_ms"`
+	BFDMultiplier    int     `json:"bfd_multiplier"`
 }
 
 // failover runs the LD-loss scenario on the router topology (bird2, two l4d on
 // net_af_packet with session sync, three l7d, a client namespace) with conns long
 // connections: integration's TestL4ClusterFailover, run by `go test` as a child
-// (it needs root, bird2 and DPDK's headers, as the test does). The child's log
-// lines go to out. Its figures are returned even when the test failed (a long
-// connection broke), with the failure as the error.
-func failover(conns int, out io.Writer) (*failoverFigures, error) {
+// (it needs root, bird2 and DPDK's headers, as the test does), with BFD at interval
+// bfd between the router and the LDs ("off": none). The child's log lines go to
+// out. Its figures are returned even when the test failed (a long connection
+// broke), with the failure as the error.
+func failover(conns int, bfd string, out io.Writer) (*failoverFigures, error) {
 	dir, err := os.MkdirTemp("", "bench-l4-cluster-")
 	if err != nil {
 		return nil, err
@@ -44,7 +47,8 @@ func failover(conns int, out io.Writer) (*failoverFigures, error) {
 	file := filepath.Join(dir, "failover.json")
 	cmd := exec.Command("go", "test", "-count=1", "-v", "-timeout", "10m", "-run", "^TestL4ClusterFailover$",
 		"github.com/tiergate/tiergate/integration")
-	cmd.Env = append(os.Environ(), "TIERGATE_FAILOVER_CONNS="+strconv.Itoa(conns), "TIERGATE_FAILOVER_OUT="+file)
+	cmd.Env = append(os.Environ(), "TIERGATE_FAILOVER_CONNS="+strconv.Itoa(conns), "TIERGATE_FAILOVER_OUT="+file,
+		"TIERGATE_FAILOVER_BFD="+bfd)
 	pipe, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

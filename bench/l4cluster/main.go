@@ -22,7 +22,9 @@
 //     namespace whose long connections (HTTP/1.1, HTTP/2, HTTP/3, a request every
 //     200 ms each, older than sync_after) are spread over both LDs; an L7 node joins
 //     the pool, then one LD is killed (-9, its kernel's BGP session gone with it)
-//     and later restarted. failover_s is the kill to the last long connection served
+//     and later restarted; the router and the LDs run BFD beside BGP (-bfd, 300 ms
+//     x 3: the router drops the dead LD 0.9 s after its last packet, not at the
+//     hold timer). failover_s is the kill to the last long connection served
 //     again (target ≤ hold time + 1 s), long_conns_survived_pct those never redialled
 //     nor failed (target 100), failover_requests_failed the requests that failed
 //     (long connections, and new connections made all along), route_drop_s the kill
@@ -34,7 +36,7 @@
 // the test's network namespaces. It prints a table, the targets with PASS or MISS,
 // and as its last line one JSON object.
 //
-//	go run ./bench/l4cluster [-flows 200000] [-duration 2s] [-rounds 3] [-full 1000000] [-failover-conns 200]
+//	go run ./bench/l4cluster [-flows 200000] [-duration 2s] [-rounds 3] [-full 1000000] [-failover-conns 200] [-bfd 300ms|off] [-failover-only]
 package main
 
 import (
@@ -68,6 +70,8 @@ type options struct {
 	duration, after     time.Duration
 	rate                int
 	failoverConns       int
+	bfd                 string
+	failoverOnly        bool
 }
 
 var (
@@ -89,7 +93,17 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.after, "sync-after", 3*time.Second, "sync_after of the LD measured with sync on")
 	fs.IntVar(&o.rate, "full-sync-rate", sessionsync.DefaultFullSyncRate, "full_sync_rate, entries a second")
 	fs.IntVar(&o.failoverConns, "failover-conns", 200, "long connections of the LD-loss row (0: skip it)")
+	fs.StringVar(&o.bfd, "bfd", "300ms", "BFD interval (min tx and rx, x 3) of the LD-loss row's router and LDs; off: the hold timer alone")
+	fs.BoolVar(&o.failoverOnly, "failover-only", false, "run the LD-loss row alone")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if d, err := time.ParseDuration(o.bfd); o.bfd != "off" && (err != nil || d < 10*time.Millisecond) {
+		fmt.Fprintln(stderr, "bench-l4-cluster: -bfd must be a duration of at least 10ms, or off")
+		return 2
+	}
+	if o.failoverOnly && o.failoverConns == 0 {
+		fmt.Fprintln(stderr, "bench-l4-cluster: -failover-only needs -failover-conns above 0")
 		return 2
 	}
 	if o.flows < 1 || o.flows > 1<<20 || o.full < 1 || o.full > 1<<20 || o.rounds < 1 || o.duration <= 0 || o.failoverConns < 0 || o.failoverConns > 2000 {
@@ -113,17 +127,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 }
 
 type results struct {
-	Ratio        float64 `json:"sync_on_off_mpps_ratio"`
-	OnMpps       float64 `json:"sync_on_mpps"`
-	OffMpps      float64 `json:"sync_off_mpps"`
-	OnWall       float64 `json:"sync_on_mpps_wall"`
-	OffWall      float64 `json:"sync_off_mpps_wall"`
-	Flows        int     `json:"flows"`
-	FullSyncS    float64 `json:"full_sync_1m_s"`
-	FullConns    int     `json:"full_sync_conns"`
-	FullRate     int     `json:"full_sync_rate"`
-	BytesPerConn float64 `json:"sync_bytes_per_conn"`
-	Datagrams    uint64  `json:"full_sync_datagrams"`
+	// The rate and full sync rows; absent with -failover-only.
+	Ratio        float64 `json:"sync_on_off_mpps_ratio,omitempty"`
+	OnMpps       float64 `json:"sync_on_mpps,omitempty"`
+	OffMpps      float64 `json:"sync_off_mpps,omitempty"`
+	OnWall       float64 `json:"sync_on_mpps_wall,omitempty"`
+	OffWall      float64 `json:"sync_off_mpps_wall,omitempty"`
+	Flows        int     `json:"flows,omitempty"`
+	FullSyncS    float64 `json:"full_sync_1m_s,omitempty"`
+	FullConns    int     `json:"full_sync_conns,omitempty"`
+	FullRate     int     `json:"full_sync_rate,omitempty"`
+	BytesPerConn float64 `json:"sync_bytes_per_conn,omitempty"`
+	Datagrams    uint64  `json:"full_sync_datagrams,omitempty"`
 
 	// The LD-loss row; absent when skipped.
 	FailoverS        *float64 `json:"failover_s,omitempty"`
@@ -135,6 +150,9 @@ type results struct {
 	StalledP50S      *float64 `json:"failover_stalled_p50_s,omitempty"`
 	RejoinS          *float64 `json:"rejoin_s,omitempty"`
 	FailoverConns    int      `json:"failover_long_conns,omitempty"`
+	// BFD's interval (ms; 0 without BFD) and multiplier in the LD-loss row.
+	BFDIntervalMs *float64 `json:"bfd_interval_ms,omitempty"`
+	BFDMultiplier *int     `json:"bfd_multiplier,omitempty"`
 }
 
 // ld is one distributor (one worker) over a generator and a sink, with its
@@ -315,6 +333,10 @@ func median(xs []float64) float64 {
 }
 
 func run(o options, out io.Writer, log *slog.Logger) (*results, error) {
+	if o.failoverOnly {
+		res := &results{}
+		return res, runFailover(o, res, out)
+	}
 	res := &results{Flows: o.flows, FullConns: o.full, FullRate: o.rate}
 	capacity := 2 * max(o.flows, o.full)
 
@@ -422,12 +444,6 @@ func run(o options, out io.Writer, log *slog.Logger) (*results, error) {
 	res.Datagrams = dg
 	res.BytesPerConn = float64(bytes+28*dg) / float64(max(entries, 1))
 
-	mark := func(ok bool) string {
-		if ok {
-			return "PASS"
-		}
-		return "MISS"
-	}
 	fmt.Fprintf(out, "\n%-34s %12s %8s\n", "row", "value", "target")
 	fmt.Fprintf(out, "%-34s %12.3f %8s %s\n", "sync_on_off_mpps_ratio", res.Ratio, "≥ 0.9", mark(res.Ratio >= 0.9))
 	fmt.Fprintf(out, "%-34s %12.3f\n", "  sync off, Mpps per CPU s", res.OffMpps)
@@ -448,18 +464,29 @@ func run(o options, out io.Writer, log *slog.Logger) (*results, error) {
 			return nil, err
 		}
 	}
-	fmt.Fprintf(out, "\nLD loss with %d long connections (integration's TestL4ClusterFailover):\n", o.failoverConns)
-	f, ferr := failover(o.failoverConns, out)
+	return res, runFailover(o, res, out)
+}
+
+// runFailover runs the LD-loss row into res.
+func runFailover(o options, res *results, out io.Writer) error {
+	fmt.Fprintf(out, "\nLD loss with %d long connections, BFD %s (integration's TestL4ClusterFailover):\n", o.failoverConns, o.bfd)
+	f, ferr := failover(o.failoverConns, o.bfd, out)
 	if f == nil {
-		return nil, ferr
+		return ferr
 	}
 	failed := f.LongReqFailed + f.NewConnFailed
 	res.FailoverS, res.SurvivedPct, res.FailoverFailed, res.FailoverNewConns = &f.FailoverS, &f.SurvivedPct, &failed, &f.NewConnFailed
 	res.HoldTimeS, res.RouteDropS, res.RejoinS, res.FailoverConns = &f.HoldTimeS, &f.RouteDropS, &f.RejoinS, f.Conns
 	res.StalledP50S = &f.StalledP50S
+	res.BFDIntervalMs, res.BFDMultiplier = &f.BFDIntervalMs, &f.BFDMultiplier
 	fmt.Fprintf(out, "\n%-34s %12s %8s\n", "row", "value", "target")
 	fmt.Fprintf(out, "%-34s %12.2f %8s %s\n", "failover_s", f.FailoverS, fmt.Sprintf("≤ %.0f", f.HoldTimeS+1), mark(f.FailoverS <= f.HoldTimeS+1))
 	fmt.Fprintf(out, "%-34s %12.2f\n", "  BGP hold time, s", f.HoldTimeS)
+	if f.BFDIntervalMs > 0 {
+		fmt.Fprintf(out, "%-34s %12s\n", "  BFD interval x multiplier", fmt.Sprintf("%.0f ms x %d", f.BFDIntervalMs, f.BFDMultiplier))
+	} else {
+		fmt.Fprintf(out, "%-34s %12s\n", "  BFD", "off")
+	}
 	fmt.Fprintf(out, "%-34s %12.2f\n", "  kill to route via survivor, s", f.RouteDropS)
 	fmt.Fprintf(out, "%-34s %12.2f\n", fmt.Sprintf("  median of the %d stalled, s", f.Stalled), f.StalledP50S)
 	fmt.Fprintf(out, "%-34s %12.1f %8s %s\n", "long_conns_survived_pct", f.SurvivedPct, "100", mark(f.SurvivedPct == 100))
@@ -469,7 +496,15 @@ func run(o options, out io.Writer, log *slog.Logger) (*results, error) {
 	fmt.Fprintf(out, "%-34s %12d\n", "  new connections (in the window)", f.NewConnFailed-f.NewConnFailedOut)
 	fmt.Fprintf(out, "%-34s %12d %8s %s\n", "  new connections outside it", f.NewConnFailedOut, "0", mark(f.NewConnFailedOut == 0))
 	fmt.Fprintf(out, "%-34s %12.2f\n", "  restart to route via both, s", f.RejoinS)
-	return res, ferr
+	return ferr
 }
 
 var _ port.Port = (*genPort)(nil)
+
+// mark is a target's verdict.
+func mark(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "MISS"
+}

@@ -8,7 +8,8 @@ import (
 )
 
 func TestFlags(t *testing.T) {
-	for _, args := range [][]string{{"-flows", "0"}, {"-full", "2000000"}, {"-rounds", "0"}, {"-failover-conns", "-1"}, {"-nope"}} {
+	for _, args := range [][]string{{"-flows", "0"}, {"-full", "2000000"}, {"-rounds", "0"}, {"-failover-conns", "-1"}, {"-nope"},
+		{"-bfd", "5ms"}, {"-bfd", "fast"}, {"-failover-only", "-failover-conns", "0"}} {
 		if code := Main(args, io.Discard, io.Discard); code != 2 {
 			t.Errorf("Main(%q) = %d, want 2", args, code)
 		}
