@@ -120,9 +120,20 @@ func defenceTable(w io.Writer, r *results, s *summary) float64 {
 				fmt.Fprintf(w, "on = %s\n", f.What)
 			}
 		}
-		fmt.Fprintln(w, "Each round measures the same established flows (ACKs, one worker, in-memory ports) with the feature's")
-		fmt.Fprintln(w, "configuration applied and without (Distributor.Apply), in an order that alternates; ns/packet added is")
-		fmt.Fprintln(w, "1/rate on − 1/rate off, by the worker thread's CPU time; the headline is the median of the rounds.")
+		if d.Established != nil {
+			fmt.Fprintln(w, "SYN proxy: two distributors (one worker each, in-memory ports) hold the same clients' flows established,")
+			fmt.Fprintln(w, "one through its SYN proxy (each client's SYN answered with a cookie, its ACK echoing it, the LD's SYN to the")
+			fmt.Fprintln(w, "member answered by the member's SYN-ACK tunnelled back, the member's handshake completed by the LD), the")
+			fmt.Fprintln(w, "other without; each round feeds one then the other their clients' ACKs (the one not fed sleeps 1 ms")
+			fmt.Fprintln(w, "between polls). The proxied ACKs are checked reaching the member translated: acknowledging the member's")
+			fmt.Fprintln(w, "ISN + 1 and echoing the member's timestamp.")
+		}
+		if d.Overload != nil || d.Trace != nil || d.TraceOption != nil {
+			fmt.Fprintln(w, "Overload and trace: each round measures the same established flows (ACKs, one worker, in-memory ports)")
+			fmt.Fprintln(w, "with the feature's configuration applied and without (Distributor.Apply).")
+		}
+		fmt.Fprintln(w, "Rounds alternate which row goes first; ns/packet added is 1/rate on − 1/rate off, by the worker thread's")
+		fmt.Fprintln(w, "CPU time; the headline is the median of the rounds.")
 		fmt.Fprintln(w)
 	}
 	if len(d.NotAvailable) > 0 {
