@@ -209,6 +209,7 @@ func TestBGPConfig(t *testing.T) {
 		{"bgp: {asn: 65001, peers: [{address: 198.18.0.1, as: 1, hold_time: 1s}]}", "bgp.peers[0].hold_time: 1s is outside 3s..65535s"},
 		{"bgp: {asn: 65001}", "bgp.peers: at least one peer"},
 		{"bgp: {peers: [{address: 198.18.0.1, as: 1}], next_hop6: 198.18.0.9}", "bgp.next_hop6: 198.18.0.9 is not an IPv6 address"},
+		{"bgp: {asn: 65001, peers: [{address: 198.18.0.1, as: 1}], bfd: {enabled: true, min_tx: 1ms}}", "bgp.bfd.min_tx: 1ms is outside 10ms..1m"},
 	} {
 		_, err := ParseConfig([]byte(testConfig+c.yaml+"\n"), "l4d.yaml")
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -227,6 +228,13 @@ func TestBGPConfig(t *testing.T) {
 		t.Errorf("defaults: %+v", b)
 	}
 	if got, want := c.bgpSummary(), "BGP: AS 65001, router id 198.18.0.2, next hop 198.18.0.2; peers 198.18.0.1 AS 65000 (hold 9s); withdraw_delay 3s"; got != want {
+		t.Errorf("l4d check says %q, want %q", got, want)
+	}
+	c, err = ParseConfig([]byte(testConfig+"bgp: {asn: 65001, bfd: {enabled: true}, peers: [{address: 198.18.0.1, as: 65000}, {address: 198.18.0.9, as: 65000, bfd: false}]}\n"), "l4d.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.bgpSummary(), "BGP: AS 65001, router id 198.18.0.2, next hop 198.18.0.2; peers 198.18.0.1 AS 65000 (hold 9s, BFD 300ms x 3), 198.18.0.9 AS 65000 (hold 9s); withdraw_delay 3s"; got != want {
 		t.Errorf("l4d check says %q, want %q", got, want)
 	}
 }

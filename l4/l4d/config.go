@@ -163,6 +163,12 @@ type FileConfig struct {
 	// Changes on reload. Default none: nothing traced.
 	Trace datapath.TraceConfig `yaml:"trace" json:"trace,omitzero"`
 
+	// SynProxy sets the SYN proxy of the rules whose synproxy is on or auto
+	// (datapath.SynProxyConfig: auto_on, auto_off, auto_hold, mss, wscale, secret,
+	// rotate). Changes on reload. Default: the defaults, used only when a rule is
+	// proxied.
+	SynProxy datapath.SynProxyConfig `yaml:"synproxy" json:"synproxy,omitzero"`
+
 	// Forwarding is what the datapath forwards; it changes at runtime.
 	Forwarding `yaml:",inline"`
 }
@@ -428,6 +434,7 @@ func (c *FileConfig) Datapath() (datapath.Config, error) {
 		MaxNeighbours: c.MaxNeighbours,
 		ICMP:          c.ICMP,
 		Trace:         c.Trace,
+		SynProxy:      c.SynProxy,
 	}
 	cfg.Internal = cfg.External
 	if c.Ports.Internal != nil {
