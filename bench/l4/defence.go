@@ -34,6 +34,7 @@ type defenceResults struct {
 	Synproxy    *synproxyResults `json:"synproxy,omitempty"`
 	Established *featureResults  `json:"synproxy_established,omitempty"`
 	Overload    *featureResults  `json:"overload,omitempty"`
+	Protecting  *featureResults  `json:"overload_protecting,omitempty"`
 	Trace       *featureResults  `json:"trace_dscp,omitempty"`
 	TraceOption *featureResults  `json:"trace_tcp_option,omitempty"`
 	// NotAvailable says, per row, why it was not measured (a datapath feature not
@@ -296,7 +297,7 @@ func ldCookieRound(ctx context.Context, cfg datapath.Config, set *frameSet, d ti
 		}
 	}()
 	rx0, answered0, members0 := r.ext.rx.Load(), r.ext.tx.Load(), r.int.tx.Load()
-	p, err = r.timedCount(ctx, set, d, &r.ext.tx, r.ext, false)
+	p, err = r.timedCount(ctx, set, d, &r.ext.tx, r.ext, false, nil)
 	acc.Received += r.ext.rx.Load() - rx0
 	acc.Answered += r.ext.tx.Load() - answered0
 	acc.ToMembers += r.int.tx.Load() - members0
@@ -382,19 +383,23 @@ func tcpOptions(tcp []byte) map[byte][]byte {
 	return m
 }
 
-// timedCount feeds frames of set for a settling time and then d (longer if nothing
+// timedCount feeds frames of set for a settling time (and until ready, when not nil,
+// returns) and then d (longer if nothing
 // was counted in d), and counts what counter (a meter's) gained meanwhile, per second
 // of the worker's CPU. Once the source has stopped, every frame sent must have been
 // received, and with all, transmitted on the internal port; the sample is taken
 // from sampled's transmissions.
 func (r *rig) timedCount(ctx context.Context, set *frameSet, d time.Duration, counter interface{ Load() uint64 },
-	sampled *meter, all bool) (*phaseResult, error) {
+	sampled *meter, all bool, ready func() error) (*phaseResult, error) {
 	r.ext.arm(0)
 	r.int.arm(0)
 	rx0, tx0 := r.ext.rx.Load(), r.int.tx.Load()
 	sampled.takeSample()
 	f := r.src.feed(set, -1)
 	err := sleepCtx(ctx, settle)
+	if err == nil && ready != nil {
+		err = ready()
+	}
 	probe := startProbe()
 	t0, c0, cpu0 := nanotime(), counter.Load(), threadCPU(int(r.tid.Load()))
 	polls0, empty0, idle0, allocs0 := r.ext.polls.Load(), r.ext.empty.Load(), r.ext.idle.Load(), heapAllocs()
@@ -480,7 +485,7 @@ func runFeatureRows(ctx context.Context, o *options, res *results, dr *defenceRe
 	}
 	for _, ft := range fs {
 		res.Progress("%s: %d rounds", ft.name, o.defRounds)
-		fr, err := runFeature(ctx, r, ack, base, ft.on, ft.what, o.defRounds, o.defDuration)
+		fr, err := runFeature(ctx, r, ack, base, ft, o.defRounds, o.defDuration)
 		if err != nil {
 			return fmt.Errorf("%s: %w", ft.name, err)
 		}
@@ -494,13 +499,16 @@ type feature struct {
 	name, what string
 	on         datapath.Config
 	dst        func(*defenceResults) **featureResults
+	// ready, when set, waits (while the flows' packets arrive) until the
+	// configuration is in the state to measure.
+	ready func(r *rig) func() error
 }
 
 // featureSet is the features of the selected phases; a feature the datapath lacks is
 // left out, and why is returned.
 func featureSet(o *options, base datapath.Config) (fs []feature, missing map[string]error) {
 	missing = map[string]error{}
-	add := func(name, what string, dst func(*defenceResults) **featureResults, set ...[2]string) {
+	add := func(name, what string, dst func(*defenceResults) **featureResults, set ...[2]string) *feature {
 		c := base
 		for _, kv := range set {
 			var err error
@@ -511,16 +519,30 @@ func featureSet(o *options, base datapath.Config) (fs []feature, missing map[str
 			}
 			if err != nil {
 				missing[name] = err
-				return
+				return nil
 			}
 		}
 		fs = append(fs, feature{name: name, what: what, on: c, dst: dst})
+		return &fs[len(fs)-1]
 	}
 	if o.phase("overload") {
-		add("overload", "overload on, capacity 1e9 pps (normal state); static limits on the rule that never bind",
+		// The busy signal is left out: a benchmark's worker is always busy, which
+		// would make the LD protect.
+		if f := add("overload", "overload on, capacity 1e9 pps, signals pps and table (normal state, checked); static "+
+			"limits on the rule that never bind",
 			func(d *defenceResults) **featureResults { return &d.Overload },
-			[2]string{"overload", `{"mode": "on", "capacity_pps": 1000000000}`},
-			[2]string{"rules.limits", `{"new_conns_per_second": 1e9, "max_conns": 1000000000, "weight": 1}`})
+			[2]string{"overload", `{"mode": "on", "capacity_pps": 1000000000, "signals": ["pps", "table"], "interval": "200ms"}`},
+			[2]string{"rules.limits", `{"new_conns_per_second": 1e9, "max_conns": 1000000000, "weight": 1}`}); f != nil {
+			f.ready = func(r *rig) func() error {
+				return func() error { return waitOverload(r, "normal", 300*time.Millisecond) }
+			}
+		}
+		if f := add("overload (protecting)", "overload on, capacity 1,000 pps: past the watermark, protecting (quotas on new "+
+			"connections; established flows are never cut, checked: every packet forwarded)",
+			func(d *defenceResults) **featureResults { return &d.Protecting },
+			[2]string{"overload", `{"mode": "on", "capacity_pps": 1000, "interval": "200ms"}`}); f != nil {
+			f.ready = func(r *rig) func() error { return func() error { return waitOverload(r, "protecting", 0) } }
+		}
 	}
 	if o.phase("trace") {
 		add("trace (DSCP)", "tracing on, marker DSCP 46; no packet marked",
@@ -535,14 +557,19 @@ func featureSet(o *options, base datapath.Config) (fs []feature, missing map[str
 
 // runFeature measures the established flows of ack without (base) and with on, in
 // rounds, the order alternating so a drift of the machine's load favours neither.
-func runFeature(ctx context.Context, r *rig, ack *frameSet, base, on datapath.Config, what string,
+func runFeature(ctx context.Context, r *rig, ack *frameSet, base datapath.Config, ft feature,
 	rounds int, d time.Duration) (*featureResults, error) {
-	res := &featureResults{What: what}
+	res := &featureResults{What: ft.what}
+	on := ft.on
 	measure := func(cfg datapath.Config, name string) (*phaseResult, error) {
 		if err := r.d.Apply(cfg); err != nil {
 			return nil, fmt.Errorf("applying the %s configuration: %w", name, err)
 		}
-		p, err := r.timedCount(ctx, ack, d, &r.int.tx, r.int, true)
+		var ready func() error
+		if ft.ready != nil && name == "on" {
+			ready = ft.ready(r)
+		}
+		p, err := r.timedCount(ctx, ack, d, &r.int.tx, r.int, true, ready)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
@@ -591,4 +618,23 @@ func medianOf[T any](rs []T, f func(T) float64) float64 {
 	}
 	slices.Sort(v)
 	return v[(len(v)-1)/2]
+}
+
+// waitOverload waits until r's overload protection is in state (at most 10 s), and
+// then that it stays so for hold (measured loads in between).
+func waitOverload(r *rig, state string, hold time.Duration) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for r.d.Status().Overload.State != state {
+		if time.Now().After(deadline) {
+			st := r.d.Status().Overload
+			return fmt.Errorf("overload protection still %q (load %.2f) after 10s, want %s", st.State, st.Load, state)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for end := time.Now().Add(hold); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if st := r.d.Status().Overload; st.State != state {
+			return fmt.Errorf("overload protection went %q (load %.2f), want %s", st.State, st.Load, state)
+		}
+	}
+	return nil
 }

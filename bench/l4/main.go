@@ -32,7 +32,7 @@
 //
 //	go run ./bench/l4 [-flows 1000000] [-duration 3s] [-blacklist 1000000] [-skip-dpdk] [-skip-veth]
 //	    [-phases all|table,forward,dpdk,synproxy,synproxy-established,overload,trace|defence]
-//	    [-defence-rounds 3] [-defence-duration 1s]
+//	    [-defence-rounds 5] [-defence-duration 1s]
 package main
 
 import (
@@ -130,7 +130,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.blListed, "blacklist-listed", 0.01, "share of the flows whose clients are on the list in the third blacklist row")
 	phases := fs.String("phases", "all", "the measurements to run, comma-separated: "+strings.Join(allPhases, ", ")+
 		" (defence: the last "+strconv.Itoa(len(defencePhases))+"), or all")
-	fs.IntVar(&o.defRounds, "defence-rounds", 3, "rounds of the defence rows (each row once per round, the order alternating)")
+	fs.IntVar(&o.defRounds, "defence-rounds", 5, "rounds of the defence rows (each row once per round, the order alternating)")
 	fs.DurationVar(&o.defDuration, "defence-duration", time.Second, "measured time of each defence row in a round")
 	if err := fs.Parse(args); err != nil {
 		return 2

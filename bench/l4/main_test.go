@@ -417,7 +417,7 @@ func TestMainDefence(t *testing.T) {
 	check("synproxy-established", s.Established)
 	check("overload", s.OverloadNs)
 	check("trace (DSCP)", s.TraceNs)
-	for name, f := range map[string]*featureResults{"overload": d.Overload, "trace": d.Trace, "trace option": d.TraceOption,
+	for name, f := range map[string]*featureResults{"overload": d.Overload, "trace": d.Trace, "trace option": d.TraceOption, "overload protecting": d.Protecting,
 		"synproxy established": d.Established} {
 		if f == nil {
 			continue

@@ -345,7 +345,7 @@ func runSynproxyEstablished(ctx context.Context, o *options, syn, ack *frameSet,
 	res = &featureResults{What: "the rule's SYN proxy on, its flows made through it (cookie handshake with the client, " +
 		"the LD's own with the member) and translated; off: today's LD, flows made directly"}
 	measure := func(r *rig, set *frameSet, proxied bool) (*phaseResult, error) {
-		p, err := r.timedCount(ctx, set, o.defDuration, &r.int.tx, r.int, true)
+		p, err := r.timedCount(ctx, set, o.defDuration, &r.int.tx, r.int, true, nil)
 		if err != nil {
 			return nil, err
 		}

@@ -53,6 +53,8 @@ type summary struct {
 	// no packet marked) add; the ratios are the rates with ÷ without.
 	OverloadNs       *float64 `json:"overload_ns_per_packet"`
 	OverloadRatio    *float64 `json:"overload_established_ratio"`
+	ProtectingNs     *float64 `json:"overload_protecting_ns_per_packet"`
+	ProtectingRatio  *float64 `json:"overload_protecting_established_ratio"`
 	TraceNs          *float64 `json:"trace_ns_per_packet"`
 	TraceRatio       *float64 `json:"trace_established_ratio"`
 	TraceOptionNs    *float64 `json:"trace_tcp_option_ns_per_packet"`

@@ -111,11 +111,12 @@ func defenceTable(w io.Writer, r *results, s *summary) float64 {
 	var estNs *float64
 	feature("SYN proxy", d.Established, &estNs, &s.SynproxyEstablished)
 	feature("overload", d.Overload, &s.OverloadNs, &s.OverloadRatio)
+	feature("overload, protecting", d.Protecting, &s.ProtectingNs, &s.ProtectingRatio)
 	feature("trace, DSCP marker", d.Trace, &s.TraceNs, &s.TraceRatio)
 	feature("trace, TCP option marker", d.TraceOption, &s.TraceOptionNs, &s.TraceOptionRatio)
 	if rows > 0 {
 		ft.Fprint(w)
-		for _, f := range []*featureResults{d.Established, d.Overload, d.Trace, d.TraceOption} {
+		for _, f := range []*featureResults{d.Established, d.Overload, d.Protecting, d.Trace, d.TraceOption} {
 			if f != nil {
 				fmt.Fprintf(w, "on = %s\n", f.What)
 			}
@@ -128,7 +129,7 @@ func defenceTable(w io.Writer, r *results, s *summary) float64 {
 			fmt.Fprintln(w, "between polls). The proxied ACKs are checked reaching the member translated: acknowledging the member's")
 			fmt.Fprintln(w, "ISN + 1 and echoing the member's timestamp.")
 		}
-		if d.Overload != nil || d.Trace != nil || d.TraceOption != nil {
+		if d.Overload != nil || d.Protecting != nil || d.Trace != nil || d.TraceOption != nil {
 			fmt.Fprintln(w, "Overload and trace: each round measures the same established flows (ACKs, one worker, in-memory ports)")
 			fmt.Fprintln(w, "with the feature's configuration applied and without (Distributor.Apply).")
 		}
