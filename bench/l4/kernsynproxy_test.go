@@ -32,3 +32,35 @@ func TestKernelSynproxy(t *testing.T) {
 		t.Errorf("%d SYN-ACKs sent, %d received", res.SynAcks, res.FloodRx)
 	}
 }
+
+func TestParseKernelCounters(t *testing.T) {
+	stat := "entries\t\tsyn_received\tcookie_invalid\tcookie_valid\tcookie_retrans\tconn_reopened\n" +
+		"00000000\t0000001a\t00000000\t00000002\t00000000\t00000000\n" +
+		"00000000\t00000100\t00000000\t00000000\t00000000\t00000000\n"
+	if n, err := parseSynproxyStat(stat); err != nil || n != 0x1a+0x100 {
+		t.Errorf("synproxy stat: %d, %v", n, err)
+	}
+	for _, bad := range []string{"", "entries syn_received\n", "entries other\n0 1\n", "entries syn_received\n0 zz\n", "entries syn_received\n0\n"} {
+		if _, err := parseSynproxyStat(bad); err == nil {
+			t.Errorf("synproxy stat %q accepted", bad)
+		}
+	}
+	dev := "Inter-|   Receive                                                |  Transmit\n" +
+		" face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n" +
+		"    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0\n" +
+		"  ksp0: 7400000  100000    0    0    0     0          0         0  7400000   99990    0    0    0     0       0          0\n"
+	if rx, tx, err := readNetDev(dev, "ksp0"); err != nil || rx != 100000 || tx != 99990 {
+		t.Errorf("net/dev: %d %d %v", rx, tx, err)
+	}
+	if _, _, err := readNetDev(dev, "kfl0"); err == nil {
+		t.Error("a missing device was found")
+	}
+	procStat := "cpu  10 0 20 30 0 0 5 0 0 0\ncpu0 4 0 8 15 0 0 2 0 0 0\ncpu1 6 0 12 15 0 1 3 1 0 0\nintr 1\n"
+	c, err := parseCPUTimes(procStat, 1)
+	if err != nil || c.user != 6 || c.system != 12 || c.idle != 15 || c.irq != 1 || c.softirq != 3 || c.steal != 1 || c.busy() != 23 {
+		t.Errorf("cpu1: %+v, %v", c, err)
+	}
+	if _, err := parseCPUTimes(procStat, 2); err == nil {
+		t.Error("cpu2 found")
+	}
+}
