@@ -81,7 +81,8 @@
 // dropped, whatever the reason (the hook is in count, where every packet is counted,
 // and in the move to tx_full), with a sample of its first bytes. Whether a packet is
 // marked is decided once, in handle, and only when tracing is on: with it off, a
-// packet pays one predictable branch on the snapshot's trace pointer. The marker
+// packet pays a predictable branch on the snapshot's trace pointer and one on the
+// worker's mark flag where it is counted. The marker
 // stays on the inner packet, which is tunnelled untouched, so the L7 node sees it; a
 // member's reply is traced when its inner packet is marked (its destination a probe
 // server, or its DSCP set by the L7 node).

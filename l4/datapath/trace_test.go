@@ -265,3 +265,25 @@ func TestTraceConfigValidate(t *testing.T) {
 		t.Errorf("defaults: %+v", d.Trace)
 	}
 }
+
+// TestTraceIPv6: the DSCP marker reads an IPv6 packet's traffic class; a marked
+// packet to an address that is neither a VIP nor the LD's is a not_local drop point.
+func TestTraceIPv6(t *testing.T) {
+	r := startRig(t, traceConfig(TraceConfig{LD: "ld-test", DSCP: probeDSCP}), Options{})
+	r.resolve()
+	src, dst := netip.MustParseAddr("2001:db8::9"), netip.MustParseAddr("2001:db8::99")
+	frame := func(tc uint8, sport uint16) []byte {
+		ip := &layers.IPv6{Version: 6, TrafficClass: tc, HopLimit: 60, NextHeader: layers.IPProtocolUDP, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
+		udp := &layers.UDP{SrcPort: layers.UDPPort(sport), DstPort: 53}
+		_ = udp.SetNetworkLayerForChecksum(ip)
+		return serialize(t, &layers.Ethernet{SrcMAC: gwMAC, DstMAC: extMAC[:], EthernetType: layers.EthernetTypeIPv6}, ip, udp)
+	}
+	r.ext.Inject(frame(0, 1000))
+	r.ext.Inject(frame(probeDSCP<<2, 1001))
+	r.waitCount(dirIn, resNotLocal, 2)
+	pts := r.waitPoints(trace.Filter{}, 1)
+	if len(pts) != 1 || pts[0].Reason != "not_local" || pts[0].Src != src.String() || pts[0].SrcPort != 1001 ||
+		pts[0].Protocol != "udp" || !strings.HasPrefix(pts[0].Sample, "6b8") {
+		t.Fatalf("points %+v: want the marked packet's not_local drop", pts)
+	}
+}

@@ -61,7 +61,8 @@ type Config struct {
 
 	// Records is how many records each worker keeps (a ring: the oldest is
 	// overwritten), 16..65536. Memory is workers × records × (80 + sample_bytes
-	// rounded up to 8) bytes: 208 KiB per worker by default. Default 1024.
+	// rounded up to 8) bytes: 208 KiB per worker by default. A change of records or
+	// sample_bytes starts new rings, without the records so far. Default 1024.
 	Records int `yaml:"records" json:"records,omitempty"`
 
 	// SampleBytes is how much of a marked packet a record keeps, from its IP header
