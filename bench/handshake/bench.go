@@ -36,6 +36,7 @@ type options struct {
 	scrapeMode   string   // -scrape-cost-mode: modeFull or modeResumed
 
 	classic            bool          // -classic: the handshake-only rows at -workers, by version and mode, and the scrape-cost rows
+	floor              bool          // -floor: the floor servers in the sequential shapes
 	matrix             []shape       // -matrix: the load shapes measured
 	burst              int           // -burst: connections of a burst
 	matrixDuration     time.Duration // -matrix-duration
@@ -73,8 +74,9 @@ type bench struct {
 
 	nginxVersion, nginxOpenSSL string
 	rows                       []*row
-	mrows                      []*mrow     // the load-shape matrix
-	scrapeCost                 *scrapeCost // the scrape-cost rows' figures; nil when not run
+	mrows                      []*mrow      // the load-shape matrix
+	crypto                     *cryptoCosts // the floor's public-key operations; nil without the floor
+	scrapeCost                 *scrapeCost  // the scrape-cost rows' figures; nil when not run
 }
 
 // row is one server at one TLS version in one mode.
@@ -138,6 +140,12 @@ func run(ctx context.Context, o *options) error {
 		b.Progress("  %s on %s, pid %d", s.label, s.addr, s.proc.PID())
 	}
 
+	if b.floorWanted() {
+		b.Progress("the public-key operations' cost, Go here and OpenSSL (openssl speed)")
+		if b.crypto, err = measureCrypto(ctx, b.f.key); err != nil {
+			return fmt.Errorf("measuring the public-key operations: %w", err)
+		}
+	}
 	if err := b.runMatrix(ctx); err != nil {
 		return err
 	}
@@ -147,6 +155,9 @@ func run(ctx context.Context, o *options) error {
 		}
 		for _, v := range o.versions {
 			for _, s := range b.fl.servers {
+				if s.floor {
+					continue
+				}
 				if err := b.measure(ctx, s, v, mode); err != nil {
 					if ctx.Err() != nil {
 						return ctx.Err()

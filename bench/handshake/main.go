@@ -77,6 +77,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			return benchkit.ServeL7d("bench-handshake", args[1:], stdout, stderr)
 		case serveGoTLSCommand:
 			return serveGoTLS(args[1:], stderr)
+		case serveFloorCommand:
+			return serveFloor(args[1:], stderr)
+		case serveFloorSignerCommand:
+			return serveFloorSigner(args[1:], stderr)
 		}
 	}
 	o := options{out: stdout, log: stderr}
@@ -103,6 +107,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	l7dEnv := fs.String("l7d-env", "", "comma-separated `NAME=value` environment variables for both l7d (GOMAXPROCS=1, GODEBUG=...: for comparing runtime settings)")
 	fs.BoolVar(&o.classic, "classic", true, "also the handshake-only rows at -workers by -tls and -modes, and the scrape-cost rows")
 	matrix := fs.String("matrix", "all", "load shapes of the matrix: all, none, or comma-separated names (see the report)")
+	fs.BoolVar(&o.floor, "floor", true, "in the sequential shapes, also the floor servers: crypto/tls alone with the key local and with a least key-server round trip (the Go floor l7d's figure is read against)")
 	fs.IntVar(&o.burst, "burst", 2000, "connections of the burst shapes")
 	fs.DurationVar(&o.matrixDuration, "matrix-duration", 3*time.Second, "measured time of a matrix row (closed, Poisson, s_time)")
 	fs.DurationVar(&o.matrixWarmup, "matrix-warmup", 500*time.Millisecond, "warm-up of a closed-loop matrix row")

@@ -94,9 +94,10 @@ type mrow struct {
 	elapsed  time.Duration
 	cpu      []time.Duration // by matrix clock
 	ks       bool
-	rate     float64 // Poisson rows: the arrival rate asked for
-	dropped  int     // Poisson rows: arrivals not started, too many in flight
-	l7hs     float64 // l7d's own count of handshakes in the row
+	rate     float64         // Poisson rows: the arrival rate asked for
+	dropped  int             // Poisson rows: arrivals not started, too many in flight
+	l7hs     float64         // l7d's own count of handshakes in the row
+	procs    *benchkit.Procs // l7d's Ps at the row's end and their changes in it
 	note     string
 }
 
@@ -107,8 +108,22 @@ const (
 	mclockSelf
 	mclockMachine
 	mclockChildren // outside generators (their process), else 0
+	mclockUser     // the server's user-mode CPU
+	// The server's scheduler counters (sched.go), read as clocks.
+	mclockVoluntary
+	mclockInvoluntary
+	mclockRunqWait
+	mclockSlices
 	nMClocks
 )
+
+// perConnCount is a scheduler counter per connection completed.
+func (r *mrow) perConnCount(clock int) float64 {
+	if r.conns == 0 || clock >= len(r.cpu) {
+		return 0
+	}
+	return float64(r.cpu[clock]) / float64(r.conns)
+}
 
 func (r *mrow) perConn(clock int) time.Duration {
 	if r.conns == 0 || clock >= len(r.cpu) {
@@ -138,7 +153,7 @@ func (b *bench) runMatrix(ctx context.Context) error {
 		}
 		for rep := 0; rep < b.o.matrixRepeat; rep++ {
 			for _, s := range b.fl.servers {
-				if s.id == srvGoTLS {
+				if s.id == srvGoTLS || s.floor && !floorShape(sh) {
 					continue
 				}
 				r, err := b.measureShape(ctx, s, sh)
@@ -189,7 +204,7 @@ func readClocks(clocks []benchkit.CPUClock) ([]time.Duration, error) {
 }
 
 func (b *bench) measureShape(ctx context.Context, s *server, sh shape) (*mrow, error) {
-	for _, p := range []*benchkit.Process{s.proc, b.fl.ks} {
+	for _, p := range []*benchkit.Process{s.proc, s.ks} {
 		if p == nil {
 			continue
 		}
@@ -199,7 +214,7 @@ func (b *bench) measureShape(ctx context.Context, s *server, sh shape) (*mrow, e
 		default:
 		}
 	}
-	ks := s.id == srvL7Offload && b.fl.ks != nil
+	ks := s.ks != nil
 	clocks := make([]benchkit.CPUClock, nMClocks)
 	for i := range clocks {
 		clocks[i] = zeroClock
@@ -208,7 +223,17 @@ func (b *bench) measureShape(ctx context.Context, s *server, sh shape) (*mrow, e
 	clocks[mclockSelf] = benchkit.SelfCPU
 	clocks[mclockMachine] = benchkit.MachineBusyCPU
 	if ks {
-		clocks[mclockKeyserver] = b.fl.ks.CPU()
+		clocks[mclockKeyserver] = s.ks.CPU()
+	}
+	if s.userClock != nil {
+		clocks[mclockUser] = s.userClock
+	}
+	if len(s.schedPIDs) > 0 {
+		pids := func() []int { return s.schedPIDs }
+		clocks[mclockVoluntary] = schedClock(pids, schedVoluntary)
+		clocks[mclockInvoluntary] = schedClock(pids, schedInvoluntary)
+		clocks[mclockRunqWait] = schedClock(pids, schedRunqWait)
+		clocks[mclockSlices] = schedClock(pids, schedSlices)
 	}
 	ours := []benchkit.CPUClock{benchkit.SelfCPU, s.clock}
 	if ks {
@@ -238,6 +263,7 @@ func (b *bench) measureShape(ctx context.Context, s *server, sh shape) (*mrow, e
 	if after, err := b.scrape(s); err == nil && before != nil && after != nil {
 		d := after.minus(before)
 		r.l7hs = d.hsOK
+		r.procs = &d.procs
 		if d.hsFailed > 0 {
 			r.note = fmt.Sprintf("l7d counted %.0f failed handshakes", d.hsFailed)
 		}
@@ -246,9 +272,9 @@ func (b *bench) measureShape(ctx context.Context, s *server, sh shape) (*mrow, e
 	if ks {
 		ksText = fmt.Sprintf(", keyserverd %.0f µs", us(r.perConn(mclockKeyserver)))
 	}
-	b.Progress("%-22s %-12s %s: %d conns in %.2fs (%.0f/s), server %.0f µs CPU per conn%s, %d errors, others %.2f cores",
+	b.Progress("%-22s %-12s %s: %d conns in %.2fs (%.0f/s), server %.0f µs CPU per conn%s, %d errors, others %.2f cores%s",
 		sh.name, s.id, sh.gen, r.conns, r.elapsed.Seconds(), float64(r.conns)/max(r.elapsed.Seconds(), 1e-9),
-		us(r.perConn(mclockServer)), ksText, r.errors, r.otherCores())
+		us(r.perConn(mclockServer)), ksText, r.errors, r.otherCores(), r.procs.Note())
 	if r.errors > 0 {
 		b.Fail("%s, %s: %d errors, the first: %v", sh.name, s.id, r.errors, r.firstErr)
 	}
@@ -522,7 +548,11 @@ type matrixSummary struct {
 	OffloadGainByShape map[string]float64  `json:"offload_gain_by_shape"`
 	CPUUsByShape       map[string]shapeCPU `json:"cpu_us_per_conn_by_shape"`
 	PoissonRate        float64             `json:"poisson_rate_per_s"`
-	MatrixRows         []mrowSum           `json:"matrix_rows"`
+	// FloorByShape is the floor of each sequential shape (floor.go); absent without.
+	FloorByShape map[string]floorSum `json:"floor_by_shape,omitempty"`
+	// Crypto is the public-key operations' cost the floor is read with.
+	Crypto     *cryptoCosts `json:"public_key_crypto,omitempty"`
+	MatrixRows []mrowSum    `json:"matrix_rows"`
 }
 
 // shapeCPU is the CPU per connection of each server in one shape, in µs (the
@@ -537,20 +567,27 @@ type shapeCPU struct {
 }
 
 type mrowSum struct {
-	Shape       string   `json:"shape"`
-	Generator   string   `json:"generator"`
-	Request     bool     `json:"request"`
-	Server      string   `json:"server"`
-	Conns       int      `json:"conns"`
-	ConnsPerS   float64  `json:"conns_per_s"`
-	CPUUs       float64  `json:"server_cpu_us_per_conn"`
-	KeyserverUs *float64 `json:"keyserverd_cpu_us_per_conn,omitempty"`
-	GenUs       float64  `json:"generator_cpu_us_per_conn"`
-	L7Handshake float64  `json:"l7d_handshakes_counted,omitempty"`
-	Rate        float64  `json:"arrival_rate_per_s,omitempty"`
-	Dropped     int      `json:"arrivals_dropped,omitempty"`
-	Errors      int      `json:"errors"`
-	OtherCores  float64  `json:"other_processes_cores"`
+	Shape           string   `json:"shape"`
+	Generator       string   `json:"generator"`
+	Request         bool     `json:"request"`
+	Server          string   `json:"server"`
+	Conns           int      `json:"conns"`
+	ConnsPerS       float64  `json:"conns_per_s"`
+	CPUUs           float64  `json:"server_cpu_us_per_conn"`
+	KeyserverUs     *float64 `json:"keyserverd_cpu_us_per_conn,omitempty"`
+	GenUs           float64  `json:"generator_cpu_us_per_conn"`
+	L7Handshake     float64  `json:"l7d_handshakes_counted,omitempty"`
+	*benchkit.Procs          // l7d's Ps at the end of the row and their changes; nil for the others
+	Rate            float64  `json:"arrival_rate_per_s,omitempty"`
+	Dropped         int      `json:"arrivals_dropped,omitempty"`
+	Errors          int      `json:"errors"`
+	OtherCores      float64  `json:"other_processes_cores"`
+
+	// The server's threads' scheduler counters per connection (sched.go).
+	VoluntaryPerConn   float64 `json:"voluntary_switches_per_conn"`
+	InvoluntaryPerConn float64 `json:"involuntary_switches_per_conn"`
+	RunqWaitUsPerConn  float64 `json:"runqueue_wait_us_per_conn"`
+	SlicesPerConn      float64 `json:"timeslices_per_conn"`
 }
 
 // shapeMedian is the median of the CPU per connection over a shape's repeats on one
@@ -558,12 +595,17 @@ type mrowSum struct {
 // connections timed out on an overloaded machine divides all its CPU by the few that
 // completed); nil when none measured.
 func (b *bench) shapeMedian(name, srv string, clock int) *float64 {
+	return b.shapeMedianOf(name, srv, func(r *mrow) float64 { return us(r.perConn(clock)) })
+}
+
+// shapeMedianOf is shapeMedian of f's figure of each repeat.
+func (b *bench) shapeMedianOf(name, srv string, f func(*mrow) float64) *float64 {
 	var v, clean []float64
 	for _, r := range b.mrows {
 		if r.sh.name == name && r.srv.id == srv && r.conns > 0 {
-			v = append(v, us(r.perConn(clock)))
+			v = append(v, f(r))
 			if r.errors == 0 {
-				clean = append(clean, us(r.perConn(clock)))
+				clean = append(clean, f(r))
 			}
 		}
 	}
@@ -588,7 +630,7 @@ func (b *bench) matrixReport(w io.Writer) *matrixSummary {
 	ms := &matrixSummary{VsNginxByShape: map[string]float64{}, OffloadGainByShape: map[string]float64{},
 		CPUUsByShape: map[string]shapeCPU{}, PoissonRate: round(b.poissonRate(), 1)}
 	t := benchkit.Table{Header: []string{"shape", "generator", "server", "conns", "conns/s", "server CPU µs/conn",
-		"keyserverd µs/conn", "generator µs/conn", "errors", "others' cores"}}
+		"keyserverd µs/conn", "generator µs/conn", "thread sleeps/conn", "errors", "others' cores"}}
 	last := ""
 	for _, r := range b.mrows {
 		if r.sh.name != last {
@@ -598,7 +640,9 @@ func (b *bench) matrixReport(w io.Writer) *matrixSummary {
 		s := mrowSum{Shape: r.sh.name, Generator: r.sh.gen, Request: r.sh.request, Server: r.srv.id, Conns: r.conns,
 			ConnsPerS: round(float64(r.conns)/max(r.elapsed.Seconds(), 1e-9), 1), CPUUs: round(us(r.perConn(mclockServer)), 1),
 			GenUs: round(us(r.perConn(mclockSelf)+r.perConn(mclockChildren)), 1), L7Handshake: r.l7hs,
-			Rate: round(r.rate, 1), Dropped: r.dropped, Errors: r.errors, OtherCores: round(r.otherCores(), 2)}
+			Procs: r.procs, Rate: round(r.rate, 1), Dropped: r.dropped, Errors: r.errors, OtherCores: round(r.otherCores(), 2),
+			VoluntaryPerConn: round(r.perConnCount(mclockVoluntary), 2), InvoluntaryPerConn: round(r.perConnCount(mclockInvoluntary), 2),
+			RunqWaitUsPerConn: round(r.perConnCount(mclockRunqWait)/1e3, 1), SlicesPerConn: round(r.perConnCount(mclockSlices), 2)}
 		ksText := "-"
 		if r.ks {
 			s.KeyserverUs = ptr(round(us(r.perConn(mclockKeyserver)), 1))
@@ -606,7 +650,7 @@ func (b *bench) matrixReport(w io.Writer) *matrixSummary {
 		}
 		ms.MatrixRows = append(ms.MatrixRows, s)
 		t.Row(r.sh.name, r.sh.gen, r.srv.label, r.conns, fmt.Sprintf("%.0f", s.ConnsPerS), fmt.Sprintf("%.0f", s.CPUUs),
-			ksText, fmt.Sprintf("%.0f", s.GenUs), r.errors, fmt.Sprintf("%.2f", s.OtherCores))
+			ksText, fmt.Sprintf("%.0f", s.GenUs), fmt.Sprintf("%.1f", s.VoluntaryPerConn), r.errors, fmt.Sprintf("%.2f", s.OtherCores))
 	}
 	fmt.Fprintf(w, "\nLoad-shape matrix: TLS 1.3 full handshakes (RSA-2048, X25519, AES-128-GCM), each on a new connection, with one\n")
 	fmt.Fprintf(w, "HTTPS request (GET /, answered `200 ok` by the server itself) or none (_hs); server CPU = user + sys of its\n")
@@ -663,6 +707,10 @@ func (b *bench) matrixReport(w io.Writer) *matrixSummary {
 		ratioText(ogMin, nil, nil), ms.OffloadGainMinShp, targetOffloadGain, passMiss(ms.OffloadGainMinMet))
 	if ms.PoissonRate > 0 {
 		fmt.Fprintf(w, "Poisson rows: %.0f new connections/s (half of nginx's best closed-loop rate with a request, or -poisson-rate)\n", ms.PoissonRate)
+	}
+	ms.FloorByShape = b.floorReport(w)
+	if ms.FloorByShape != nil {
+		ms.Crypto = b.crypto
 	}
 	return ms
 }

@@ -40,6 +40,11 @@ type server struct {
 	metricsURL string // l7d's /metrics
 	pprofURL   string // the profiling variant's /debug/pprof/ (-profile)
 	workers    []int  // nginx's worker processes at start-up
+
+	floor     bool              // a floor server (floor.go): measured in the sequential shapes only
+	ks        *benchkit.Process // the key server whose CPU is shown beside: keyserverd, or the floor signer
+	schedPIDs []int             // the processes whose threads' scheduler counters are read
+	userClock benchkit.CPUClock // the server's user-mode CPU
 }
 
 // fleet is every process the rows measure, started once and stopped at the end.
@@ -84,7 +89,33 @@ func (b *bench) startFleet(ctx context.Context) (err error) {
 		}
 		fl.servers = append(fl.servers, s)
 	}
+	if b.floorWanted() {
+		for _, id := range []string{srvL7Local, srvL7Offload} {
+			if !want[id] {
+				continue
+			}
+			s, err := b.startFloor(ctx, floorFor[id])
+			if err != nil {
+				return fmt.Errorf("%s: %w", floorFor[id], err)
+			}
+			fl.servers = append(fl.servers, s)
+		}
+	}
 	return nil
+}
+
+// floorWanted reports whether the floor servers are to be measured: -floor, and a
+// sequential shape in the matrix.
+func (b *bench) floorWanted() bool {
+	if !b.o.floor {
+		return false
+	}
+	for _, sh := range b.o.matrix {
+		if floorShape(sh) {
+			return true
+		}
+	}
+	return false
 }
 
 // wanted is the set of servers the selected rows need.
@@ -154,6 +185,11 @@ func (b *bench) startL7d(ctx context.Context, id string) (*server, error) {
 		return nil, err
 	}
 	s.clock = s.proc.CPU()
+	s.schedPIDs = []int{s.proc.PID()}
+	s.userClock = benchkit.ProcessUserCPU(s.proc.PID(), false)
+	if !local {
+		s.ks = b.fl.ks
+	}
 	if err := s.proc.WaitHTTP(ctx, nil, "http://"+admin+"/healthz", 20*time.Second); err != nil {
 		s.proc.Stop(5 * time.Second)
 		return nil, fmt.Errorf("l7d did not become healthy: %w; log:\n%s", err, s.proc.LogTail(20))
@@ -243,6 +279,8 @@ func (b *bench) startNginx(ctx context.Context) (*server, error) {
 			break
 		}
 	}
+	s.schedPIDs = append([]int{s.proc.PID()}, s.workers...)
+	s.userClock = benchkit.ProcessUserCPU(s.proc.PID(), true)
 	if len(s.workers) != b.o.nginxWorkers {
 		stopNginx(s)
 		return nil, fmt.Errorf("nginx has %d worker processes, want %d; error log:\n%s", len(s.workers), b.o.nginxWorkers, proc.Tail(errLog, 20))
@@ -331,6 +369,11 @@ func (b *bench) stopFleet() {
 		}
 		if err := s.proc.Stop(10 * time.Second); err != nil {
 			b.Fail("stopping %s: %v; log:\n%s", s.id, err, s.proc.LogTail(10))
+		}
+		if s.floor && s.ks != nil {
+			if err := s.ks.Stop(10 * time.Second); err != nil {
+				b.Fail("stopping %s's signer: %v; log:\n%s", s.id, err, s.ks.LogTail(10))
+			}
 		}
 	}
 	if fl.ks != nil {
