@@ -311,6 +311,7 @@ func openKernelSynproxy() (*ksTopo, error) {
 	if runtime.NumCPU() < 2 {
 		return nil, errors.New("the kernel SYN proxy is measured on a core of its own, apart from the flood's: needs 2 CPUs")
 	}
+	removeStale() // a killed run's namespaces
 	t, err := newKsTopo()
 	if err != nil {
 		return nil, err
