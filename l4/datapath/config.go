@@ -90,7 +90,7 @@ type Config struct {
 	// the marker (dscp, sources, tcp_option: a packet meeting every one set is
 	// marked), the LD's ID in the records (ld; default the host name, else the
 	// external address), and each worker's ring (records, default 1024; sample_bytes,
-	// default 128). Read with Distributor.Trace (l4d: GET /trace) and
+	// default 128; rate, records a second, default 1000). Read with Distributor.Trace (l4d: GET /trace) and
 	// tiergate_l4_trace_points_total / tiergate_l4_trace_drops_total. Default: no
 	// criterion, nothing traced.
 	Trace TraceConfig `yaml:"trace" json:"trace,omitzero"`

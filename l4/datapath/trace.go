@@ -22,6 +22,7 @@ type traceConf struct {
 	ld      string // &ld is what records point at
 	records int
 	sample  int
+	rate    int // records per second per worker
 }
 
 func newTraceConf(c *TraceConfig) *traceConf {
@@ -29,7 +30,7 @@ func newTraceConf(c *TraceConfig) *traceConf {
 	if m == nil {
 		return nil
 	}
-	return &traceConf{marker: m, ld: c.LD, records: c.Records, sample: c.SampleBytes}
+	return &traceConf{marker: m, ld: c.LD, records: c.Records, sample: c.SampleBytes, rate: c.Rate}
 }
 
 // workerTrace is a worker's tracing: its ring of records (which readers load), its
@@ -40,8 +41,10 @@ type workerTrace struct {
 	ring atomic.Pointer[trace.Ring]
 	conf *traceConf // what ring and labels were made for
 
-	points [numDirs]atomic.Uint64    // trace points recorded, by direction
-	drops  [numResults]atomic.Uint64 // drop points recorded, by reason
+	points     [numDirs]atomic.Uint64    // trace points recorded, by direction
+	drops      [numResults]atomic.Uint64 // drop points recorded, by reason
+	suppressed atomic.Uint64             // marked packets not recorded, past the rate
+	bucket     tokenBucket               // records written (Config.Trace.Rate)
 
 	// The marked packet being handled (traceMark, traceInner).
 	e      trace.Entry
@@ -64,6 +67,7 @@ func (w *worker) traceSync(s *snapshot) {
 	}
 	w.tr.conf = tc
 	w.tr.labels = map[*member]*string{}
+	w.tr.bucket.set(tc.rate, max(32, tc.rate/10))
 }
 
 // traceMark decides, once per packet and only when tracing is on, whether the
@@ -117,12 +121,17 @@ func (w *worker) traceKeep(frame []byte, from, to int, p *packet.Packet) {
 // when it went on (forwarded, local), else a drop point with the reason.
 func (w *worker) tracePoint(d direction, r result) {
 	w.tmark = false
-	w.last.mark = true
 	tc := w.tr.conf
 	ring := w.tr.ring.Load()
 	if tc == nil || ring == nil {
 		return
 	}
+	if !w.tr.bucket.ready(w.mono) {
+		w.tr.suppressed.Add(1)
+		return
+	}
+	w.tr.bucket.take()
+	w.last.mark = true
 	e := &w.tr.e
 	e.Time = time.Now().UnixNano()
 	e.Dir, e.Result, e.LD = uint8(d), uint8(r), &tc.ld
@@ -156,7 +165,7 @@ func (w *worker) traceLabel(m *member) *string {
 
 // traceTxFull records a drop point for a marked packet that the port did not take
 // (tx_full), from the frame as it was to be sent, instead of its trace point in the
-// counters.
+// counters. Only a recorded packet comes here, so the rate is not checked again.
 func (w *worker) traceTxFull(b *port.Buf, c counted) {
 	tc := w.tr.conf
 	ring := w.tr.ring.Load()
@@ -238,11 +247,15 @@ var (
 	descTraceDrops = prometheus.NewDesc("tiergate_l4_trace_drops_total",
 		"Drop points: marked probe packets (Config.Trace) this LD dropped, by reason.",
 		[]string{"reason"}, nil)
+	descTraceSuppressed = prometheus.NewDesc("tiergate_l4_trace_suppressed_total",
+		"Marked probe packets counted but not recorded, past the workers' record rate (Config.Trace.Rate).",
+		nil, nil)
 )
 
 func describeTrace(ch chan<- *prometheus.Desc) {
 	ch <- descTracePoints
 	ch <- descTraceDrops
+	ch <- descTraceSuppressed
 }
 
 // collectTrace reports the trace counters, while tracing is on or once a point was
@@ -270,5 +283,12 @@ func (c *collector) collectTrace(ch chan<- prometheus.Metric) {
 		if n > 0 {
 			ch <- prometheus.MustNewConstMetric(descTraceDrops, prometheus.CounterValue, float64(n), resultNames[r])
 		}
+	}
+	var supp uint64
+	for _, w := range c.d.workers {
+		supp += w.tr.suppressed.Load()
+	}
+	if on || supp > 0 {
+		ch <- prometheus.MustNewConstMetric(descTraceSuppressed, prometheus.CounterValue, float64(supp))
 	}
 }

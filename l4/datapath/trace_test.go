@@ -287,3 +287,24 @@ func TestTraceIPv6(t *testing.T) {
 		t.Fatalf("points %+v: want the marked packet's not_local drop", pts)
 	}
 }
+
+// TestTraceRate: past Config.Trace.Rate (here 1 a second, in bursts of 32) marked
+// packets are counted as suppressed instead of recorded, and still forwarded.
+func TestTraceRate(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := startRig(t, traceConfig(TraceConfig{LD: "ld-test", DSCP: probeDSCP, Rate: 1}), Options{Registerer: reg})
+	r.resolve()
+	const n = 40
+	for i := range n {
+		r.ext.Inject(tcp4tos(t, probeDSCP<<2, client, uint16(41000+i), vip, 443, true))
+	}
+	waitSent(t, r.int, n)
+	r.waitCount(dirIn, resForwarded, n)
+	got := gather(t, reg)
+	rec, supp := got["tiergate_l4_trace_points_total{direction=in,ld=ld-test}"], got["tiergate_l4_trace_suppressed_total"]
+	pts := len(r.d.Trace(trace.Filter{Limit: 1000}).Points)
+	// One more token a second: a slow machine may record a few more than the burst.
+	if rec < 32 || rec > 36 || rec+supp != n || float64(pts) != rec {
+		t.Fatalf("recorded %v (%d points), suppressed %v; want 32 (a burst) and the rest of %d suppressed", rec, pts, supp, n)
+	}
+}

@@ -159,7 +159,8 @@ type FileConfig struct {
 	// recorded by each worker with ld (this LD's ID; default the host name, else
 	// the external address), readable from GET /trace and
 	// tiergate_l4_trace_points_total / tiergate_l4_trace_drops_total; records
-	// (per worker, default 1024) and sample_bytes (default 128) bound the memory.
+	// (per worker, default 1024) and sample_bytes (default 128) bound the memory,
+	// rate (records a second per worker, default 1000) the work of a marked flood.
 	// Changes on reload. Default none: nothing traced.
 	Trace datapath.TraceConfig `yaml:"trace" json:"trace,omitzero"`
 

@@ -27,6 +27,7 @@ const (
 	DefaultSampleBytes = 128
 	MaxSampleBytes     = 256
 	MaxSources         = 64
+	DefaultRate        = 1000
 )
 
 // Config turns tracing on and says which packets are marked. Its zero value traces
@@ -69,6 +70,13 @@ type Config struct {
 	// (from its Ethernet header when it could not be parsed, or when it was dropped
 	// as tx_full after it was rewritten), 1..256. Default 128.
 	SampleBytes int `yaml:"sample_bytes" json:"sample_bytes,omitempty"`
+
+	// Rate is the most records each worker writes per second (in bursts of a tenth
+	// of it, at least 32). A marker such as a DSCP value can be set by anyone, and a
+	// record costs far more than forwarding: past the rate, marked packets are only
+	// counted (tiergate_l4_trace_suppressed_total), so a flood of marked packets
+	// costs the LD little more than an unmarked one. Default 1000.
+	Rate int `yaml:"rate" json:"rate,omitempty"`
 }
 
 // Enabled reports whether c sets a criterion, which turns tracing on.
@@ -95,6 +103,9 @@ func (c Config) WithDefaults(ext netip.Addr) Config {
 	}
 	if c.SampleBytes == 0 {
 		c.SampleBytes = DefaultSampleBytes
+	}
+	if c.Rate == 0 {
+		c.Rate = DefaultRate
 	}
 	return c
 }
@@ -125,10 +136,13 @@ func (c *Config) Validate() error {
 	if c.SampleBytes < 0 || c.SampleBytes > MaxSampleBytes {
 		ck.Addf("sample_bytes", "%d is outside 1..%d", c.SampleBytes, MaxSampleBytes)
 	}
+	if c.Rate < 0 || c.Rate > 10_000_000 {
+		ck.Addf("rate", "%d is outside 1..10000000", c.Rate)
+	}
 	if len(c.LD) > 64 {
 		ck.Addf("ld", "%d bytes: at most 64", len(c.LD))
 	}
-	if !c.Enabled() && (c.Records != 0 || c.SampleBytes != 0 || c.LD != "") {
+	if !c.Enabled() && (c.Records != 0 || c.SampleBytes != 0 || c.Rate != 0 || c.LD != "") {
 		ck.Addf("", "no criterion (dscp, sources or tcp_option) is set, so nothing would be traced")
 	}
 	return ck.Err()
