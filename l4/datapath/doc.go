@@ -101,8 +101,9 @@
 // windows when the member's window scale is not the one the LD advertised. The
 // deltas live in a side array of the connection table, allocated only when the proxy
 // is configured, and travel with the entry in session sync. Bad cookies are dropped
-// (synproxy_bad_cookie); a client's packets before its member answered are dropped
-// too (synproxy_wait) and sent again by the client (synproxy.go).
+// (synproxy_bad_cookie); the client's first packet before its member answered (its
+// request, right behind its ACK) is held and sent after the member's handshake, more
+// are dropped (synproxy_wait) and sent again by the client (synproxy.go).
 //
 // # Session sync
 //

@@ -28,10 +28,13 @@ import (
 // TSvals and windows for the client; the client's acknowledgments, SACK blocks and
 // TSecrs for the member.
 //
-// The client's packets that arrive before the member's SYN-ACK (its first data,
-// usually right behind its ACK) are dropped (synproxy_wait): the client sends them
-// again (Linux's tail loss probe does within a few round trips), by when the member
-// has answered.
+// The client's first data usually arrives right behind its ACK, before the member's
+// SYN-ACK: the worker holds one packet per pending connection (a copy, in a small
+// table of pxHeld slots), and sends it to the member right after the ACK that
+// completes the member's handshake, so the first request waits one round trip to
+// the member and not the client's retransmission timer (200 ms or more). A second
+// packet while the connection is pending, or one whose slot another connection's
+// packet takes, is dropped (synproxy_wait) and sent again by the client.
 //
 // A rule's mode: "on" proxies every new connection; "auto" proxies the new
 // connections a worker sees while its table is SynProxyConfig.AutoOn or more half-open
@@ -220,7 +223,26 @@ type workerProxy struct {
 	auto      bool  // "auto" rules are proxied by this worker
 	autoSince int64 // worker nanoseconds when it went on
 
+	held []pxHeldPkt // pxHeld slots, by flow hash
+
 	c pxCounters
+}
+
+// pxHeld is how many pending connections' first packets a worker holds at once,
+// and pxHeldMax the largest frame it holds; pxHeldAge is how long (table seconds) a
+// held packet waits for its member at most.
+const (
+	pxHeld    = 64
+	pxHeldMax = 2048
+	pxHeldAge = 2
+)
+
+// pxHeldPkt is a client's packet held until its member answers.
+type pxHeldPkt struct {
+	key  conntrack.Key
+	at   uint32 // table time it was held; 0: the slot is free
+	n    int
+	data [pxHeldMax]byte
 }
 
 type pxCounters struct {
@@ -246,6 +268,9 @@ func (w *worker) pxResync(s *snapshot) {
 		w.table.EnableProxy()
 	}
 	px := w.px
+	if px.held == nil {
+		px.held = make([]pxHeldPkt, pxHeld)
+	}
 	px.snap = s.synproxy
 	for id, m := range s.synproxy.modes {
 		if m != pxOff {
@@ -324,7 +349,9 @@ func (w *worker) synproxyIn(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 			// The member failed its health check: a new flow (flowMember's rule).
 			w.table.Delete(&k, h)
 		case px.Flags&conntrack.ProxyPending != 0:
-			w.count(dirIn, resSynProxyWait)
+			if !w.pxHold(&k, h, b) {
+				w.count(dirIn, resSynProxyWait)
+			}
 			return vDrop
 		default:
 			// A proxied connection stays with its member: another has never seen
@@ -556,6 +583,9 @@ func (w *worker) synproxyOut(s *snapshot, b *port.Buf, frame []byte, ip *packet.
 			return vDrop, true
 		}
 		ip.End, ip.TCPFlags = end, packet.TCPAck
+		if pending {
+			w.pxRelease(s, r, &k, h, id, px)
+		}
 		return w.forward(s, b, ip, r, id), true
 	case pending && fl&packet.TCPRst != 0:
 		// The member refused the connection: the client hears it, at the sequence
@@ -703,4 +733,61 @@ func (w *worker) pxInstall(r *rule, k *conntrack.Key, h uint64, id uint16, e *se
 	}
 	w.px.ever[r.id] = true
 	return w.table.InstallProxy(k, h, id, e.State, e.TTL, w.now, e.Proxy)
+}
+
+// pxHold keeps a copy of the frame in b, a packet of the pending connection k, for
+// pxRelease, and reports whether it did: not when the connection has a packet held
+// already, or the frame is too large. A slot another connection's packet holds is
+// taken over once that packet is older than pxHeldAge (it is counted dropped then).
+func (w *worker) pxHold(k *conntrack.Key, h uint64, b *port.Buf) bool {
+	if w.px.held == nil || b.Len > pxHeldMax {
+		return false
+	}
+	sl := &w.px.held[h%pxHeld]
+	if sl.at != 0 {
+		if sl.key == *k || w.now-sl.at <= pxHeldAge {
+			return false
+		}
+		w.c.packets[dirIn][resSynProxyWait]++
+	}
+	sl.key, sl.at, sl.n = *k, max(w.now, 1), copy(sl.data[:], b.Data[b.Off:b.Off+b.Len])
+	return true
+}
+
+// pxRelease sends the packet held for connection k, now established, to its member:
+// after the ACK that completes the member's handshake in the same burst (the member
+// takes a data segment whose ACK acknowledges its SYN-ACK as completing it too).
+func (w *worker) pxRelease(s *snapshot, r *rule, k *conntrack.Key, h uint64, id uint16, px *conntrack.Proxy) {
+	if w.px.held == nil {
+		return
+	}
+	sl := &w.px.held[h%pxHeld]
+	if sl.at == 0 || sl.key != *k {
+		return
+	}
+	sl.at = 0
+	if w.int.Alloc(w.txOne) != 1 {
+		w.c.packets[dirIn][resSynProxyWait]++
+		return
+	}
+	nb := w.txOne[0]
+	if nb.Off+sl.n > len(nb.Data) {
+		w.int.Free(w.txOne)
+		w.c.packets[dirIn][resSynProxyWait]++
+		return
+	}
+	nb.Len = copy(nb.Data[nb.Off:], sl.data[:sl.n])
+	var p packet.Packet
+	d := synproxy.Delta{SeqDelta: px.SeqDelta, TSDelta: px.TSDelta, WShift: px.WShift}
+	if packet.Parse(nb.Data[nb.Off:nb.Off+nb.Len], &p) != nil || p.L4 < 0 || d.ToMember(nb.Data[nb.Off+p.L4:nb.Off+p.End]) != nil {
+		w.int.Free(w.txOne)
+		w.c.packets[dirIn][resSynProxyWait]++
+		return
+	}
+	if w.forward(s, &nb, &p, r, id) != vInt {
+		w.int.Free(w.txOne)
+		return
+	}
+	w.txInt = append(w.txInt, nb)
+	w.txIntMeta = append(w.txIntMeta, w.last)
 }

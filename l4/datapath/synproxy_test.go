@@ -152,19 +152,26 @@ func TestSynProxyHandshake(t *testing.T) {
 		}
 		member := tu.outerDst
 
-		// The client's first data, before the member answered, is dropped.
+		// The client's first data, before the member answered, is held; a second
+		// packet is dropped.
 		r.ext.Inject(pxSeg(t, c.client, c.vip, sport, 443, isn+1, cookie+1, packet.TCPAck|packet.TCPPsh, 502, []layers.TCPOption{nop, nop, tsOpt(cTS+2, ldTS)}, []byte("hello")))
+		r.ext.Inject(pxSeg(t, c.client, c.vip, sport, 443, isn+6, cookie+1, packet.TCPAck|packet.TCPPsh, 502, []layers.TCPOption{nop, nop, tsOpt(cTS+2, ldTS)}, []byte("again")))
 		r.waitCount(dirIn, resSynProxyWait, uint64(i+1))
 
 		// The member's SYN-ACK (window scale 9) is answered with the ACK that
-		// completes its handshake, and goes no further.
+		// completes its handshake, and goes no further; the held data follows.
 		const mISN, mTS = 0x7000_0000, 50_000
 		msa := pxSeg(t, c.vip, c.client, 443, sport, mISN, isn+1, packet.TCPSyn|packet.TCPAck, 65160, []layers.TCPOption{
 			{OptionType: layers.TCPOptionKindMSS, OptionLength: 4, OptionData: []byte{0x05, 0x8c}},
 			{OptionType: layers.TCPOptionKindSACKPermitted, OptionLength: 2}, tsOpt(mTS, cTS+1), nop,
 			{OptionType: layers.TCPOptionKindWindowScale, OptionLength: 3, OptionData: []byte{9}}}, nil)
 		r.int.Inject(grePx(t, member, msa[14:]))
-		ack := parseSeg(t, innerOf(t, waitSent(t, r.int, 1)[0]), 0)
+		sent := waitSent(t, r.int, 2)
+		held := parseSeg(t, innerOf(t, sent[0]), 0)
+		if held.seq != isn+1 || held.ack != mISN+1 || held.o.TSval != cTS+2 || held.o.TSecr != mTS || string(held.payload) != "hello" {
+			t.Fatalf("held data for the member %+v", held)
+		}
+		ack := parseSeg(t, innerOf(t, sent[1]), 0)
 		if ack.flags != packet.TCPAck || ack.seq != isn+1 || ack.ack != mISN+1 || ack.p.Src != c.client || ack.win != 502 ||
 			!ack.o.HasTS() || ack.o.TSecr != mTS || ack.o.TSval != cTS+1 {
 			t.Fatalf("ACK to the member %+v", ack)
