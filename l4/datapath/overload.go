@@ -77,6 +77,12 @@ type OverloadConfig struct {
 	// MinQuota is the least quota a rule gets while protecting, in new connections
 	// (or packets) per second for the whole LD. Default 10.
 	MinQuota float64 `yaml:"min_quota" json:"min_quota,omitempty"`
+	// KeepShare makes a rule's quota while protecting at least KeepShare times its
+	// average rate while the LD was not protecting (over ShareWindow): a rule that has
+	// not surged keeps its rate even when the load does not fall with the quotas
+	// (the members' replies, their retransmissions to spoofed clients, established
+	// flows) and the budget with it. Default 1.5; negative: no such floor.
+	KeepShare float64 `yaml:"keep_share" json:"keep_share,omitempty"`
 }
 
 // RuleLimits are a rule's static limits, always in force when set (CLB's resource
@@ -103,6 +109,7 @@ const (
 	defaultOvInterval  = time.Second
 	defaultOvWindow    = time.Minute
 	defaultOvMinQuota  = 10
+	defaultOvKeep      = 1.5
 	minOvInterval      = controlTick
 	ovBurst            = 200 * time.Millisecond // bucket depth, in time at the bucket's rate
 	ovKindLimit        = 0
@@ -145,6 +152,9 @@ func (o OverloadConfig) withDefaults() OverloadConfig {
 	}
 	if o.MinQuota == 0 {
 		o.MinQuota = defaultOvMinQuota
+	}
+	if o.KeepShare == 0 {
+		o.KeepShare = defaultOvKeep
 	}
 	return o
 }
@@ -204,6 +214,9 @@ func validateOverload(ck *config.Checker, d *Config) {
 	}
 	if !(o.MinQuota >= 0) || math.IsInf(o.MinQuota, 0) {
 		bad("overload.min_quota", "%v is not a rate", o.MinQuota)
+	}
+	if math.IsNaN(o.KeepShare) || math.IsInf(o.KeepShare, 0) {
+		bad("overload.keep_share", "%v is not a factor", o.KeepShare)
 	}
 	for i, r := range d.Rules {
 		f := config.Index("rules", i) + ".limits"
@@ -442,7 +455,8 @@ func (c *control) ovApply() {
 		}
 	}
 	p := overload.Params{High: oc.cfg.High, Low: oc.cfg.Low, Hold: oc.cfg.Hold.D(),
-		ByShare: oc.cfg.Quotas == QuotasByShare, ShareWindow: oc.cfg.ShareWindow.D(), Floor: oc.cfg.MinQuota}
+		ByShare: oc.cfg.Quotas == QuotasByShare, ShareWindow: oc.cfg.ShareWindow.D(), Floor: oc.cfg.MinQuota,
+		Keep: oc.cfg.KeepShare}
 	if oc.conns == nil {
 		oc.conns, oc.pkts = overload.NewController(p), overload.NewController(p)
 	}

@@ -170,6 +170,14 @@ type FileConfig struct {
 	// proxied.
 	SynProxy datapath.SynProxyConfig `yaml:"synproxy" json:"synproxy,omitzero"`
 
+	// Overload protects the LD past a load watermark with per-rule quotas on new
+	// connections (datapath.OverloadConfig: mode, capacity_pps, high, low, hold,
+	// interval, signals, quotas, share_window, packets, min_quota, keep_share); the rules' own
+	// static limits are their limits section. State in GET /status (overload) and
+	// tiergate_l4_overload_state. Changes on reload. Default: on only when
+	// capacity_pps is set.
+	Overload datapath.OverloadConfig `yaml:"overload" json:"overload,omitzero"`
+
 	// Forwarding is what the datapath forwards; it changes at runtime.
 	Forwarding `yaml:",inline"`
 }
@@ -436,6 +444,7 @@ func (c *FileConfig) Datapath() (datapath.Config, error) {
 		ICMP:          c.ICMP,
 		Trace:         c.Trace,
 		SynProxy:      c.SynProxy,
+		Overload:      c.Overload,
 	}
 	cfg.Internal = cfg.External
 	if c.Ports.Internal != nil {

@@ -243,6 +243,12 @@ type Params struct {
 	ShareWindow time.Duration
 	// Floor is the least quota a rule gets, per second.
 	Floor float64
+	// Keep, when positive, makes each rule's quota at least Keep times its average
+	// demand while the LD was not protecting (over about ShareWindow, the average
+	// quotas by share follow): a rule that has not surged keeps its rate even when
+	// the budget falls low because the load does not answer the quotas (replies,
+	// retransmissions of connections already admitted).
+	Keep float64
 }
 
 // Result is what the Controller decided for one interval.
@@ -257,6 +263,7 @@ type Result struct {
 }
 
 // Controller turns the load and the rules' rates of each interval into quotas. While
+// the LD is not protecting it keeps each rule's average demand (its share); while
 // protecting, the budget (the total rate quotas share out) starts at what was
 // admitted in the interval the watermark was passed, scaled by target ÷ load where
 // target is halfway between the watermarks, and then follows the load each interval
@@ -323,7 +330,13 @@ func (c *Controller) Step(now time.Time, load float64, rules []Rule) Result {
 		}
 		demands[i] = r.Demand
 	}
-	return Result{Protecting: true, Changed: changed, Budget: c.budget, Quotas: Split(c.budget, weights, demands, c.P.Floor)}
+	q := Split(c.budget, weights, demands, c.P.Floor)
+	if c.P.Keep > 0 {
+		for i, r := range rules {
+			q[i] = max(q[i], c.P.Keep*c.share[r.ID])
+		}
+	}
+	return Result{Protecting: true, Changed: changed, Budget: c.budget, Quotas: q}
 }
 
 // learnShares folds one normal interval's demands into the rules' average shares

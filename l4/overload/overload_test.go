@@ -222,3 +222,29 @@ func TestLoadMax(t *testing.T) {
 		t.Fatalf("max %v", m)
 	}
 }
+
+// TestControllerKeepsLightRulesRate: when the load does not answer the quotas (the
+// budget halves at every step), a rule that did not surge keeps Keep times its
+// average rate from before protection.
+func TestControllerKeepsLightRulesRate(t *testing.T) {
+	c := NewController(Params{High: 0.7, Low: 0.5, Hold: time.Second, ShareWindow: 5 * time.Second, Keep: 1.5, Floor: 1})
+	now := time.Unix(4000, 0)
+	for range 60 {
+		now = now.Add(time.Second)
+		c.Step(now, 0.2, []Rule{{ID: 1, Weight: 1, Demand: 1, Admitted: 1}, {ID: 2, Weight: 1, Demand: 40, Admitted: 40}})
+	}
+	var r Result
+	for range 20 {
+		now = now.Add(time.Second)
+		r = c.Step(now, 3, []Rule{{ID: 1, Weight: 1, Demand: 5000, Admitted: 100}, {ID: 2, Weight: 1, Demand: 40, Admitted: 40}})
+	}
+	if !r.Protecting || r.Budget > 10 {
+		t.Fatalf("budget %v after 20 halvings", r.Budget)
+	}
+	if r.Quotas[1] < 59 {
+		t.Fatalf("the light rule's quota fell to %v, want at least 1.5 × its 40/s", r.Quotas[1])
+	}
+	if r.Quotas[0] > 10 {
+		t.Fatalf("the surging rule's quota %v, want it held near the budget", r.Quotas[0])
+	}
+}
