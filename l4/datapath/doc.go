@@ -105,6 +105,25 @@
 // request, right behind its ACK) is held and sent after the member's handshake, more
 // are dropped (synproxy_wait) and sent again by the client (synproxy.go).
 //
+// # Overload and rule limits
+//
+// A rule's static limits (RuleConfig.Limits: new connections per second, concurrent
+// connections, each worker enforcing 1/W of the LD's figure, the latter counted per
+// rule by its connection table) and, past the load watermark, its overload quota
+// (Config.Overload, overload.go, l4/overload) are checked when a packet would make a
+// new connection: a SYN or a UDP datagram of a new flow, after the blacklists and, for
+// a proxied rule, at the ACK whose cookie checks; a packet of a flow in the table, or a
+// TCP packet without SYN that makes an entry (a connection picked up mid-way), is
+// never refused (drops rule_limit and overload_quota). The load is the largest of the
+// busiest worker's busy share (a loop that found work counts as busy until the next,
+// on the clock the loop reads anyway), the fullest table's fill and the forwarded
+// packets per second over capacity_pps; the control goroutine measures it every
+// interval and publishes quotas, computed by weighted max-min fairness from the rules'
+// weights or recent shares, as one pointer the workers load once a burst, each setting
+// its token buckets to its share. With nothing in force a new connection pays one
+// branch and an established packet none; packet quotas (Overload.Packets) cost a
+// token bucket per packet while protecting (BenchmarkOverloadCheck).
+//
 // # Session sync
 //
 // With EnableSync, each worker sends the connections of its table that have lived
