@@ -120,9 +120,10 @@
 // packets per second over capacity_pps; the control goroutine measures it every
 // interval and publishes quotas, computed by weighted max-min fairness from the rules'
 // weights or recent shares, as one pointer the workers load once a burst, each setting
-// its token buckets to its share. With nothing in force a new connection pays one
-// branch and an established packet none; packet quotas (Overload.Packets) cost a
-// token bucket per packet while protecting (BenchmarkOverloadCheck).
+// its token buckets to its share. With nothing in force a new connection and an
+// established packet each pay one predictable branch; packet quotas
+// (Overload.Packets) cost a token bucket per packet while protecting
+// (BenchmarkOverloadCheck).
 //
 // # Session sync
 //

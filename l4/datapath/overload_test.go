@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/l4/port"
 )
@@ -215,7 +217,8 @@ func TestRuleLimits(t *testing.T) {
 	cfg.Rules[0].Limits = RuleLimits{MaxConns: 3}
 	cfg.Rules = append(cfg.Rules, RuleConfig{Name: "b", VIP: vipB, Protocol: "tcp", Port: 443, Pool: "l7",
 		Limits: RuleLimits{NewConnsPerSecond: 2}})
-	r := newRig(t, cfg)
+	reg := prometheus.NewRegistry()
+	r := startRig(t, cfg, Options{Registerer: reg})
 	r.resolve()
 	a, b := r.ruleID("web"), r.ruleID("b")
 
@@ -248,6 +251,34 @@ func TestRuleLimits(t *testing.T) {
 	}
 	if rs := r.d.Status().Overload; rs.Enabled || rs.State != ovStateNormal {
 		t.Fatalf("static limits alone turned protection on: %+v", rs)
+	}
+	// The metrics: the drops by rule and reason, the rules' connections, the state.
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			k := mf.GetName()
+			for _, l := range m.GetLabel() {
+				k += "," + l.GetName() + "=" + l.GetValue()
+			}
+			got[k] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	for k, want := range map[string]float64{
+		"tiergate_l4_rule_limited_total,reason=rule_limit,rule=web":     2,
+		"tiergate_l4_rule_limited_total,reason=overload_quota,rule=web": 0,
+		"tiergate_l4_rule_limited_total,reason=rule_limit,rule=b":       float64(lim),
+		"tiergate_l4_rule_connections,rule=web":                         3,
+		"tiergate_l4_overload_state":                                    0,
+		"tiergate_l4_rule_quota,kind=connections,rule=web":              0,
+		"tiergate_l4_packets_total,dir=in,result=rule_limit":            float64(2 + lim),
+	} {
+		if v, ok := got[k]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", k, v, ok, want)
+		}
 	}
 }
 
@@ -371,5 +402,55 @@ func BenchmarkOverloadCheck(b *testing.B) {
 			w, s := setup(b, c.protect, false, flows/2)
 			run(b, w, s, benchFrames(b, flows, true))
 		})
+	}
+}
+
+// TestPacketQuota: with packet quotas in force, a rule's packets past its quota are
+// dropped as overload_quota, those of established flows included, and other rules'
+// packets pass.
+func TestPacketQuota(t *testing.T) {
+	w, s := benchWorker(t, 1024)
+	buf := port.Buf{Data: make([]byte, 2048)}
+	handle := func(f []byte) verdict {
+		buf.Off, buf.Len = 128, copy(buf.Data[128:], f)
+		return w.handleFrame(s, &buf, true)
+	}
+	if v := handle(tcp4(t, client, 4000, vip, 443, true, false, nil)); v != vInt {
+		t.Fatalf("SYN verdict %d", v)
+	}
+	web := 0
+	for id, r := range s.ruleByID {
+		if r != nil && r.name == "web" {
+			web = id
+		}
+	}
+	// 5 packets a second for the LD's one worker, bursts of one; no quota for the others.
+	q := &ovQuotas{protecting: true, packets: true, rules: make([]ovRuleQuota, len(s.ruleByID))}
+	q.rules[web].pktQuota = 5
+	w.d.ov.q.Store(q)
+	w.ovSync()
+	if !w.ov.pkts {
+		t.Fatal("packet quotas not in force in the worker")
+	}
+	w.mono = int64(time.Hour)
+	ack := tcp4(t, client, 4000, vip, 443, false, true, []byte("data"))
+	passed := 0
+	for range 20 {
+		if handle(ack) == vInt {
+			passed++
+		}
+	}
+	if passed != 1 || w.ov.drops[web][ovKindPacket] != 19 || w.c.packets[dirIn][resOverloadQuota] != 19 {
+		t.Fatalf("%d of 20 packets passed a quota of 5/s with bursts of 1 (%d dropped)", passed, w.ov.drops[web][ovKindPacket])
+	}
+	w.mono += int64(200 * time.Millisecond)
+	if handle(ack) != vInt {
+		t.Fatal("no packet passed 200 ms later at 5/s")
+	}
+	// Another rule has no packet quota.
+	for i := range 20 {
+		if v := handle(udp4(t, client, uint16(6000+i), vip, 443, []byte("initial"))); v != vInt {
+			t.Fatalf("a packet of the quic rule, which has no packet quota, got verdict %d", v)
+		}
 	}
 }
