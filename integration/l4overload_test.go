@@ -118,7 +118,7 @@ overload:
   hold: 1s
   min_quota: 1
   share_window: 2s       # rule b's rate before the surge is learnt in the calm phase
-  keep_share: 2
+  keep_share: 3          # and keeps three times it while protecting, whatever the budget
 rules:
   - {name: a, vip: "`+ovVIPA+`", protocol: tcp, port: 80, pool: l7}
   - {name: b, vip: "`+ovVIPB+`", protocol: tcp, port: 80, pool: l7}
@@ -207,7 +207,7 @@ pools:
 		t.Fatalf("tiergate_l4_overload_state %v before any surge", s)
 	}
 
-	// 3. The surge: spoofed SYNs to rule a at 1,000/s (bounded: 12 s at most), which with
+	// 3. The surge: spoofed SYNs to rule a at 1,000/s (bounded: 15 s at most), which with
 	// the L7 node's SYN-ACKs is twice the capacity.
 	out := ld.MustRun("ip", "-br", "link", "show", "x0")
 	mac, err := net.ParseMAC(strings.Fields(out)[2])
@@ -221,7 +221,7 @@ pools:
 		defer runtime.UnlockOSThread()
 		_, err := synflood.Run(floodCtx, synflood.Config{Iface: "c0", Netns: cl.Path(), DstMAC: [6]byte(mac),
 			Sources: netip.MustParsePrefix("198.19.72.0/24"), Dst: netip.MustParseAddrPort(ovVIPA + ":80"),
-			Count: 12000, Rate: 1000, Duration: 12 * time.Second, Batch: 4})
+			Count: 15000, Rate: 1000, Duration: 15 * time.Second, Batch: 4})
 		floodDone <- err
 	}()
 	t.Cleanup(func() { stopFlood(); <-floodDone })
