@@ -10,6 +10,14 @@
 // vs_nginx_by_shape and offload_gain_by_shape; l7d-offload's figure is l7d's CPU,
 // keyserverd's shown beside it.
 //
+// In the sequential shapes (-floor) it measures the floor in the same run: a least
+// crypto/tls server (this program, standard library only, the same key, answer and
+// runtime settings as l7d) with the key local and with a least key-server round trip
+// (floor.go); the public-key operations' cost in Go and OpenSSL; and each server's CPU
+// per connection split into user, system, public-key crypto and the rest, with its
+// threads' context switches, timeslices and run-queue wait per connection (sched.go).
+// The last line gains floor_by_shape and public_key_crypto.
+//
 // Then (-classic) it measures the server CPU time of TLS handshakes with an
 // RSA-2048 certificate and ECDHE (X25519), TLS 1.3 and TLS 1.2, full (no resumption)
 // and resumed (session tickets), from one bounded client load against, in the same
