@@ -29,8 +29,9 @@ import (
 	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
-// The SYN proxy test's network, its own addresses (198.19.90.0/24 outside,
-// 198.19.91.0/24 inside, spoofed sources from 198.19.92.0/24, VIP 203.0.113.90):
+// The SYN proxy test's network, its own addresses (198.19.90.0/24 and
+// 2001:db8:90::/64 outside, 198.19.91.0/24 inside, spoofed sources from
+// 198.19.92.0/24, VIPs 203.0.113.90 and 2001:db8:cafe:90::10):
 //
 //	pxcl (client 198.19.90.1) ── c0 ─ x0 ┐
 //	                                     pxld: l4d (DPDK net_af_packet on x0 and i0, one worker)
@@ -41,6 +42,7 @@ import (
 // so what is measured is the LD and two Linux TCP stacks.
 const (
 	pxVIP      = "203.0.113.90"
+	pxVIP6     = "2001:db8:cafe:90::10"
 	pxClient   = "198.19.90.1"
 	pxSpoofed  = "198.19.92.0/24"
 	pxBigBytes = 32 << 20
@@ -75,8 +77,9 @@ func tcpInfo(t *testing.T, c net.Conn) (opts, snd, rcv uint8) {
 func pxPattern(i int) byte { return byte(i*7 + i>>12) }
 
 // TestL4SynProxy: with synproxy on, a real Linux client (curl, Go's net/http)
-// connects through l4d to a kernel listener, the LD answering the SYN; the proxied
-// connection negotiates timestamps, SACK and window scaling end to end, a large
+// connects through l4d to a kernel listener, the LD answering the SYN, over IPv4 and
+// IPv6; the proxied connection negotiates timestamps, SACK and window scaling end to
+// end (the L7 node's scale differing from the LD's), a large
 // download through it is intact and about as fast as through an unproxied rule; a
 // bounded spoofed SYN flood is answered by the LD alone (no flood packet reaches the
 // L7 node) while real clients still connect and an established connection goes on.
@@ -94,6 +97,8 @@ func TestL4SynProxy(t *testing.T) {
 	netns.Veth(t, ld, "i0", l7, "a0")
 	cl.Addr("c0", pxClient+"/24")
 	cl.Route("add", "203.0.113.0/24", "via", "198.19.90.2")
+	cl.MustRun("ip", "-6", "addr", "add", "2001:db8:90::1/64", "dev", "c0", "nodad")
+	cl.MustRun("ip", "-6", "route", "add", "2001:db8:cafe:90::/64", "via", "2001:db8:90::2")
 	l7.Addr("a0", "198.19.91.11/24")
 	for _, x := range []struct {
 		ns  *netns.NS
@@ -109,7 +114,7 @@ func TestL4SynProxy(t *testing.T) {
 	var ep *tunnel.Endpoint
 	l7.MustDo(func() error {
 		var err error
-		ep, err = tunnel.New(tunnel.Config{Device: "tgpx0", VIPs: []netip.Addr{netip.MustParseAddr(pxVIP)},
+		ep, err = tunnel.New(tunnel.Config{Device: "tgpx0", VIPs: []netip.Addr{netip.MustParseAddr(pxVIP), netip.MustParseAddr(pxVIP6)},
 			LDs: []netip.Addr{netip.MustParseAddr("198.19.91.1")}, Local: netip.MustParseAddr("198.19.91.11"),
 			Logger: slog.New(slog.DiscardHandler)})
 		return err
@@ -133,11 +138,11 @@ func TestL4SynProxy(t *testing.T) {
 			}
 		}
 	})
-	for _, port := range []string{"80", "81"} {
+	for _, addr := range []string{pxVIP + ":80", pxVIP + ":81", "[" + pxVIP6 + "]:80"} {
 		var ln net.Listener
 		l7.MustDo(func() error {
 			var err error
-			ln, err = net.Listen("tcp", pxVIP+":"+port)
+			ln, err = net.Listen("tcp", addr)
 			return err
 		})
 		srv := &http.Server{Handler: handler, ConnState: func(c net.Conn, st http.ConnState) {
@@ -166,12 +171,14 @@ dpdk:
              "--vdev=net_af_packet0,iface=x0", "--vdev=net_af_packet1,iface=i0"]
   workers: 1
 ports:
-  external: {device: net_af_packet0, addr: "198.19.90.2/24", gateway: "`+pxClient+`"}
+  external: {device: net_af_packet0, addr: "198.19.90.2/24", gateway: "`+pxClient+`",
+             addr6: "2001:db8:90::2/64", gateway6: "2001:db8:90::1"}
   internal: {device: net_af_packet1, addr: "198.19.91.1/24"}
 synproxy: {secret: "integration test", wscale: 7}
 rules:
   - {name: proxied, vip: "`+pxVIP+`", protocol: tcp, port: 80, pool: l7, synproxy: "on"}
   - {name: plain, vip: "`+pxVIP+`", protocol: tcp, port: 81, pool: l7}
+  - {name: proxied6, vip: "`+pxVIP6+`", protocol: tcp, port: 80, pool: l7, synproxy: "on"}
 pools:
   l7:
     members: [{name: n1, address: "198.19.91.11"}]
@@ -202,9 +209,9 @@ pools:
 	}
 
 	// 1. curl, a real Linux client, through both rules.
-	for _, port := range []string{"81", "80"} {
-		waitFor(t, 20*time.Second, "curl through port "+port, func() bool {
-			out, err := cl.Run("curl", "-sS", "--max-time", "3", "-o", "/dev/null", "-w", "%{http_code}", "http://"+pxVIP+":"+port+"/?n=10")
+	for _, hp := range []string{pxVIP + ":81", pxVIP + ":80", "[" + pxVIP6 + "]:80"} {
+		waitFor(t, 20*time.Second, "curl through "+hp, func() bool {
+			out, err := cl.Run("curl", "-sS", "-g", "--max-time", "3", "-o", "/dev/null", "-w", "%{http_code}", "http://"+hp+"/?n=10")
 			return err == nil && out == "200"
 		})
 	}
@@ -237,11 +244,11 @@ pools:
 	// 2. Large downloads, intact, through each rule in turn; the best of two each.
 	hc := nsClient(cl, nil, true)
 	hc.Timeout = 60 * time.Second
-	download := func(port string) float64 {
+	download := func(hp string, size int) float64 {
 		start := time.Now()
-		resp, err := hc.Get("http://" + pxVIP + ":" + port + "/?n=" + strconv.Itoa(pxBigBytes))
+		resp, err := hc.Get("http://" + hp + "/?n=" + strconv.Itoa(size))
 		if err != nil {
-			t.Fatalf("download through port %s: %v\nl4d:\n%s", port, err, l4d.logTail())
+			t.Fatalf("download through %s: %v\nl4d:\n%s", hp, err, l4d.logTail())
 		}
 		defer resp.Body.Close()
 		buf := make([]byte, 256<<10)
@@ -250,7 +257,7 @@ pools:
 			n, err := resp.Body.Read(buf)
 			for i := range n {
 				if buf[i] != pxPattern(off+i) {
-					t.Fatalf("download through port %s: byte %d is %#x, want %#x", port, off+i, buf[i], pxPattern(off+i))
+					t.Fatalf("download through %s: byte %d is %#x, want %#x", hp, off+i, buf[i], pxPattern(off+i))
 				}
 			}
 			off += n
@@ -258,18 +265,18 @@ pools:
 				break
 			}
 			if err != nil {
-				t.Fatalf("download through port %s after %d bytes: %v", port, off, err)
+				t.Fatalf("download through %s after %d bytes: %v", hp, off, err)
 			}
 		}
-		if off != pxBigBytes {
-			t.Fatalf("download through port %s: %d bytes, want %d", port, off, pxBigBytes)
+		if off != size {
+			t.Fatalf("download through %s: %d bytes, want %d", hp, off, size)
 		}
 		return float64(off) / time.Since(start).Seconds() / 1e6
 	}
 	var best [2]float64
 	for range 2 {
 		for i, port := range []string{"81", "80"} {
-			best[i] = max(best[i], download(port))
+			best[i] = max(best[i], download(pxVIP+":"+port, pxBigBytes))
 		}
 	}
 	ratio := best[1] / best[0]
@@ -278,43 +285,46 @@ pools:
 	if ratio < 0.5 {
 		t.Errorf("a proxied download is %.2f times as fast as an unproxied one, want ≥ 0.5", ratio)
 	}
+	t.Logf("download of 8 MB over IPv6 through the proxy: %.0f MB/s", download("["+pxVIP6+"]:80", 8<<20))
 
-	// 3. A proxied connection as each end's kernel sees it: timestamps, SACK and
-	// window scaling on, with the scale each side advertised.
-	var c net.Conn
-	cl.MustDo(func() error {
-		var err error
-		c, err = net.DialTimeout("tcp", pxVIP+":80", 5*time.Second)
-		return err
-	})
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	if _, err := fmt.Fprintf(c, "GET /?n=%d HTTP/1.1\r\nHost: px\r\n\r\n", 4<<20); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("request on the proxied connection: %v", err)
-	}
-	if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != 4<<20 {
-		t.Fatalf("response on the proxied connection: %d bytes, %v", n, err)
-	}
-	var server net.Conn
-	waitFor(t, 5*time.Second, "the L7 node's side of the connection", func() bool {
-		pxConnsMu.Lock()
-		defer pxConnsMu.Unlock()
-		server = pxConns[c.LocalAddr().String()]
-		return server != nil
-	})
-	cOpts, cSnd, cRcv := tcpInfo(t, c)
-	sOpts, sSnd, sRcv := tcpInfo(t, server)
-	t.Logf("proxied connection: client options %#x wscale snd %d rcv %d; L7 node options %#x wscale snd %d rcv %d", cOpts, cSnd, cRcv, sOpts, sSnd, sRcv)
-	const tsSACKWScale = 1 | 2 | 4 // TCPI_OPT_TIMESTAMPS, TCPI_OPT_SACK, TCPI_OPT_WSCALE
-	if cOpts&tsSACKWScale != tsSACKWScale || sOpts&tsSACKWScale != tsSACKWScale {
-		t.Errorf("timestamps, SACK and window scaling not all on: client %#x, L7 node %#x", cOpts, sOpts)
-	}
-	if cSnd != 7 || sSnd != cRcv {
-		t.Errorf("window scales: the client sends with %d (the LD advertised 7), the L7 node with %d (the client advertised %d)", cSnd, sSnd, cRcv)
+	// 3. A proxied connection as each end's kernel sees it, over each family:
+	// timestamps, SACK and window scaling on, with the scale each side advertised.
+	for _, hp := range []string{pxVIP + ":80", "[" + pxVIP6 + "]:80"} {
+		var c net.Conn
+		cl.MustDo(func() error {
+			var err error
+			c, err = net.DialTimeout("tcp", hp, 5*time.Second)
+			return err
+		})
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := fmt.Fprintf(c, "GET /?n=%d HTTP/1.1\r\nHost: px\r\n\r\n", 4<<20); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("request on the proxied connection to %s: %v", hp, err)
+		}
+		if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != 4<<20 {
+			t.Fatalf("response on the proxied connection to %s: %d bytes, %v", hp, n, err)
+		}
+		var server net.Conn
+		waitFor(t, 5*time.Second, "the L7 node's side of the connection", func() bool {
+			pxConnsMu.Lock()
+			defer pxConnsMu.Unlock()
+			server = pxConns[c.LocalAddr().String()]
+			return server != nil
+		})
+		cOpts, cSnd, cRcv := tcpInfo(t, c)
+		sOpts, sSnd, sRcv := tcpInfo(t, server)
+		t.Logf("proxied connection to %s: client options %#x wscale snd %d rcv %d; L7 node options %#x wscale snd %d rcv %d", hp, cOpts, cSnd, cRcv, sOpts, sSnd, sRcv)
+		const tsSACKWScale = 1 | 2 | 4 // TCPI_OPT_TIMESTAMPS, TCPI_OPT_SACK, TCPI_OPT_WSCALE
+		if cOpts&tsSACKWScale != tsSACKWScale || sOpts&tsSACKWScale != tsSACKWScale {
+			t.Errorf("%s: timestamps, SACK and window scaling not all on: client %#x, L7 node %#x", hp, cOpts, sOpts)
+		}
+		if cSnd != 7 || sSnd != cRcv {
+			t.Errorf("%s: window scales: the client sends with %d (the LD advertised 7), the L7 node with %d (the client advertised %d)", hp, cSnd, sSnd, cRcv)
+		}
 	}
 
 	// 4. A bounded spoofed SYN flood against the proxied rule. The established
