@@ -244,3 +244,44 @@ func setTTL(t *testing.T, fd uintptr, ttl int) {
 		t.Fatal(err)
 	}
 }
+
+// TestIPv6: a session with an IPv6 peer takes a packet that arrives with hop limit
+// 255 and drops one with 64.
+func TestIPv6(t *testing.T) {
+	c, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	pa := uint16(c.LocalAddr().(*net.UDPAddr).Port)
+	c.Close()
+	s := New(Options{ListenPort: pa, PeerPort: freeUDPPort(t)})
+	t.Cleanup(s.Close)
+	peer := netip.IPv6Loopback()
+	if err := s.Add(peer, netip.Addr{}, Params{MinTx: time.Second, MinRx: time.Second, Multiplier: 3}); err != nil {
+		t.Fatal(err)
+	}
+	send := func(hops int) {
+		t.Helper()
+		c, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: net.IPv6loopback, Port: int(pa)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		rc, _ := c.SyscallConn()
+		rc.Control(func(fd uintptr) {
+			if err := unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS, hops); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if _, err := c.Write((&Packet{State: StateDown, DetectMult: 3, MyDiscr: 5, DesiredMinTx: time.Second, RequiredMinRx: time.Second}).Append(nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(64)
+	waitFor(t, 5*time.Second, "the hop limit drop counted", func() bool { return s.Drops()["ttl"] == 1 })
+	send(255)
+	waitFor(t, 5*time.Second, "the session init", func() bool { return must(s.Session(peer)).State == "init" })
+	if st := must(s.Session(peer)); st.Local != peer || st.RemoteDiscr != 5 {
+		t.Errorf("%+v", st)
+	}
+}
