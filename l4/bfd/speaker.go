@@ -146,7 +146,8 @@ type session struct {
 }
 
 // Add opens a session with peer from local (the invalid Addr: the kernel's source
-// address towards peer), with p's timers. Its sockets are made before Add returns
+// address towards peer now, or its choice for each packet while it has no route to
+// peer), with p's timers. Its sockets are made before Add returns
 // (in the network namespace of the calling thread). A session with peer already
 // there is replaced when p or local differ.
 func (s *Speaker) Add(peer, local netip.Addr, p Params) error {
@@ -160,7 +161,13 @@ func (s *Speaker) Add(peer, local netip.Addr, p Params) error {
 	if !local.IsValid() {
 		var err error
 		if local, err = sourceFor(peer, s.pport); err != nil {
-			return fmt.Errorf("BFD session with %v: finding the local address: %w", peer, err)
+			// No route yet (an interface still down): the kernel picks the
+			// source of each packet when there is one.
+			local = netip.IPv4Unspecified()
+			if peer.Is6() {
+				local = netip.IPv6Unspecified()
+			}
+			s.log.Warn("BFD session: no source address towards the peer yet; sending from the kernel's choice", "peer", peer, "err", err)
 		}
 	}
 	local = local.Unmap()

@@ -285,3 +285,22 @@ func TestIPv6(t *testing.T) {
 		t.Errorf("%+v", st)
 	}
 }
+
+// TestNoRouteYet: a session with a peer the kernel has no route to yet (an
+// interface still down) opens, sending from the kernel's choice.
+func TestNoRouteYet(t *testing.T) {
+	s := New(Options{ListenPort: freeUDPPort(t)})
+	t.Cleanup(s.Close)
+	ns := netip.MustParseAddr("198.19.55.1")
+	var err error
+	netns.New(t, "bfdnoroute").MustDo(func() error {
+		err = s.Add(ns, netip.Addr{}, Params{MinTx: time.Second, MinRx: time.Second, Multiplier: 3})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := must(s.Session(ns)); !st.Local.IsUnspecified() || st.State != "down" {
+		t.Errorf("%+v", st)
+	}
+}
