@@ -7,7 +7,10 @@
 //
 // The Speaker knows nothing of the datapath: l4d decides, for every VIP, whether it
 // is announced and why not (l4/l4d/bgp.go), and calls Set. Status and the
-// tiergate_l4_bgp_* metrics report the sessions and the VIPs.
+// tiergate_l4_bgp_* metrics report the sessions and the VIPs. With bfd enabled, a BFD
+// session (l4/bfd) runs beside each BGP session, from before the BGP server starts to
+// after it stops, so a router with BFD drops a dead LD's routes in under a second;
+// tiergate_l4_bfd_* report them.
 package bgp
 
 import (
