@@ -791,3 +791,15 @@ func (w *worker) pxRelease(s *snapshot, r *rule, k *conntrack.Key, h uint64, id 
 	w.txInt = append(w.txInt, nb)
 	w.txIntMeta = append(w.txIntMeta, w.last)
 }
+
+// pxICMP rewrites an ICMP error about a proxied connection's packet to its client
+// (fragmentation needed, packet too big, unreachable: in is the quoted packet) for
+// the member: the quoted sequence number is the client's view, which the member's
+// stack would not recognise as its own (and so ignore a path MTU it must learn).
+func (w *worker) pxICMP(frame []byte, p *packet.Packet, in *packet.Packet, k *conntrack.Key, h uint64) {
+	px, ok := w.table.ProxyOf(k, h)
+	if !ok || px.Flags&conntrack.ProxyPending != 0 || in.Proto != packet.ProtoTCP || in.L4 < 0 || in.L4+8 > p.End {
+		return
+	}
+	synproxy.AddSeq32(frame[p.L4:p.End], in.L4+4-p.L4, 2, px.SeqDelta)
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/tiergate/tiergate/l4/port"
 	"github.com/tiergate/tiergate/l4/sessionsync"
 	"github.com/tiergate/tiergate/l4/synproxy"
+	"github.com/tiergate/tiergate/wire"
 )
 
 // pxSeg is a TCP segment src → dst as an Ethernet frame to the LD's external port.
@@ -47,6 +48,35 @@ func grePx(t *testing.T, member netip.Addr, inner []byte) []byte {
 	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolGRE, SrcIP: member.AsSlice(), DstIP: ldInt.AsSlice()}
 	return serialize(t, &layers.Ethernet{SrcMAC: memberMAC[member.String()], DstMAC: intMAC[:], EthernetType: layers.EthernetTypeIPv4},
 		ip, &layers.GRE{Protocol: proto}, gopacket.Payload(inner))
+}
+
+// pxTooBig is a router's error (fragmentation needed, packet too big, MTU 1280)
+// about the IP packet quoted, sent to its source (a VIP), from 198.18.0.1 or
+// 2001:db8:e::1.
+func pxTooBig(t *testing.T, vip netip.Addr, quoted []byte) []byte {
+	t.Helper()
+	v6 := vip.Is6()
+	icmp := []byte{3, 4, 0, 0, 0, 0, 0x05, 0x00}
+	router := gw4
+	if v6 {
+		icmp[0], icmp[1] = 2, 0
+		router = gw6
+	}
+	icmp = append(icmp, quoted[:min(len(quoted), 200)]...)
+	var sum uint32
+	proto := layers.IPProtocolICMPv4
+	if v6 {
+		sum = packet.PseudoHeaderSum(router, vip, packet.ProtoICMPv6, len(icmp))
+		proto = layers.IPProtocolICMPv6
+	}
+	binary.BigEndian.PutUint16(icmp[2:], wire.Checksum(icmp, sum))
+	eth := &layers.Ethernet{SrcMAC: gwMAC, DstMAC: extMAC[:], EthernetType: layers.EthernetTypeIPv4}
+	var nl gopacket.SerializableLayer = &layers.IPv4{Version: 4, TTL: 60, Protocol: proto, SrcIP: router.AsSlice(), DstIP: vip.AsSlice()}
+	if v6 {
+		eth.EthernetType = layers.EthernetTypeIPv6
+		nl = &layers.IPv6{Version: 6, HopLimit: 60, NextHeader: proto, SrcIP: router.AsSlice(), DstIP: vip.AsSlice()}
+	}
+	return serialize(t, eth, nl, gopacket.Payload(icmp))
 }
 
 func tsOpt(val, ecr uint32) layers.TCPOption {
@@ -196,6 +226,22 @@ func TestSynProxyHandshake(t *testing.T) {
 		}
 		if n := len(r.ext.Drain()); n != 0 {
 			t.Fatalf("%d more frames to the client (the member's SYN-ACK?)", n)
+		}
+
+		// A router on the client's path finds the member's segment too big: its
+		// error reaches the member quoting the member's own sequence number.
+		r.ext.Inject(pxTooBig(t, c.vip, back[14:]))
+		ic := innerOf(t, waitSent(t, r.int, 1)[0])
+		var ip packet.Packet
+		if err := packet.ParseIP(ic, 0, &ip); err != nil || !packet.VerifyL4Checksum(ic, &ip) {
+			t.Fatalf("ICMP error to the member does not parse or verify: %v", err)
+		}
+		var quoted packet.Packet
+		if err := packet.ICMPEmbedded(ic, &ip, &quoted); err != nil {
+			t.Fatal(err)
+		}
+		if q := binary.BigEndian.Uint32(ic[quoted.L4+4:]); q != mISN+1 {
+			t.Fatalf("the ICMP error quotes sequence number %d, want the member's %d", q, mISN+1)
 		}
 	}
 	deadline := time.Now().Add(3 * time.Second)

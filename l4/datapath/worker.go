@@ -650,6 +650,8 @@ func (w *worker) icmpError(s *snapshot, b *port.Buf, frame []byte, p *packet.Pac
 			w.count(dirIn, resNoMember)
 			return vDrop
 		}
+	} else if w.px != nil {
+		w.pxICMP(frame, p, &in, &k, h)
 	}
 	return w.forward(s, b, p, r, id)
 }

@@ -55,6 +55,7 @@ func FuzzTranslate(f *testing.F) {
 		// Garbage (not a segment whose checksum is right) must not panic either.
 		_ = d.ToClient(opts)
 		_ = d.ToMember(payload)
+		AddSeq32(payload, int(win%64)-2, int(shift), seqd)
 	})
 }
 

@@ -402,3 +402,20 @@ func TestScaleWindow(t *testing.T) {
 		}
 	}
 }
+
+func TestAddSeq32(t *testing.T) {
+	for _, off := range []int{8, 9, 31} {
+		m := make([]byte, 40)
+		for i := range m {
+			m[i] = byte(i * 37)
+		}
+		m[2], m[3] = 0, 0
+		binary.BigEndian.PutUint16(m[2:], wire.Checksum(m, 0))
+		old := binary.BigEndian.Uint32(m[off:])
+		AddSeq32(m, off, 2, 0x9000_0001)
+		if wire.Checksum(m, 0) != 0 || binary.BigEndian.Uint32(m[off:]) != old+0x9000_0001 {
+			t.Fatalf("offset %d: value %#x, checksum %#x", off, binary.BigEndian.Uint32(m[off:]), wire.Checksum(m, 0))
+		}
+	}
+	AddSeq32(make([]byte, 5), 2, 2, 1) // overlapping, short: nothing
+}

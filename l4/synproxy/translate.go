@@ -106,3 +106,23 @@ func ScaleWindow(w uint16, shift int8) uint16 {
 	}
 	return w
 }
+
+// AddSeq32 adds delta to the 32-bit number at b[off:] and updates the Internet
+// checksum at b[csum:], which covers b from its start, for it (an ICMP error's
+// checksum and a quoted TCP header's sequence number). Nothing is done when the
+// fields are not within b or overlap.
+func AddSeq32(b []byte, off, csum int, delta uint32) {
+	if off < 0 || csum < 0 || off+4 > len(b) || csum+2 > len(b) || off < csum+2 && off+4 > csum {
+		return
+	}
+	old := binary.BigEndian.Uint32(b[off:])
+	v := old + delta
+	binary.BigEndian.PutUint32(b[off:], v)
+	for i, pair := range [2][2]uint16{{uint16(old >> 16), uint16(v >> 16)}, {uint16(old), uint16(v)}} {
+		o, n := pair[0], pair[1]
+		if (off+2*i)&1 != 0 {
+			o, n = bits.ReverseBytes16(o), bits.ReverseBytes16(n)
+		}
+		binary.BigEndian.PutUint16(b[csum:], packet.ChecksumAdjust16(binary.BigEndian.Uint16(b[csum:]), o, n))
+	}
+}
