@@ -10,34 +10,6 @@ import (
 // tcpCsum is the offset of the checksum in the TCP header.
 const tcpCsum = 16
 
-// adjust16 updates the TCP checksum of segment t for the 16-bit value at off changing
-// from old to new. A value at an odd offset straddles two checksum words and counts
-// with its bytes swapped.
-func adjust16(t []byte, off int, old, new uint16) {
-	if old == new {
-		return
-	}
-	if off&1 != 0 {
-		old, new = bits.ReverseBytes16(old), bits.ReverseBytes16(new)
-	}
-	binary.BigEndian.PutUint16(t[tcpCsum:], packet.ChecksumAdjust16(binary.BigEndian.Uint16(t[tcpCsum:]), old, new))
-}
-
-// set32 writes v at t[off:] and updates the TCP checksum of segment t for it.
-func set32(t []byte, off int, v uint32) {
-	old := binary.BigEndian.Uint32(t[off:])
-	binary.BigEndian.PutUint32(t[off:], v)
-	adjust16(t, off, uint16(old>>16), uint16(v>>16))
-	adjust16(t, off+2, uint16(old), uint16(v))
-}
-
-// set16 writes v at t[off:] and updates the TCP checksum of segment t for it.
-func set16(t []byte, off int, v uint16) {
-	old := binary.BigEndian.Uint16(t[off:])
-	binary.BigEndian.PutUint16(t[off:], v)
-	adjust16(t, off, old, v)
-}
-
 // Delta is what a proxied connection translates: the member's sequence numbers are
 // SeqDelta above the client's view (the member's ISN less the cookie), its timestamps
 // TSDelta below (the cookie's TSval less the member's), and its windows are scaled by
@@ -48,22 +20,66 @@ type Delta struct {
 	WShift   int8
 }
 
+// csum accumulates the changes of a segment's words for one update of its checksum
+// (RFC 1624, equation 3, summed over the changed words).
+type csum uint64
+
+// word adds a 16-bit value at offset off changing from old to new.
+func (c *csum) word(off int, old, new uint16) {
+	if off&1 != 0 {
+		old, new = bits.ReverseBytes16(old), bits.ReverseBytes16(new)
+	}
+	*c += csum(^old) + csum(new)
+}
+
+// set32 writes v at t[off:] and adds the change.
+func (c *csum) set32(t []byte, off int, v uint32) {
+	old := binary.BigEndian.Uint32(t[off:])
+	binary.BigEndian.PutUint32(t[off:], v)
+	c.word(off, uint16(old>>16), uint16(v>>16))
+	c.word(off+2, uint16(old), uint16(v))
+}
+
+// apply folds the changes into the checksum of segment t.
+func (c csum) apply(t []byte) {
+	s := uint64(^binary.BigEndian.Uint16(t[tcpCsum:])) + uint64(c)
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	binary.BigEndian.PutUint16(t[tcpCsum:], ^uint16(s))
+}
+
+// tsOnly reports whether t's options are Linux's for a data segment, NOP NOP and the
+// timestamps, and nothing else (the TSval then at offset 24).
+func tsOnly(t []byte) bool {
+	return len(t) >= 32 && t[12]>>4 == 8 && binary.BigEndian.Uint32(t[20:]) == 0x0101080a
+}
+
 // ToClient rewrites a member's segment t (the TCP header and what follows, its
 // checksum correct) for the client: sequence number, TSval, window; the checksum is
 // updated incrementally. It reports ErrHeader or ErrOptions, having changed nothing,
 // when t is not a TCP segment whose options parse.
 func (d *Delta) ToClient(t []byte) error {
-	var o Options
-	if err := ParseOptions(t, &o); err != nil {
-		return err
+	ts := 24
+	if !tsOnly(t) {
+		var o Options
+		if err := ParseOptions(t, &o); err != nil {
+			return err
+		}
+		ts = o.TSOff
 	}
-	set32(t, 4, binary.BigEndian.Uint32(t[4:])-d.SeqDelta)
-	if o.TSOff != 0 {
-		set32(t, o.TSOff, o.TSval+d.TSDelta)
+	var c csum
+	c.set32(t, 4, binary.BigEndian.Uint32(t[4:])-d.SeqDelta)
+	if ts != 0 {
+		c.set32(t, ts, binary.BigEndian.Uint32(t[ts:])+d.TSDelta)
 	}
 	if d.WShift != 0 {
-		set16(t, 14, ScaleWindow(binary.BigEndian.Uint16(t[14:]), d.WShift))
+		old := binary.BigEndian.Uint16(t[14:])
+		w := ScaleWindow(old, d.WShift)
+		binary.BigEndian.PutUint16(t[14:], w)
+		c.word(14, old, w)
 	}
+	c.apply(t)
 	return nil
 }
 
@@ -72,20 +88,24 @@ func (d *Delta) ToClient(t []byte) error {
 // incrementally. Errors as ToClient.
 func (d *Delta) ToMember(t []byte) error {
 	var o Options
-	if err := ParseOptions(t, &o); err != nil {
+	if tsOnly(t) {
+		o.TSOff, o.TSecr = 24, binary.BigEndian.Uint32(t[28:])
+	} else if err := ParseOptions(t, &o); err != nil {
 		return err
 	}
+	var c csum
 	if t[13]&packet.TCPAck != 0 {
-		set32(t, 8, binary.BigEndian.Uint32(t[8:])+d.SeqDelta)
+		c.set32(t, 8, binary.BigEndian.Uint32(t[8:])+d.SeqDelta)
 	}
 	for i := range o.SACKBlocks {
 		off := o.SACKOff + 8*i
-		set32(t, off, binary.BigEndian.Uint32(t[off:])+d.SeqDelta)
-		set32(t, off+4, binary.BigEndian.Uint32(t[off+4:])+d.SeqDelta)
+		c.set32(t, off, binary.BigEndian.Uint32(t[off:])+d.SeqDelta)
+		c.set32(t, off+4, binary.BigEndian.Uint32(t[off+4:])+d.SeqDelta)
 	}
 	if o.TSOff != 0 && o.TSecr != 0 {
-		set32(t, o.TSOff+4, o.TSecr-d.TSDelta)
+		c.set32(t, o.TSOff+4, o.TSecr-d.TSDelta)
 	}
+	c.apply(t)
 	return nil
 }
 
