@@ -267,6 +267,70 @@ func (e *dpdkEnv) runRing(ctx context.Context, o *options, syn, ack *frameSet, l
 	return res, err
 }
 
+// splitPort receives from one DPDK port and transmits on another: the cookie rows'
+// external port takes the flood from net_ring0 and sends the SYN-ACKs to net_null0,
+// so that they do not loop back into the ring the feeder fills. Both draw on the one
+// pool; only the worker's thread uses it.
+type splitPort struct {
+	*dpdk.Port            // receive, allocation, MAC
+	tx         *dpdk.Port // transmission
+}
+
+func (s splitPort) TxQueues() int                          { return s.tx.TxQueues() }
+func (s splitPort) TxBurst(queue int, bufs []port.Buf) int { return s.tx.TxBurst(queue, bufs) }
+
+// runRingCookies measures the SYN proxy's cookie answers over DPDK: the feeder
+// transmits the spoofed SYNs on net_ring0, the worker receives them there and sends
+// its SYN-ACKs (and anything else) to net_null0, in rounds of -defence-duration.
+func (e *dpdkEnv) runRingCookies(ctx context.Context, o *options, log *slog.Logger) (res []*phaseResult, err error) {
+	cfg := ldConfig(ldSetup{ext: ldExt, gw: ldExtGW, gwMAC: gwMAC, memberMACs: memberMACs(), capacity: synproxyCapacity})
+	if err := setRules(&cfg, "synproxy", `"on"`); err != nil {
+		return nil, err
+	}
+	ring, err := e.open("net_ring0", 1)
+	if err != nil {
+		return nil, err
+	}
+	defer closePort(ring, &err)
+	null, err := e.open("net_null0", 1)
+	if err != nil {
+		return nil, err
+	}
+	defer closePort(null, &err)
+	set, err := buildSynFlood(min(o.flows, 1_000_000))
+	if err != nil {
+		return nil, err
+	}
+	setDstMAC(set, ring.MAC())
+	r, err := startRig("DPDK net_ring SYN proxy", cfg, splitPort{ring, null}, null, ringSource{ring}, 0, registerWorker, log)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if serr := r.stop(); err == nil {
+			err = serr
+		}
+	}()
+	for range o.defRounds {
+		members0 := r.int.tx.Load()
+		p, err := r.timedCount(ctx, set, o.defDuration, &r.ext.tx, r.ext, false, nil)
+		if err != nil {
+			return res, err
+		}
+		if err := checkSynAck(r.ext, set); err != nil {
+			return res, fmt.Errorf("%s: the first SYN-ACK: %w", r.name, err)
+		}
+		if n := r.int.tx.Load() - members0; n != 0 {
+			return res, fmt.Errorf("%s: %d frames of the spoofed SYN flood reached the members", r.name, n)
+		}
+		res = append(res, p)
+	}
+	if st := r.d.Status(); st.Conns != 0 {
+		return res, fmt.Errorf("%s: the spoofed SYNs left %d entries in the table", r.name, st.Conns)
+	}
+	return res, nil
+}
+
 func closePort(p *dpdk.Port, err *error) {
 	if cerr := p.Close(); cerr != nil && *err == nil {
 		*err = cerr

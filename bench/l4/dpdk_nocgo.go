@@ -28,3 +28,7 @@ func (*dpdkEnv) runVeth(context.Context, *options, *topo, *slog.Logger) (*vethRe
 }
 
 func reserveHugepages(int) func() { return func() {} }
+
+func (*dpdkEnv) runRingCookies(context.Context, *options, *slog.Logger) ([]*phaseResult, error) {
+	return nil, errNoCgo
+}

@@ -335,7 +335,7 @@ func TestMainDefence(t *testing.T) {
 		t.Skip("the kernel's synproxy is measured on a core apart from the flood's: needs 2 CPUs")
 	}
 	var out, errb bytes.Buffer
-	code := Main([]string{"-phases", "defence", "-flows", "10000", "-quiet-wait", "0",
+	code := Main([]string{"-phases", "defence", "-skip-dpdk", "-flows", "10000", "-quiet-wait", "0",
 		"-defence-rounds", "2", "-defence-duration", "200ms"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
@@ -408,6 +408,7 @@ func TestMainDefence(t *testing.T) {
 		if !strings.Contains(out.String(), "LD, one worker, in-memory ports") {
 			t.Error("the report lacks the LD's SYN proxy")
 		}
+
 	} else if s.Cookies != nil || s.VsKernel != nil {
 		t.Errorf("the LD's SYN proxy is not available, yet figures %v %v", s.Cookies, s.VsKernel)
 	}
@@ -430,5 +431,45 @@ func TestMainDefence(t *testing.T) {
 				t.Errorf("%s round %d: %+v", name, i+1, rd)
 			}
 		}
+	}
+}
+
+// TestMainSynproxyDPDK runs the SYN proxy's cookie rows over DPDK net_ring too (the
+// package's one test that starts DPDK's EAL, which a process can do once).
+func TestMainSynproxyDPDK(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireCommand(t, "ip", "iproute2")
+	testenv.RequireCommand(t, "nft", "nftables")
+	if runtime.NumCPU() < 2 {
+		t.Skip("the kernel's synproxy is measured on a core apart from the flood's: needs 2 CPUs")
+	}
+	var out, errb bytes.Buffer
+	code := Main([]string{"-phases", "synproxy", "-flows", "10000", "-quiet-wait", "0",
+		"-defence-rounds", "1", "-defence-duration", "200ms"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	text := strings.TrimRight(out.String(), "\n")
+	var s struct {
+		CookiesDPDK *float64        `json:"synproxy_cookies_mpps_per_core_dpdk"`
+		Ring        []*phaseResult  `json:"synproxy_dpdk_net_ring"`
+		Defence     *defenceResults `json:"defence"`
+		Failures    []string        `json:"failures"`
+	}
+	if err := json.Unmarshal([]byte(text[strings.LastIndexByte(text, '\n')+1:]), &s); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Failures) != 0 || s.Defence == nil {
+		t.Fatalf("failures %q, defence %v", s.Failures, s.Defence)
+	}
+	if _, na := s.Defence.NotAvailable["synproxy"]; na {
+		if s.CookiesDPDK != nil || len(s.Ring) != 0 {
+			t.Errorf("the SYN proxy is not available, yet figures over net_ring: %v", s.CookiesDPDK)
+		}
+		return
+	}
+	if len(s.Ring) != 1 || s.Ring[0].Packets == 0 || s.CookiesDPDK == nil || *s.CookiesDPDK <= 0 ||
+		!strings.Contains(out.String(), "LD, one worker, DPDK net_ring") {
+		t.Errorf("SYN proxy over DPDK net_ring: %v, rows %+v", s.CookiesDPDK, s.Ring)
 	}
 }

@@ -48,6 +48,9 @@ type summary struct {
 	KernelSynproxy      *float64 `json:"kernel_synproxy_mpps_per_core"`
 	SynproxyVsKernel    *float64 `json:"synproxy_vs_kernel"`
 	SynproxyEstablished *float64 `json:"synproxy_established_ratio"`
+	// SynproxyCookiesDPDK is the LD's cookie SYN-ACKs per second of its worker's
+	// CPU over DPDK net_ring (the median of its rounds), in millions.
+	SynproxyCookiesDPDK *float64 `json:"synproxy_cookies_mpps_per_core_dpdk"`
 	// OverloadNs and TraceNs are the worker CPU time per packet of established flows
 	// that overload control (normal state, limits set) and tracing (a DSCP marker;
 	// no packet marked) add; the ratios are the rates with ÷ without.
@@ -100,6 +103,8 @@ type summary struct {
 	Veth    *vethResult     `json:"veth_af_packet"`
 	Table   *tableResult    `json:"table"`
 	Defence *defenceResults `json:"defence,omitempty"`
+	// SynproxyRing are the SYN proxy's cookie rows over DPDK net_ring.
+	SynproxyRing []*phaseResult `json:"synproxy_dpdk_net_ring,omitempty"`
 }
 
 func report(o *options, r *results) {
@@ -107,7 +112,7 @@ func report(o *options, r *results) {
 	s := summary{
 		Flows: o.flows, DurationS: o.duration.Seconds(), Cores: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
 		EAL: r.eal, Skipped: r.skipped, Failures: r.Failures, Targets: map[string]*bool{},
-		InMem: r.inmem, Ring: r.ring, Veth: r.veth, Table: r.table, Defence: r.defence,
+		InMem: r.inmem, Ring: r.ring, Veth: r.veth, Table: r.table, Defence: r.defence, SynproxyRing: r.ringCookies,
 	}
 	if s.Skipped == nil {
 		s.Skipped = []string{}

@@ -35,7 +35,31 @@ func defenceTable(w io.Writer, r *results, s *summary) float64 {
 		t.Separator()
 		t.Row("median of the rounds", "", "", "", "", "", fmt.Sprintf("LD %s, kernel %s", orDash(sp.LDMppsPerCore, "%.3f"),
 			orDash(sp.KernelMppsPerCore, "%.3f")), "", "", orDash(sp.Ratio, "%.2f"))
+		if len(r.ringCookies) > 0 {
+			t.Separator()
+			for i, p := range r.ringCookies {
+				maxOther = max(maxOther, p.OtherCores)
+				t.Row("LD, one worker, DPDK net_ring", fmt.Sprint(i+1), commas(p.Packets), fmt.Sprintf("%.3f", p.Seconds),
+					fmt.Sprintf("%.3f", p.Mpps), fmt.Sprintf("%.3f", p.WorkerCPU), fmt.Sprintf("%.3f", p.MppsPerCPU),
+					fmt.Sprintf("%.0f%%", 100*(1-p.Idle)), fmt.Sprintf("%.2f", p.OtherCores), "")
+			}
+			med := medianOf(r.ringCookies, func(p *phaseResult) float64 { return p.MppsPerCPU })
+			note := ""
+			if slices.ContainsFunc(r.ringCookies, (*phaseResult).starved) {
+				note = "FEEDER-BOUND"
+			}
+			t.Row("median of the rounds", "", "", "", "", "", fmt.Sprintf("LD over net_ring %.3f", med), note, "", "")
+			s.SynproxyCookiesDPDK = ptr(round(med, 3))
+		}
 		t.Fprint(w)
+		if len(r.ringCookies) > 0 {
+			fmt.Fprintln(w, "DPDK net_ring: the feeder (another core) transmits the same spoofed SYNs on net_ring0, which loops them")
+			fmt.Fprintln(w, "to the worker's receive queue; the worker's SYN-ACKs go to net_null0 (not back into the ring). CPU busy")
+			fmt.Fprintln(w, "below 99% (FEEDER-BOUND) means the worker waited for the feeder and its CPU time includes the empty")
+			fmt.Fprintln(w, "polls: the rate per CPU second is then a lower bound.")
+		} else if r.ringCookiesNA != "" {
+			fmt.Fprintf(w, "DPDK net_ring not measured: %s\n", r.ringCookiesNA)
+		}
 		if sp.LDErr != "" {
 			fmt.Fprintf(w, "LD not measured: %s\n", sp.LDErr)
 		} else {

@@ -28,7 +28,11 @@ type results struct {
 	buildDur  time.Duration
 	blacklist *blacklistSets
 	defence   *defenceResults
-	skipped   []string
+	// ringCookies are the SYN proxy's cookie rows over DPDK net_ring, one per round;
+	// ringCookiesNA why they were not measured (the datapath lacks the SYN proxy).
+	ringCookies   []*phaseResult
+	ringCookiesNA string
+	skipped       []string
 	benchkit.Bench
 }
 
@@ -64,6 +68,9 @@ func run(ctx context.Context, o *options) error {
 	}
 
 	forward, dpdk := o.phase("forward"), o.phase("dpdk") && !o.skipDPDK
+	// The SYN proxy's cookie rows run over DPDK net_ring too, within the one EAL of
+	// the process.
+	cookiesDPDK := o.phase("synproxy") && !o.skipDPDK && haveDPDK
 	feature := o.phase("overload") || o.phase("trace") || o.phase("synproxy-established")
 	if ctx.Err() == nil && (forward || dpdk || feature) {
 		res.Progress("building %d SYN and %d ACK frames", o.flows, o.flows)
@@ -88,13 +95,16 @@ func run(ctx context.Context, o *options) error {
 				res.Fail("in-memory: %v", err)
 			}
 		}
-		if ctx.Err() == nil && dpdk {
+		if ctx.Err() == nil && (dpdk || cookiesDPDK) {
 			runDPDK(ctx, o, res, syn, ack, log)
 		}
 		if ctx.Err() == nil {
 			runDefence(ctx, o, res, syn, ack, log)
 		}
 	} else if ctx.Err() == nil {
+		if cookiesDPDK {
+			runDPDK(ctx, o, res, nil, nil, log)
+		}
 		runDefence(ctx, o, res, nil, nil, log)
 	}
 	if skipped := slices.DeleteFunc(slices.Clone(allPhases), o.phase); len(skipped) > 0 {
@@ -113,7 +123,8 @@ func run(ctx context.Context, o *options) error {
 }
 
 // runDPDK sets up the veth network (unless skipped: its interfaces must exist before
-// the EAL starts), the EAL, and runs the net_ring and veth measurements.
+// the EAL starts), the EAL, and runs the net_ring and veth measurements (phase dpdk)
+// and the SYN proxy's cookie rows over net_ring (phase synproxy).
 func runDPDK(ctx context.Context, o *options, res *results, syn, ack *frameSet, log *slog.Logger) {
 	if !haveDPDK {
 		res.Fail("DPDK: %v", errNoCgo)
@@ -121,7 +132,7 @@ func runDPDK(ctx context.Context, o *options, res *results, syn, ack *frameSet, 
 	}
 	removeStale()
 	var t *topo
-	if !o.skipVeth {
+	if !o.skipVeth && o.phase("dpdk") {
 		res.Progress("veth namespaces")
 		var err error
 		if t, err = newTopo(); err != nil {
@@ -144,10 +155,12 @@ func runDPDK(ctx context.Context, o *options, res *results, syn, ack *frameSet, 
 			res.Fail("DPDK: cleaning up: %v", err)
 		}
 	}()
-	res.Progress("DPDK net_ring")
-	waitQuiet(ctx, res)
-	if res.ring, err = env.runRing(ctx, o, syn, ack, log); err != nil {
-		res.Fail("DPDK net_ring: %v", err)
+	if o.phase("dpdk") {
+		res.Progress("DPDK net_ring")
+		waitQuiet(ctx, res)
+		if res.ring, err = env.runRing(ctx, o, syn, ack, log); err != nil {
+			res.Fail("DPDK net_ring: %v", err)
+		}
 	}
 	if t != nil && ctx.Err() == nil {
 		res.Progress("veth net_af_packet")
@@ -155,6 +168,18 @@ func runDPDK(ctx context.Context, o *options, res *results, syn, ack *frameSet, 
 		if res.veth, err = env.runVeth(ctx, o, t, log); err != nil {
 			res.Fail("veth net_af_packet: %v", err)
 		}
+	}
+	if o.phase("synproxy") && ctx.Err() == nil {
+		res.Progress("SYN proxy: LD cookie answers over DPDK net_ring, %d rounds", o.defRounds)
+		waitQuiet(ctx, res)
+		rc, err := env.runRingCookies(ctx, o, log)
+		switch {
+		case errors.Is(err, errNotAvailable):
+			res.ringCookiesNA = err.Error()
+		case err != nil:
+			res.Fail("SYN proxy over DPDK net_ring: %v", err)
+		}
+		res.ringCookies = rc
 	}
 }
 
