@@ -18,7 +18,8 @@
 //     socket in a client namespace to a sink namespace (kernel-bound; for context);
 //   - the defence rows (issue 17), in rounds that alternate their order: the SYN
 //     proxy's cookie SYN-ACKs per second of the worker's CPU, answering a spoofed SYN
-//     flood (testkit/synflood's frames) on in-memory ports, against the kernel's own
+//     flood (testkit/synflood's frames) on in-memory ports (and over DPDK net_ring,
+//     the SYN-ACKs sent to net_null), against the kernel's own
 //     SYN proxy (nftables synproxy) answering the same kind of flood over veth in a
 //     namespace, its receive path steered to one core whose softirq time is counted;
 //     established flows with the SYN proxy on ÷ off; and what overload control and
