@@ -11,6 +11,7 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 
+	"github.com/tiergate/tiergate/internal/config"
 	"github.com/tiergate/tiergate/l4/packet"
 	"github.com/tiergate/tiergate/l4/port"
 	"github.com/tiergate/tiergate/l4/sessionsync"
@@ -258,7 +259,9 @@ func TestSynProxyHandshake(t *testing.T) {
 func TestSynProxyAuto(t *testing.T) {
 	cfg := pxConfig("auto")
 	cfg.Conntrack.Capacity = 100
+	cfg.Conntrack.Timeouts.SynRecv = config.Duration(time.Second)
 	cfg.SynProxy.AutoOn = 0.2
+	cfg.SynProxy.AutoHold = config.Duration(10 * time.Millisecond)
 	r := startRig(t, cfg, Options{})
 	r.resolveNeighbours()
 	for i := range 20 {
@@ -284,6 +287,32 @@ func TestSynProxyAuto(t *testing.T) {
 			t.Fatal("auto never answered a SYN")
 		}
 		r.int.Drain()
+	}
+	waitFor(t, time.Second, func() bool { return r.d.SynProxyStats().AutoWorkers == 1 })
+	// The half-open entries expire (syn_recv 1s): below auto_off, SYNs go to the
+	// members again.
+	r.int.Drain()
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		r.ext.Inject(pxSeg(t, client, vip, 30001, 443, 1, 0, packet.TCPSyn, 1000, nil, nil))
+		time.Sleep(20 * time.Millisecond)
+		if len(r.int.Drain()) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("auto never turned off")
+		}
+		r.ext.Drain()
+	}
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in time")
+		}
 	}
 }
 
