@@ -148,6 +148,8 @@ type Status struct {
 	Neigh   map[string]string `json:"neighbours"`
 	// Blacklist is what the workers did for the blacklists (SetBlacklists).
 	Blacklist BlacklistStatus `json:"blacklist"`
+	// SynProxy is the SYN proxy's counters (SynProxyStats).
+	SynProxy SynProxyStats `json:"synproxy"`
 	// Overload is the overload protection's state and the rules' limits and quotas.
 	Overload OverloadStatus `json:"overload"`
 }
@@ -212,6 +214,7 @@ func (d *Distributor) Status() Status {
 		st.Blacklist.FlowsRemoved += w.pub.blRemoved.Load()
 	}
 	st.Blacklist.Lists, st.Blacklist.Entries = []string{}, []int{}
+	st.SynProxy = d.SynProxyStats()
 	for _, l := range d.Blacklists() {
 		st.Blacklist.Lists = append(st.Blacklist.Lists, l.Name())
 		st.Blacklist.Entries = append(st.Blacklist.Entries, l.Len())

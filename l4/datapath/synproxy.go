@@ -691,9 +691,15 @@ func (c *collector) pxCollect(ch chan<- prometheus.Metric, s *snapshot) {
 
 // SynProxyStats are the SYN proxy's counters, summed over the workers.
 type SynProxyStats struct {
-	CookiesSent, CookiesOK, CookiesBad, Connections uint64
+	// CookiesSent counts the SYN-ACKs the LD answered SYNs with; CookiesOK and
+	// CookiesBad the ACKs whose cookie checked or did not.
+	CookiesSent uint64 `json:"cookies_sent"`
+	CookiesOK   uint64 `json:"cookies_ok"`
+	CookiesBad  uint64 `json:"cookies_bad"`
+	// Connections counts the connections the proxy opened to members.
+	Connections uint64 `json:"connections"`
 	// AutoWorkers counts the workers proxying "auto" rules now.
-	AutoWorkers int
+	AutoWorkers int `json:"auto_workers"`
 }
 
 // SynProxyStats returns the SYN proxy's counters as the workers last published them.

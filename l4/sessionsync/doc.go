@@ -24,6 +24,11 @@
 // WarmupTimeout has passed, so an LD that joins does not announce its VIPs before it
 // knows the flows ECMP will move to it.
 //
+// A connection the SYN proxy opened (l4/synproxy) carries its translation with it
+// (the sequence and timestamp deltas, the window shift), so the LD that takes it over
+// goes on translating its packets; without that its client and its L7 node would no
+// longer agree on a sequence number.
+//
 // The datapath side (which worker emits and installs, and how a received entry
 // reaches the worker that sees the flow's packets) is in l4/datapath's sync.go.
 package sessionsync
