@@ -34,6 +34,9 @@ const (
 type dpdkEnv struct {
 	pool *dpdk.Mempool
 	args []string
+	// ports are the devices opened, by name: each is opened once (closing one
+	// detaches it) and closed by close.
+	ports map[string]*dpdk.Port
 }
 
 // ealArgs are the EAL arguments: no PCI devices, no telemetry; a ring device and a
@@ -129,25 +132,47 @@ func startDPDK(args []string) (*dpdkEnv, error) {
 // ealRunDir is the directory the EAL makes even without a shared configuration.
 func ealRunDir() string { return filepath.Join(ealRunBase, ealPrefix()) }
 
-// close frees the pool, cleans up the EAL and removes its run directory; every port
-// must be closed.
+// close closes the ports, frees the pool, cleans up the EAL and removes its run
+// directory.
 func (e *dpdkEnv) close() error {
+	var perr error
+	for _, p := range e.ports {
+		closePort(p, &perr)
+	}
 	e.pool.Free()
 	err := dpdk.Cleanup()
 	if rerr := os.RemoveAll(ealRunDir()); err == nil {
 		err = rerr
 	}
+	if err == nil {
+		err = perr
+	}
 	return err
 }
 
 // open opens the virtual device name with rxQueues receive queues and the two
-// transmit queues one worker needs (its own and the control goroutine's).
+// transmit queues one worker needs (its own and the control goroutine's), or returns
+// it as it was opened before; close closes it.
 func (e *dpdkEnv) open(name string, rxQueues int) (*dpdk.Port, error) {
+	if p, ok := e.ports[name]; ok {
+		if p.RxQueues() != rxQueues {
+			return nil, fmt.Errorf("%s is open with %d receive queues, not %d", name, p.RxQueues(), rxQueues)
+		}
+		return p, nil
+	}
 	id, err := dpdk.PortByName(name)
 	if err != nil {
 		return nil, err
 	}
-	return dpdk.OpenPort(id, name, dpdk.PortConfig{RxQueues: rxQueues, TxQueues: 2}, e.pool)
+	p, err := dpdk.OpenPort(id, name, dpdk.PortConfig{RxQueues: rxQueues, TxQueues: 2}, e.pool)
+	if err != nil {
+		return nil, err
+	}
+	if e.ports == nil {
+		e.ports = map[string]*dpdk.Port{}
+	}
+	e.ports[name] = p
+	return p, nil
 }
 
 // registerWorker makes a datapath worker's thread an lcore.
@@ -246,12 +271,10 @@ func (e *dpdkEnv) runRing(ctx context.Context, o *options, syn, ack *frameSet, l
 	if err != nil {
 		return nil, err
 	}
-	defer closePort(ring, &err)
 	null, err := e.open("net_null0", 1)
 	if err != nil {
 		return nil, err
 	}
-	defer closePort(null, &err)
 	mac := ring.MAC()
 	setDstMAC(syn, mac)
 	setDstMAC(ack, mac)
@@ -291,12 +314,10 @@ func (e *dpdkEnv) runRingCookies(ctx context.Context, o *options, log *slog.Logg
 	if err != nil {
 		return nil, err
 	}
-	defer closePort(ring, &err)
 	null, err := e.open("net_null0", 1)
 	if err != nil {
 		return nil, err
 	}
-	defer closePort(null, &err)
 	set, err := buildSynFlood(min(o.flows, 1_000_000))
 	if err != nil {
 		return nil, err
@@ -367,12 +388,10 @@ func (e *dpdkEnv) runVeth(ctx context.Context, o *options, t *topo, log *slog.Lo
 	if err != nil {
 		return nil, err
 	}
-	defer closePort(ext, &err)
 	in, err := e.open("net_af_packet1", 2)
 	if err != nil {
 		return nil, err
 	}
-	defer closePort(in, &err)
 	missed := func() uint64 {
 		st, err := ext.Stats()
 		if err != nil {
