@@ -416,7 +416,7 @@ in network namespaces %[1]s*, configured through controld
   state directory     %[2]s (SoftHSM2 token %[3]q, configs, logs)
   site key            %[4]s, RSA-2048, imported into the token as non-extractable by controld's upload (source PEM: site.key)
   client              %[1]scl %[5]s → https://%[6]s (TCP: TLS 1.2/1.3, h2 + http/1.1; UDP: QUIC, HTTP/3)
-  router              %[1]srt %[7]s, bird2 AS %[8]d (hold time %[9]ds), log bird.log; one multipath route for %[6]s via both LDs
+  router              %[1]srt %[7]s, bird2 AS %[8]d (hold time %[9]ds, BFD 300 ms × 3), log bird.log; one multipath route for %[6]s via both LDs
   l4d                 %[1]slda: pid %[10]d, x0 %[11]s, log l4d-lda.log; %[1]sldb: pid %[12]d, x0 %[13]s, log l4d-ldb.log
                       (AS %[14]d, session sync on m0 port %[15]s, admin 127.0.0.1:9180 in each LD's namespace)
   l7d                 %[1]sl7a %[16]s (QUIC server ID 1), %[1]sl7b %[17]s (ID 2), tunnel endpoint + remote key, logs l7d-l7a.log l7d-l7b.log
@@ -434,11 +434,11 @@ in network namespaces %[1]s*, configured through controld
        ip netns exec %[1]scl curl -s --rate 2/s --cacert %[34]s --resolve demo.tiergate.test:443:%[6]s -o /dev/null \
          -w '%%{http_code} num_connects %%{num_connects} %%{time_total}s\n' 'https://demo.tiergate.test/[1-600]'
     2. after 3 s (the LDs sync connections older than that), in another shell: kill -9 %[10]d   (lda; ldb is %[12]d)
-       the router drops lda's path as soon as its BGP session closes (kill -STOP instead: a hung LD, dropped at
-       the hold timer, %[9]d s), and the curl's requests go on through ldb on the same connection after a pause
+       the router drops lda's path as soon as its BGP session closes (kill -STOP instead: a hung LD, dropped when
+       its BFD session with the router times out, 0.9 s), and the curl's requests go on through ldb on the same connection after a pause
        (l7d sends the replies through ldb too once lda has been silent for ld_dead_after, 1 s); new connections that
        ECMP sends to lda fail only in that window
-    3. watch the router     birdc -s %[35]s show protocols; birdc -s %[35]s show route
+    3. watch the router     birdc -s %[35]s show protocols; birdc -s %[35]s show bfd sessions; birdc -s %[35]s show route
                             ip netns exec %[1]srt ip route show %[6]s
     4. start lda again      ip netns exec %[1]slda %[36]s run -config %[37]s >>%[38]s 2>&1 &
        (it takes traffic back after its warm-up: a full sync from ldb, then BGP)
@@ -470,9 +470,10 @@ in network namespaces %[1]s*, configured through controld
 // sessions, merge paths on in the kernel protocol) and runs bird in ns with its
 // control socket at sock; it returns once bird answers there.
 func (st *site) startBird(ctx context.Context, s *stack, ns *netNS, sock string) error {
-	c := bird.Config{RouterID: l4RouterIP, Address: l4RouterIP, AS: l4RouterAS, HoldTime: l4HoldTime}
+	c := bird.Config{RouterID: l4RouterIP, Address: l4RouterIP, AS: l4RouterAS, HoldTime: l4HoldTime,
+		BFD: &bird.BFD{MinRx: 300 * time.Millisecond, MinTx: 300 * time.Millisecond, Multiplier: 3}}
 	for _, ld := range l4LDs {
-		c.Peers = append(c.Peers, bird.Peer{Name: ld.label, Address: ld.session, AS: l4LDAS})
+		c.Peers = append(c.Peers, bird.Peer{Name: ld.label, Address: ld.session, AS: l4LDAS, BFD: true})
 	}
 	text, err := c.Render()
 	if err != nil {
@@ -546,6 +547,7 @@ bgp:   # the rules' VIPs announced, next hop x0's address; asn and peers until c
   asn: %d
   withdraw_delay: 1s
   check_interval: 200ms
+  bfd: {enabled: true, min_tx: 300ms, min_rx: 300ms, multiplier: 3}   # the router drops a dead or hung LD in 0.9 s
   peers:
     - {address: %s, as: %d, hold_time: %ds, connect_retry: 1s}
 `, filepath.Join(st.dir, "stack.yaml"), stateDir, st.controlSection(ld.label), l4AdminAt, l4ClusterID,
