@@ -69,8 +69,11 @@ type kernelSynproxyResult struct {
 	// (SYNs the synproxy statement handled), SynAcks the packets the proxy's veth end
 	// transmitted (the cookie SYN-ACKs), FloodRx those the flood's end received.
 	SynReceived uint64 `json:"syn_received"`
-	SynAcks     uint64 `json:"synacks_sent"`
-	FloodRx     uint64 `json:"flood_end_received"`
+	// SynOnProxyCPU is the share of SynReceived counted on ProxyCPU: the SYN proxy
+	// ran there (RPS), not on the flood's core.
+	SynOnProxyCPU float64 `json:"syn_received_on_proxy_cpu_share"`
+	SynAcks       uint64  `json:"synacks_sent"`
+	FloodRx       uint64  `json:"flood_end_received"`
 	// Softirq, System and Irq are ProxyCPU's time in each state during the window
 	// (/proc/stat, tick-sampled), in seconds; BaselineSoftirq its softirq share before
 	// the flood, over half a second.
@@ -214,6 +217,7 @@ func ticks(n uint64) float64 { return float64(n) / userHZ }
 // nsCounters are the proxy namespace's counters read at one moment.
 type nsCounters struct {
 	synReceived uint64 // /proc/net/stat/synproxy syn_received, all CPUs
+	synOnProxy  uint64 // the same, on the proxy's CPU
 	proxyTx     uint64 // ksp0's transmitted packets
 	floodRx     uint64 // kfl0's received packets
 }
@@ -237,11 +241,12 @@ func readNetDev(text, dev string) (rx, tx uint64, err error) {
 	return 0, 0, fmt.Errorf("/proc/net/dev has no %s", dev)
 }
 
-// parseSynproxyStat sums syn_received over the CPUs of /proc/net/stat/synproxy.
-func parseSynproxyStat(text string) (uint64, error) {
+// parseSynproxyStat returns syn_received of each CPU of /proc/net/stat/synproxy (a
+// line per possible CPU, in order).
+func parseSynproxyStat(text string) ([]uint64, error) {
 	lines := strings.Split(strings.TrimSpace(text), "\n")
 	if len(lines) < 2 {
-		return 0, fmt.Errorf("/proc/net/stat/synproxy: %q", text)
+		return nil, fmt.Errorf("/proc/net/stat/synproxy: %q", text)
 	}
 	head := strings.Fields(lines[0])
 	col := -1
@@ -251,21 +256,21 @@ func parseSynproxyStat(text string) (uint64, error) {
 		}
 	}
 	if col < 0 {
-		return 0, fmt.Errorf("/proc/net/stat/synproxy has no syn_received column: %q", lines[0])
+		return nil, fmt.Errorf("/proc/net/stat/synproxy has no syn_received column: %q", lines[0])
 	}
-	var sum uint64
+	var per []uint64
 	for _, l := range lines[1:] {
 		f := strings.Fields(l)
 		if len(f) <= col {
-			return 0, fmt.Errorf("/proc/net/stat/synproxy: short line %q", l)
+			return nil, fmt.Errorf("/proc/net/stat/synproxy: short line %q", l)
 		}
 		n, err := strconv.ParseUint(f[col], 16, 64)
 		if err != nil {
-			return 0, fmt.Errorf("/proc/net/stat/synproxy: %q: %w", f[col], err)
+			return nil, fmt.Errorf("/proc/net/stat/synproxy: %q: %w", f[col], err)
 		}
-		sum += n
+		per = append(per, n)
 	}
-	return sum, nil
+	return per, nil
 }
 
 // counters reads the proxy's and the flood end's counters, each from inside its
@@ -276,8 +281,15 @@ func (t *ksTopo) counters() (c nsCounters, err error) {
 		if err != nil {
 			return err
 		}
-		if c.synReceived, err = parseSynproxyStat(string(b)); err != nil {
+		per, err := parseSynproxyStat(string(b))
+		if err != nil {
 			return err
+		}
+		for cpu, n := range per {
+			c.synReceived += n
+			if cpu == t.proxyCPU {
+				c.synOnProxy += n
+			}
 		}
 		if b, err = os.ReadFile("/proc/thread-self/net/dev"); err != nil {
 			return err
@@ -423,6 +435,9 @@ func (t *ksTopo) measure(ctx context.Context, d time.Duration) (*kernelSynproxyR
 	res.FloodSent = fd.st.Sent
 	res.FloodKpps = fd.st.Rate() / 1e3
 	res.SynReceived = c1.synReceived - c0.synReceived
+	if res.SynReceived > 0 {
+		res.SynOnProxyCPU = float64(c1.synOnProxy-c0.synOnProxy) / float64(res.SynReceived)
+	}
 	res.SynAcks = c1.proxyTx - c0.proxyTx
 	res.FloodRx = c1.floodRx - c0.floodRx
 	res.Softirq = ticks(p1.softirq - p0.softirq)
@@ -434,6 +449,8 @@ func (t *ksTopo) measure(ctx context.Context, d time.Duration) (*kernelSynproxyR
 	case res.SynAcks == 0 || res.SynReceived == 0:
 		return res, fmt.Errorf("the kernel's SYN proxy answered nothing: %d SYNs handled, %d SYN-ACKs sent (%d flood frames sent)",
 			res.SynReceived, res.SynAcks, res.FloodSent)
+	case res.SynOnProxyCPU < 0.99:
+		return res, fmt.Errorf("only %.1f%% of the SYNs were handled on CPU %d, where RPS should steer them all", 100*res.SynOnProxyCPU, res.ProxyCPU)
 	case res.KernelCPU <= 0:
 		return res, fmt.Errorf("no softirq time on CPU %d while the SYN proxy sent %d SYN-ACKs", res.ProxyCPU, res.SynAcks)
 	}

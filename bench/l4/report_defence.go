@@ -80,9 +80,10 @@ func defenceTable(w io.Writer, r *results, s *summary) float64 {
 			fmt.Fprintf(w, "(IP, nftables, synproxy, the SYN-ACK's routing and transmission) to CPU %d, and RPS on the flood's end sends\n", k.ProxyCPU)
 			fmt.Fprintf(w, "the SYN-ACKs' reception (dropped at once: addressed to a MAC nobody has) back to CPU %d. Counted: packets the\n", k.FloodCPU)
 			fmt.Fprintf(w, "proxy's veth end transmitted (the SYN-ACKs; /proc/net/stat/synproxy syn_received and the flood end's\n")
-			fmt.Fprintf(w, "receive count agree with it, in the JSON), per second of CPU %d's softirq time in /proc/stat (tick-sampled;\n", k.ProxyCPU)
-			fmt.Fprintf(w, "its softirq share before each flood, over 0.5 s, subtracted). CPU busy: CPU %d's busy share meanwhile, all\n", k.ProxyCPU)
-			fmt.Fprintf(w, "processes included; below 100%% the flood, not the kernel, set the pace.\n")
+			fmt.Fprintf(w, "receive count agree with it, in the JSON; %.1f%% of syn_received was counted on CPU %d), per second of\n", 100*k.SynOnProxyCPU, k.ProxyCPU)
+			fmt.Fprintf(w, "CPU %d's softirq time in /proc/stat (tick-sampled; its softirq share before each flood, over 0.5 s,\n", k.ProxyCPU)
+			fmt.Fprintf(w, "subtracted). CPU busy: CPU %d's busy share meanwhile, all processes included; below 100%% the flood, not\n", k.ProxyCPU)
+			fmt.Fprintf(w, "the kernel, set the pace.\n")
 		} else if sp.KernelErr != "" {
 			fmt.Fprintf(w, "kernel peer not measured: %s\n", sp.KernelErr)
 		}
