@@ -13,6 +13,8 @@ DEB_PACKAGES := softhsm2 opensc libdpdk-dev pkg-config openssl iproute2 curl pro
 DEMO_DIR   ?= $(CURDIR)/.demo
 # More tgdemo flags: make demo DEMO_FLAGS="-duration 30s"
 DEMO_FLAGS ?=
+# bench-l4 flags, e.g. only the defence rows: make bench-l4 BENCH_L4_FLAGS="-phases defence"
+BENCH_L4_FLAGS ?=
 TEST_TIMEOUT ?= 40m
 
 # Patches to the standard library (stdpatch/, see its doc.go): a `go build -overlay`
@@ -120,7 +122,7 @@ bench-policy: deps build
 	$(GO) run ./bench/policy
 
 bench-l4: deps build
-	$(GO) run ./bench/l4
+	$(GO) run ./bench/l4 $(BENCH_L4_FLAGS)
 
 bench-l4-cluster: deps build
 	$(GO) run ./bench/l4cluster
