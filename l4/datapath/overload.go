@@ -266,21 +266,43 @@ func (o *ovShared) loadShare(i int) float64 { return math.Float64frombits(o.load
 // ovControl is the control goroutine's part: the controllers and the counters as
 // last read.
 type ovControl struct {
-	cfg       OverloadConfig
-	limits    []ovRuleQuota // static limits by rule ID, from the config
-	names     []string      // rule names by rule ID
-	weights   []float64     // by rule ID
-	conns     *overload.Controller
-	pkts      *overload.Controller
-	last      time.Time
-	prevBusy  []int64
-	prevFwd   uint64
-	prevNew   []uint64 // by rule ID: new flows, limit and quota drops, packets, packet drops
-	prevDrop  []uint64
-	prevPkts  []uint64
-	prevPDrop []uint64
+	cfg     OverloadConfig
+	limits  []ovRuleQuota // static limits by rule ID, from the config
+	names   []string      // rule names by rule ID
+	weights []float64     // by rule ID
+	conns   *overload.Controller
+	pkts    *overload.Controller
+	last    time.Time
+	prev    []ovPrev // by worker: its counters as last read
 	// the quotas last published, by rule ID, kept across a new configuration
 	lastConns, lastPkts map[int]float64
+}
+
+// ovPrev is one worker's counters as the control goroutine last read them.
+type ovPrev struct {
+	at, busy int64
+	fwd      uint64
+	rules    []ovRuleCounts // by rule ID
+}
+
+// ovRuleCounts are a rule's counters in one worker.
+type ovRuleCounts struct {
+	newFlows, drops, pkts, pdrops uint64
+}
+
+// ovRates are what the workers did per second since the last read: each worker's
+// counters over the time between its own publications (every publishEvery), so that
+// an interval that saw one publication more or less than the last is not misread.
+type ovRates struct {
+	fwd  float64 // packets forwarded per second, both directions
+	busy float64 // the busiest worker's busy share
+	fill float64 // the fullest worker's connection-table fill
+	// by rule ID: new flows admitted and refused, packets forwarded and refused, per second
+	rules []ovRuleRates
+}
+
+type ovRuleRates struct {
+	newFlows, drops, pkts, pdrops float64
 }
 
 // workerOverload is a worker's part: the buckets it enforces and its counters.
@@ -313,6 +335,7 @@ type ovWorkerRule struct {
 // ovPublished mirrors a worker's overload counters for the control goroutine and
 // metrics.
 type ovPublished struct {
+	at     atomic.Int64 // the worker's clock (mono) when it last published
 	busyNs atomic.Int64
 	drops  [maxRules][numOvKinds]atomic.Uint64
 	conns  [maxRules]atomic.Uint32
@@ -429,6 +452,7 @@ func (w *worker) ovPublish(s *snapshot) {
 		}
 		o.pub.conns[id].Store(w.table.RuleConns(uint16(id)))
 	}
+	o.pub.at.Store(w.mono)
 }
 
 // ovApply takes a new configuration: the rules' static limits and weights, and the
@@ -461,12 +485,13 @@ func (c *control) ovApply() {
 		oc.conns, oc.pkts = overload.NewController(p), overload.NewController(p)
 	}
 	oc.conns.P, oc.pkts.P = p, p
-	if oc.prevNew == nil {
-		oc.prevNew = make([]uint64, maxRules)
-		oc.prevDrop = make([]uint64, maxRules)
-		oc.prevPkts = make([]uint64, maxRules)
-		oc.prevPDrop = make([]uint64, maxRules)
-		oc.prevBusy = make([]int64, len(c.d.workers))
+	if oc.prev == nil {
+		oc.prev = make([]ovPrev, len(c.d.workers))
+	}
+	for i := range oc.prev {
+		if len(oc.prev[i].rules) < n {
+			oc.prev[i].rules = append(oc.prev[i].rules, make([]ovRuleCounts, n-len(oc.prev[i].rules))...)
+		}
 	}
 	prot := false
 	if q := c.d.ov.q.Load(); q != nil && oc.cfg.enabled() {
@@ -513,7 +538,7 @@ func (c *control) ovTick(now time.Time) {
 	}
 	if oc.last.IsZero() {
 		oc.last = now
-		c.ovRead(nil)
+		c.ovRead(controlTick)
 		return
 	}
 	dt := now.Sub(oc.last)
@@ -521,22 +546,19 @@ func (c *control) ovTick(now time.Time) {
 		return
 	}
 	oc.last = now
-	var load overload.Load
+	rates := c.ovRead(dt)
 	var rules, prules []overload.Rule
-	fwd, busy, fill := c.ovRead(func(id int, newFlows, drops, pkts, pdrops uint64) {
-		sec := dt.Seconds()
-		rules = append(rules, overload.Rule{ID: id, Weight: oc.weights[id],
-			Demand: float64(newFlows+drops) / sec, Admitted: float64(newFlows) / sec})
-		prules = append(prules, overload.Rule{ID: id, Weight: oc.weights[id],
-			Demand: float64(pkts+pdrops) / sec, Admitted: float64(pkts) / sec})
-	})
-	for _, b := range busy {
-		load.Busy = max(load.Busy, float64(b)/float64(dt))
+	for id, name := range oc.names {
+		if name == "" {
+			continue
+		}
+		rr := rates.rules[id]
+		rules = append(rules, overload.Rule{ID: id, Weight: oc.weights[id], Demand: rr.newFlows + rr.drops, Admitted: rr.newFlows})
+		prules = append(prules, overload.Rule{ID: id, Weight: oc.weights[id], Demand: rr.pkts + rr.pdrops, Admitted: rr.pkts})
 	}
-	load.Busy = min(load.Busy, 1)
-	load.Table = fill
+	load := overload.Load{Busy: min(rates.busy, 1), Table: rates.fill}
 	if oc.cfg.CapacityPPS > 0 {
-		load.PPS = float64(fwd) / dt.Seconds() / float64(oc.cfg.CapacityPPS)
+		load.PPS = rates.fwd / float64(oc.cfg.CapacityPPS)
 	}
 	sig := [ovSignalCount]float64{load.Busy, load.Table, load.PPS}
 	var counted overload.Load
@@ -586,41 +608,49 @@ func (c *control) ovTick(now time.Time) {
 	c.ovPublish(true, conns, pkts)
 }
 
-// ovRead sums the workers' published counters, calls rule for each rule with what
-// changed since the last read, and returns the packets forwarded since then, each
-// worker's busy nanoseconds since then, and the fullest worker's table fill.
-func (c *control) ovRead(rule func(id int, newFlows, drops, pkts, pdrops uint64)) (fwd uint64, busy []int64, fill float64) {
+// ovRead reads the workers' published counters and returns what they did per second
+// since the last read. A worker that has not published since counts over fallback.
+func (c *control) ovRead(fallback time.Duration) ovRates {
 	oc := &c.d.ov.ctl
-	var total uint64
-	busy = make([]int64, len(c.d.workers))
+	r := ovRates{rules: make([]ovRuleRates, len(oc.names))}
 	for i, w := range c.d.workers {
-		total += w.pub.packets[dirIn][resForwarded].Load() + w.pub.packets[dirOut][resForwarded].Load()
+		pv := &oc.prev[i]
+		at := w.ov.pub.at.Load()
+		dt := float64(fallback)
+		if at > pv.at {
+			dt = float64(at - pv.at)
+		}
+		pv.at = at
+		sec := dt / float64(time.Second)
+		fwd := w.pub.packets[dirIn][resForwarded].Load() + w.pub.packets[dirOut][resForwarded].Load()
+		r.fwd += float64(fwd-pv.fwd) / sec
+		pv.fwd = fwd
 		b := w.ov.pub.busyNs.Load()
-		busy[i] = b - oc.prevBusy[i]
-		oc.prevBusy[i] = b
+		r.busy = max(r.busy, float64(b-pv.busy)/dt)
+		pv.busy = b
 		if capa := w.table.Cap(); capa > 0 {
-			fill = max(fill, float64(w.pub.tableLen.Load())/float64(capa))
+			r.fill = max(r.fill, float64(w.pub.tableLen.Load())/float64(capa))
+		}
+		for id, name := range oc.names {
+			if name == "" || id >= len(pv.rules) {
+				continue
+			}
+			now := ovRuleCounts{
+				newFlows: w.pub.newFlows[id].Load(),
+				drops:    w.ov.pub.drops[id][ovKindLimit].Load() + w.ov.pub.drops[id][ovKindQuota].Load(),
+				pkts:     w.pub.rule[id].Load(),
+				pdrops:   w.ov.pub.drops[id][ovKindPacket].Load(),
+			}
+			p := pv.rules[id]
+			rr := &r.rules[id]
+			rr.newFlows += float64(now.newFlows-p.newFlows) / sec
+			rr.drops += float64(now.drops-p.drops) / sec
+			rr.pkts += float64(now.pkts-p.pkts) / sec
+			rr.pdrops += float64(now.pdrops-p.pdrops) / sec
+			pv.rules[id] = now
 		}
 	}
-	fwd = total - oc.prevFwd
-	oc.prevFwd = total
-	for id, name := range oc.names {
-		if name == "" {
-			continue
-		}
-		var nf, dr, pk, pd uint64
-		for _, w := range c.d.workers {
-			nf += w.pub.newFlows[id].Load()
-			pk += w.pub.rule[id].Load()
-			dr += w.ov.pub.drops[id][ovKindLimit].Load() + w.ov.pub.drops[id][ovKindQuota].Load()
-			pd += w.ov.pub.drops[id][ovKindPacket].Load()
-		}
-		if rule != nil {
-			rule(id, nf-oc.prevNew[id], dr-oc.prevDrop[id], pk-oc.prevPkts[id], pd-oc.prevPDrop[id])
-		}
-		oc.prevNew[id], oc.prevDrop[id], oc.prevPkts[id], oc.prevPDrop[id] = nf, dr, pk, pd
-	}
-	return fwd, busy, fill
+	return r
 }
 
 // OverloadStatus is the overload protection's view in Status.
