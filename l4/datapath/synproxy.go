@@ -34,7 +34,10 @@ import (
 // completes the member's handshake, so the first request waits one round trip to
 // the member and not the client's retransmission timer (200 ms or more). A second
 // packet while the connection is pending, or one whose slot another connection's
-// packet takes, is dropped (synproxy_wait) and sent again by the client.
+// packet takes, is dropped (synproxy_wait) and sent again by the client. The
+// client's retransmission of its first segment while still pending (the SYN to the
+// member, or its SYN-ACK, was lost) makes the LD send the member its SYN again: that
+// segment carries the cookie as the ACK did.
 //
 // A rule's mode: "on" proxies every new connection; "auto" proxies the new
 // connections a worker sees while its table is SynProxyConfig.AutoOn or more half-open
@@ -349,9 +352,13 @@ func (w *worker) synproxyIn(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 			// The member failed its health check: a new flow (flowMember's rule).
 			w.table.Delete(&k, h)
 		case px.Flags&conntrack.ProxyPending != 0:
-			if !w.pxHold(&k, h, b) {
-				w.count(dirIn, resSynProxyWait)
+			if w.pxHold(&k, h, b) {
+				return vDrop
 			}
+			if v, ok := w.pxResyn(s, b, frame, p, r, id); ok {
+				return v
+			}
+			w.count(dirIn, resSynProxyWait)
 			return vDrop
 		default:
 			// A proxied connection stays with its member: another has never seen
@@ -499,20 +506,57 @@ func (w *worker) pxOpen(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet
 	}
 	w.c.newFlows[r.id]++
 	px.c.conns++
-	win := uint32(st.Win)
-	if st.Flags&conntrack.ProxyWScale != 0 {
+	if !w.pxSyn(b, p, seq, mss, neg, &o) {
+		w.table.Delete(k, h)
+		w.count(dirIn, resMalformed)
+		return vDrop, true
+	}
+	return w.forward(s, b, p, r, id), true
+}
+
+// pxSyn turns the client's packet in b (seq its sequence number, the client's ISN +
+// 1; o its options) into the SYN to the member, with the MSS and options the cookie
+// kept; false when it does not fit the buffer.
+func (w *worker) pxSyn(b *port.Buf, p *packet.Packet, seq uint32, mss uint16, neg synproxy.Negotiated, o *synproxy.Options) bool {
+	win := uint32(binary.BigEndian.Uint16(b.Data[b.Off+p.L4+14:]))
+	if o.HasTS() && neg.HasWScale {
 		win <<= neg.WScale
 	}
 	end, err := synproxy.WriteSyn(b.Data[b.Off:], p, &synproxy.Syn{ISN: seq - 1, Window: uint16(min(win, 0xffff)), MSS: mss,
 		Negotiated: neg, HasTS: o.HasTS(), TSval: o.TSval})
 	if err != nil {
-		w.table.Delete(k, h)
-		w.count(dirIn, resMalformed)
-		return vDrop, true
+		return false
 	}
 	b.Len = end
 	p.End = end
 	p.TCPFlags = packet.TCPSyn
+	return true
+}
+
+// pxResyn answers a client's packet that comes again while its connection is
+// pending (a retransmission: the member has not answered, so the SYN to it, or its
+// SYN-ACK, may have been lost) by sending the member the SYN again, made from this
+// packet as from the first ACK: it carries the cookie too. false: not a packet that
+// checks (a later segment), which is dropped.
+func (w *worker) pxResyn(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet, r *rule, id uint16) (verdict, bool) {
+	px := w.px
+	t := frame[p.L4:p.End]
+	seq, ack := be32(t[4:]), be32(t[8:])
+	tu := pxTuple(p)
+	mss, ok := px.keys.Check(&tu, seq, ack, px.minute)
+	var o synproxy.Options
+	if !ok || synproxy.ParseOptions(t, &o) != nil {
+		return 0, false
+	}
+	var neg synproxy.Negotiated
+	if o.HasTS() {
+		if neg, ok = synproxy.DecodeTSecr(px.tsNow, o.TSecr); !ok {
+			return 0, false
+		}
+	}
+	if !w.pxSyn(b, p, seq, mss, neg, &o) {
+		return 0, false
+	}
 	return w.forward(s, b, p, r, id), true
 }
 

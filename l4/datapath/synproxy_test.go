@@ -188,6 +188,13 @@ func TestSynProxyHandshake(t *testing.T) {
 		r.ext.Inject(pxSeg(t, c.client, c.vip, sport, 443, isn+1, cookie+1, packet.TCPAck|packet.TCPPsh, 502, []layers.TCPOption{nop, nop, tsOpt(cTS+2, ldTS)}, []byte("hello")))
 		r.ext.Inject(pxSeg(t, c.client, c.vip, sport, 443, isn+6, cookie+1, packet.TCPAck|packet.TCPPsh, 502, []layers.TCPOption{nop, nop, tsOpt(cTS+2, ldTS)}, []byte("again")))
 		r.waitCount(dirIn, resSynProxyWait, uint64(i+1))
+		// The client sends its first segment again, the member still silent: the
+		// SYN goes to the member again.
+		r.ext.Inject(pxSeg(t, c.client, c.vip, sport, 443, isn+1, cookie+1, packet.TCPAck|packet.TCPPsh, 502, []layers.TCPOption{nop, nop, tsOpt(cTS+3, ldTS)}, []byte("hello")))
+		resyn := parseSeg(t, innerOf(t, waitSent(t, r.int, 1)[0]), 0)
+		if resyn.flags != packet.TCPSyn || resyn.seq != isn || resyn.o.TSval != cTS+3 || resyn.o.WScale != 7 || len(resyn.payload) != 0 {
+			t.Fatalf("SYN sent again %+v", resyn)
+		}
 
 		// The member's SYN-ACK (window scale 9) is answered with the ACK that
 		// completes its handshake, and goes no further; the held data follows.
