@@ -257,8 +257,9 @@ func TestHealthAndMetrics(t *testing.T) {
 		`tiergate_l4_port_link_up{port="external"} 1`,
 		`tiergate_l4_member_up{member="b",pool="l7"} 1`,
 		`tiergate_l4_connections 0`,
+		`tiergate_l4_overload_state 0`,
 		"go_goroutines")
-	td.want("GET", "/status", "", 200, `"name": "web"`, `"vip": "203.0.113.10"`)
+	td.want("GET", "/status", "", 200, `"name": "web"`, `"vip": "203.0.113.10"`, `"overload": {`, `"state": "normal"`)
 }
 
 // TestLameDuck stops l4d with a lame_duck delay: /healthz answers 503 "shutting
