@@ -97,7 +97,9 @@ type SynProxyConfig struct {
 	WScale uint8 `yaml:"wscale" json:"wscale,omitempty"`
 	// Secret is what the cookie keys are derived from: LDs that share it accept each
 	// other's cookies (a client's ACK that an ECMP change sends to another LD).
-	// Default: random at start, this LD's own.
+	// Changing it (or Rotate) on reload invalidates the cookies in flight: those
+	// clients' ACKs are dropped as bad cookies and they connect again. Default:
+	// random at start, this LD's own.
 	Secret string `yaml:"secret" json:"secret,omitempty"`
 	// Rotate is how often the cookie key changes; a cookie made under the previous
 	// key still checks. At least 3m. Default 1h.
