@@ -443,3 +443,74 @@ func TestSynProxyRuleLimit(t *testing.T) {
 		t.Fatalf("%d more SYNs to members past the limit", n)
 	}
 }
+
+// FuzzSynProxyHandle feeds arbitrary frames to a worker whose rule is proxied, from a
+// seed corpus that walks a proxied connection (SYN, cookie ACK, the member's SYN-ACK,
+// data both ways, an ICMP error): it must never panic, and every frame it sends must
+// parse.
+func FuzzSynProxyHandle(f *testing.F) {
+	cfg := testConfig()
+	cfg.Rules[0].SynProxy = SynProxyOn
+	cfg.External.GatewayMAC = packet.MAC(gwMAC)
+	p := cfg.Pools["l7"]
+	for i := range p.Members {
+		p.Members[i].MAC = packet.MAC(memberMAC[p.Members[i].Address.String()])
+	}
+	cfg.Pools["l7"] = p
+	cfg.Conntrack.Capacity = 1024
+	d, err := NewDistributor(cfg, Options{External: port.NewMem("ext", extMAC, 2, 64, 2048), Internal: port.NewMem("int", intMAC, 2, 64, 2048)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	w, s := d.workers[0], d.snap.Load()
+	w.resync(s)
+	t := &testing.T{}
+	const isn = 1000
+	opts := []layers.TCPOption{{OptionType: layers.TCPOptionKindMSS, OptionLength: 4, OptionData: []byte{0x05, 0xb4}},
+		{OptionType: layers.TCPOptionKindSACKPermitted, OptionLength: 2}, tsOpt(5, 0), nop,
+		{OptionType: layers.TCPOptionKindWindowScale, OptionLength: 3, OptionData: []byte{7}}}
+	tu := synproxy.Tuple{Src: client.As16(), Dst: vip.As16(), SrcPort: 40000, DstPort: 443}
+	cookie := w.px.keys.Cookie(&tu, isn, w.px.minute, 3)
+	ts := synproxy.CookieTSval(w.px.tsNow, synproxy.Negotiated{WScale: 7, HasWScale: true, SACK: true})
+	member := netip.MustParseAddr("198.18.1.11")
+	back := pxSeg(t, vip, client, 443, 40000, 7001, isn+1, packet.TCPAck, 100, []layers.TCPOption{nop, nop, tsOpt(90, 6)}, []byte("data"))
+	for _, fr := range [][]byte{
+		pxSeg(t, client, vip, 40000, 443, isn, 0, packet.TCPSyn, 64240, opts, nil),
+		pxSeg(t, client6, vip6, 40000, 443, isn, 0, packet.TCPSyn, 64240, opts, nil),
+		pxSeg(t, client, vip, 40000, 443, isn+1, cookie+1, packet.TCPAck, 502, []layers.TCPOption{nop, nop, tsOpt(6, ts)}, nil),
+		pxSeg(t, client, vip, 40000, 443, isn+1, cookie+1, packet.TCPAck|packet.TCPPsh, 502, []layers.TCPOption{nop, nop, tsOpt(6, ts)}, []byte("hi")),
+		grePx(t, member, pxSeg(t, vip, client, 443, 40000, 7000, isn+1, packet.TCPSyn|packet.TCPAck, 65160, opts, nil)[14:]),
+		grePx(t, member, back[14:]),
+		pxSeg(t, client, vip, 40000, 443, isn+3, cookie+1, packet.TCPAck, 502, []layers.TCPOption{nop, nop, tsOpt(7, ts),
+			{OptionType: layers.TCPOptionKindSACK, OptionLength: 10, OptionData: []byte{0, 0, 0, 1, 0, 0, 0, 2}}}, nil),
+		pxTooBig(t, vip, back[14:]),
+	} {
+		f.Add(fr, fr[12] != 0x08 || fr[23] != 47)
+	}
+	buf := port.Buf{Data: make([]byte, 4096)}
+	f.Fuzz(func(t *testing.T, frame []byte, fromExt bool) {
+		if len(frame) > 4096-256 {
+			return
+		}
+		buf.Off, buf.Len = 256, copy(buf.Data[256:], frame)
+		w.txInt = w.txInt[:0]
+		w.txIntMeta = w.txIntMeta[:0]
+		switch v := w.handleFrame(s, &buf, fromExt); v {
+		case vExt, vInt, vBack:
+			if buf.Off < 0 || buf.Off+buf.Len > len(buf.Data) {
+				t.Fatalf("verdict %d with frame [%d:%d] outside the buffer", v, buf.Off, buf.Off+buf.Len)
+			}
+			var p packet.Packet
+			if err := packet.Parse(buf.Data[buf.Off:buf.Off+buf.Len], &p); err != nil {
+				t.Fatalf("verdict %d: the frame sent does not parse: %v", v, err)
+			}
+		}
+		for _, b := range w.txInt {
+			var p packet.Packet
+			if err := packet.Parse(b.Data[b.Off:b.Off+b.Len], &p); err != nil {
+				t.Fatalf("a held packet sent does not parse: %v", err)
+			}
+			w.int.Free([]port.Buf{b})
+		}
+	})
+}
