@@ -345,6 +345,11 @@ func (w *worker) synproxyIn(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 	if ok {
 		px := w.table.Proxy(ref)
 		switch {
+		case px != nil && p.TCPFlags&(packet.TCPSyn|packet.TCPAck) == packet.TCPSyn:
+			// A SYN on a proxied connection's entry: the client opens a new one
+			// from the same port (the old one closed). Its translation is not the
+			// new one's: the entry goes, and the SYN is a new flow's.
+			w.table.Delete(&k, h)
 		case px == nil:
 			if int(id) < len(s.members) {
 				if m := s.members[id]; m != nil && (m.up || m.retired || m.drained) {

@@ -235,7 +235,6 @@ func TestSynProxyHandshake(t *testing.T) {
 		if n := len(r.ext.Drain()); n != 0 {
 			t.Fatalf("%d more frames to the client (the member's SYN-ACK?)", n)
 		}
-
 		// A router on the client's path finds the member's segment too big: its
 		// error reaches the member quoting the member's own sequence number.
 		r.ext.Inject(pxTooBig(t, c.vip, back[14:]))
@@ -251,12 +250,22 @@ func TestSynProxyHandshake(t *testing.T) {
 		if q := binary.BigEndian.Uint32(ic[quoted.L4+4:]); q != mISN+1 {
 			t.Fatalf("the ICMP error quotes sequence number %d, want the member's %d", q, mISN+1)
 		}
+		// A new SYN from the same port (the connection over, the port reused) is
+		// answered with a new cookie, not translated to the member.
+		r.ext.Inject(pxSeg(t, c.client, c.vip, sport, 443, 12345, 0, packet.TCPSyn, 64240, synOpts, nil))
+		if sa2 := parseSeg(t, waitSent(t, r.ext, 1)[0], 14); sa2.flags != packet.TCPSyn|packet.TCPAck || sa2.ack != 12346 {
+			t.Fatalf("answer to the port's new SYN %+v", sa2)
+		}
+		if n := len(r.int.Drain()); n != 0 {
+			t.Fatalf("the port's new SYN reached the member (%d frames)", n)
+		}
+
 	}
 	deadline := time.Now().Add(3 * time.Second)
-	for r.d.SynProxyStats().Connections < 2 && time.Now().Before(deadline) {
+	for (r.d.SynProxyStats().Connections < 2 || r.d.SynProxyStats().CookiesSent < 4) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if st := r.d.SynProxyStats(); st.CookiesSent != 2 || st.CookiesOK != 2 || st.CookiesBad != 2 || st.Connections != 2 {
+	if st := r.d.SynProxyStats(); st.CookiesSent != 4 || st.CookiesOK != 2 || st.CookiesBad != 2 || st.Connections != 2 {
 		t.Fatalf("stats %+v", st)
 	}
 }
