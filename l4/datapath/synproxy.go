@@ -356,8 +356,13 @@ func (w *worker) synproxyIn(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 					return w.forward(s, b, p, r, id)
 				}
 			}
-			// The member failed its health check: a new flow (flowMember's rule).
+			// The member failed its health check: the flow goes to a live member
+			// (flowMember's rule), whose answer the client hears at once; only a
+			// SYN is a new connection for the proxy.
 			w.table.Delete(&k, h)
+			if p.TCPFlags&(packet.TCPSyn|packet.TCPAck) != packet.TCPSyn {
+				return w.pxPlain(s, b, p, r, h)
+			}
 		case px.Flags&conntrack.ProxyPending != 0:
 			if w.pxHold(&k, h, b) {
 				return vDrop
@@ -397,6 +402,11 @@ func (w *worker) synproxyIn(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 			return vDrop
 		}
 	}
+	return w.pxPlain(s, b, p, r, h)
+}
+
+// pxPlain handles p as a rule without the proxy does.
+func (w *worker) pxPlain(s *snapshot, b *port.Buf, p *packet.Packet, r *rule, h uint64) verdict {
 	id, res := w.flowMember(s, r, p, p.Src, p.SrcPort, h)
 	if res != resForwarded {
 		w.count(dirIn, res)
