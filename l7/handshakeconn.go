@@ -88,6 +88,12 @@ func (c *handshakeConn) Read(p []byte) (int, error) {
 		// that expired.
 		_ = c.Conn.SetReadDeadline(time.Now().Add(time.Millisecond))
 		n, err = c.Conn.Read(p)
+		if n > 0 {
+			// The bytes came in time; how much of the budget they left is not
+			// known: the slack, from now.
+			c.deadline, c.owed = time.Now().Add(c.slack), 0
+			_ = c.Conn.SetDeadline(c.deadline)
+		}
 	}
 	c.last = time.Now()
 	return n, err
