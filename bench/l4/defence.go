@@ -270,8 +270,9 @@ func runSynproxyRows(ctx context.Context, o *options, log *slog.Logger) (*synpro
 	if failed != nil {
 		return res, failed
 	}
-	if !haveLD && kt == nil {
-		return res, fmt.Errorf("neither side measured: %s; kernel: %s", res.LDErr, res.KernelErr)
+	if kt == nil {
+		// The LD's rows are shown, but the comparison the rows exist for is missing.
+		return res, fmt.Errorf("the kernel's SYN proxy: %s", res.KernelErr)
 	}
 	if res.ToMembers != 0 {
 		return res, fmt.Errorf("%d frames of the spoofed SYN flood reached the members", res.ToMembers)
@@ -304,6 +305,9 @@ func ldCookieRound(ctx context.Context, cfg datapath.Config, set *frameSet, d ti
 	if err != nil {
 		return p, err
 	}
+	if err := checkAnswered(r, rx0, answered0); err != nil {
+		return p, err
+	}
 	if err := checkSynAck(r.ext, set); err != nil {
 		return p, fmt.Errorf("%s: the first SYN-ACK: %w", r.name, err)
 	}
@@ -311,6 +315,16 @@ func ldCookieRound(ctx context.Context, cfg datapath.Config, set *frameSet, d ti
 		return p, fmt.Errorf("%s: the spoofed SYNs left %d entries in the table", r.name, st.Conns)
 	}
 	return p, nil
+}
+
+// checkAnswered checks that r's worker answered every SYN it received since rx0 (its
+// external port's receive count then) with a SYN-ACK (tx0, its transmit count).
+func checkAnswered(r *rig, rx0, tx0 uint64) error {
+	if rx, tx := r.ext.rx.Load()-rx0, r.ext.tx.Load()-tx0; rx != tx {
+		return fmt.Errorf("%s: %d spoofed SYNs received, %d SYN-ACKs sent (datapath counts: %s)", r.name, rx, tx,
+			formatCounts(r.d.Status().Packets))
+	}
+	return nil
 }
 
 // checkSynAck checks the frame m sampled: a SYN-ACK from the VIP answering one of the

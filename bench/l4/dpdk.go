@@ -333,9 +333,12 @@ func (e *dpdkEnv) runRingCookies(ctx context.Context, o *options, log *slog.Logg
 		}
 	}()
 	for range o.defRounds {
-		members0 := r.int.tx.Load()
+		members0, rx0, tx0 := r.int.tx.Load(), r.ext.rx.Load(), r.ext.tx.Load()
 		p, err := r.timedCount(ctx, set, o.defDuration, &r.ext.tx, r.ext, false, nil)
 		if err != nil {
+			return res, err
+		}
+		if err := checkAnswered(r, rx0, tx0); err != nil {
 			return res, err
 		}
 		if err := checkSynAck(r.ext, set); err != nil {

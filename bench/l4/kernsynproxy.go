@@ -314,8 +314,13 @@ func (t *ksTopo) counters() (c nsCounters, err error) {
 	return c, nil
 }
 
-// ksSettle is how long the flood runs before the window is measured.
-const ksSettle = 300 * time.Millisecond
+// ksSettle is how long the flood runs before the window is measured; the window
+// lasts until it holds ksMinCPU of the proxy's CPU time, at most ksMaxWindow.
+const (
+	ksSettle    = 300 * time.Millisecond
+	ksMinCPU    = 100 * time.Millisecond
+	ksMaxWindow = 10 * time.Second
+)
 
 // openKernelSynproxy builds the kernel peer's network with its SYN proxy, the flood
 // sent from CPU 0 and the proxy's receive path steered (RPS) to CPU 1.
@@ -388,7 +393,7 @@ func (t *ksTopo) measure(ctx context.Context, d time.Duration) (*kernelSynproxyR
 		st, err := synflood.Run(fctx, synflood.Config{
 			Iface: ifKFlood, Netns: nsPath(t.flood), DstMAC: t.proxyMAC,
 			Sources: ksSources, Dst: netip.AddrPortFrom(ksAddr.Addr(), ksPort),
-			Count: synflood.MaxCount, Duration: ksSettle + d + 5*time.Second,
+			Count: synflood.MaxCount, Duration: ksSettle + max(d, ksMaxWindow) + 5*time.Second,
 		})
 		if errors.Is(err, context.Canceled) && ctx.Err() == nil {
 			err = nil
@@ -421,6 +426,16 @@ func (t *ksTopo) measure(ctx context.Context, d time.Duration) (*kernelSynproxyR
 	var p1 cpuTimes
 	if err == nil {
 		p1, err = readCPUTimes(res.ProxyCPU)
+	}
+	// /proc/stat's softirq time is sampled by the tick: on a loaded machine a short
+	// window may hold few samples of the proxy's, or less than the baseline. Measure
+	// on, in steps of d, until it holds ksMinCPU of the proxy's net of the baseline
+	// (at most ksMaxWindow).
+	for err == nil && ticks(p1.softirq-p0.softirq)-res.BaselineSoftirq*time.Since(t0).Seconds() < ksMinCPU.Seconds() &&
+		time.Since(t0) < ksMaxWindow {
+		if err = sleepCtx(ctx, d); err == nil {
+			p1, err = readCPUTimes(res.ProxyCPU)
+		}
 	}
 	el := time.Since(t0)
 	var c1 nsCounters

@@ -83,7 +83,8 @@ func defenceTable(w io.Writer, r *results, s *summary) float64 {
 			fmt.Fprintf(w, "receive count agree with it, in the JSON; %.1f%% of syn_received was counted on CPU %d), per second of\n", 100*k.SynOnProxyCPU, k.ProxyCPU)
 			fmt.Fprintf(w, "CPU %d's softirq time in /proc/stat (tick-sampled; its softirq share before each flood, over 0.5 s,\n", k.ProxyCPU)
 			fmt.Fprintf(w, "subtracted). CPU busy: CPU %d's busy share meanwhile, all processes included; below 100%% the flood, not\n", k.ProxyCPU)
-			fmt.Fprintf(w, "the kernel, set the pace.\n")
+			fmt.Fprintf(w, "the kernel, set the pace. A window lasts -defence-duration, longer (at most %v) until it holds %v of the\n", ksMaxWindow, ksMinCPU)
+			fmt.Fprintf(w, "proxy's CPU time.\n")
 		} else if sp.KernelErr != "" {
 			fmt.Fprintf(w, "kernel peer not measured: %s\n", sp.KernelErr)
 		}
