@@ -30,7 +30,7 @@ import (
 //
 // The client's first data usually arrives right behind its ACK, before the member's
 // SYN-ACK: the worker holds one packet per pending connection (a copy, in a small
-// table of pxHeld slots), and sends it to the member right after the ACK that
+// table of pxHeld slots, one taken when the cookie checks), and sends it to the member right after the ACK that
 // completes the member's handshake, so the first request waits one round trip to
 // the member and not the client's retransmission timer (200 ms or more). A second
 // packet while the connection is pending, or one whose slot another connection's
@@ -243,10 +243,13 @@ const (
 )
 
 // pxHeldPkt is a client's packet held until its member answers.
+// The slot is taken when the connection's cookie checks (pxReserve), with the
+// client's first sequence number, and the packet copied into it later.
 type pxHeldPkt struct {
 	key  conntrack.Key
-	at   uint32 // table time it was held; 0: the slot is free
-	n    int
+	at   uint32 // table time it was taken; 0: the slot is free
+	seq  uint32 // the client's ISN + 1, from its cookie ACK
+	n    int    // 0: no packet held yet
 	data [pxHeldMax]byte
 }
 
@@ -367,7 +370,7 @@ func (w *worker) synproxyIn(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 			if w.pxHold(&k, h, b) {
 				return vDrop
 			}
-			if v, ok := w.pxResyn(s, b, frame, p, r, id); ok {
+			if v, ok := w.pxResyn(s, b, frame, p, r, id, &k, h); ok {
 				return v
 			}
 			w.count(dirIn, resSynProxyWait)
@@ -523,6 +526,7 @@ func (w *worker) pxOpen(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet
 	}
 	w.c.newFlows[r.id]++
 	px.c.conns++
+	w.pxReserve(k, h, seq)
 	if !w.pxSyn(b, p, seq, mss, neg, &o) {
 		w.table.Delete(k, h)
 		w.count(dirIn, resMalformed)
@@ -555,10 +559,15 @@ func (w *worker) pxSyn(b *port.Buf, p *packet.Packet, seq uint32, mss uint16, ne
 // SYN-ACK, may have been lost) by sending the member the SYN again, made from this
 // packet as from the first ACK: it carries the cookie too. false: not a packet that
 // checks (a later segment), which is dropped.
-func (w *worker) pxResyn(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet, r *rule, id uint16) (verdict, bool) {
+func (w *worker) pxResyn(s *snapshot, b *port.Buf, frame []byte, p *packet.Packet, r *rule, id uint16, k *conntrack.Key, h uint64) (verdict, bool) {
 	px := w.px
 	t := frame[p.L4:p.End]
 	seq, ack := be32(t[4:]), be32(t[8:])
+	// Only the client's first segment again: a later one would check as a cookie
+	// with another MSS now and then (the check tolerates a few units of the ISN).
+	if sl := w.pxSlot(k, h); sl == nil || sl.seq != seq {
+		return 0, false
+	}
 	tu := pxTuple(p)
 	mss, ok := px.keys.Check(&tu, seq, ack, px.minute)
 	var o synproxy.Options
@@ -802,22 +811,46 @@ func (w *worker) pxInstall(r *rule, k *conntrack.Key, h uint64, id uint16, e *se
 	return w.table.InstallProxy(k, h, id, e.State, e.TTL, w.now, e.Proxy)
 }
 
-// pxHold keeps a copy of the frame in b, a packet of the pending connection k, for
-// pxRelease, and reports whether it did: not when the connection has a packet held
-// already, or the frame is too large. A slot another connection's packet holds is
-// taken over once that packet is older than pxHeldAge (it is counted dropped then).
-func (w *worker) pxHold(k *conntrack.Key, h uint64, b *port.Buf) bool {
-	if w.px.held == nil || b.Len > pxHeldMax {
-		return false
+// pxReserve takes the slot of a connection whose cookie just checked, its client's
+// first sequence number seq, for pxHold and pxResyn. A slot another connection
+// holds is taken over once older than pxHeldAge (its packet, if any, counted
+// dropped).
+func (w *worker) pxReserve(k *conntrack.Key, h uint64, seq uint32) {
+	if w.px.held == nil {
+		return
 	}
 	sl := &w.px.held[h%pxHeld]
-	if sl.at != 0 {
-		if sl.key == *k || w.now-sl.at <= pxHeldAge {
-			return false
+	if sl.at != 0 && sl.key != *k {
+		if w.now-sl.at <= pxHeldAge {
+			return
 		}
-		w.c.packets[dirIn][resSynProxyWait]++
+		if sl.n != 0 {
+			w.c.packets[dirIn][resSynProxyWait]++
+		}
 	}
-	sl.key, sl.at, sl.n = *k, max(w.now, 1), copy(sl.data[:], b.Data[b.Off:b.Off+b.Len])
+	sl.key, sl.at, sl.seq, sl.n = *k, max(w.now, 1), seq, 0
+}
+
+// pxSlot is the slot connection k reserved, or nil.
+func (w *worker) pxSlot(k *conntrack.Key, h uint64) *pxHeldPkt {
+	if w.px.held == nil {
+		return nil
+	}
+	if sl := &w.px.held[h%pxHeld]; sl.at != 0 && sl.key == *k {
+		return sl
+	}
+	return nil
+}
+
+// pxHold keeps a copy of the frame in b, a packet of the pending connection k, for
+// pxRelease, and reports whether it did: not when the connection has no slot or a
+// packet held already, or the frame is too large.
+func (w *worker) pxHold(k *conntrack.Key, h uint64, b *port.Buf) bool {
+	sl := w.pxSlot(k, h)
+	if sl == nil || sl.n != 0 || b.Len > pxHeldMax {
+		return false
+	}
+	sl.n = copy(sl.data[:], b.Data[b.Off:b.Off+b.Len])
 	return true
 }
 
@@ -825,14 +858,14 @@ func (w *worker) pxHold(k *conntrack.Key, h uint64, b *port.Buf) bool {
 // after the ACK that completes the member's handshake in the same burst (the member
 // takes a data segment whose ACK acknowledges its SYN-ACK as completing it too).
 func (w *worker) pxRelease(s *snapshot, r *rule, k *conntrack.Key, h uint64, id uint16, px *conntrack.Proxy) {
-	if w.px.held == nil {
-		return
-	}
-	sl := &w.px.held[h%pxHeld]
-	if sl.at == 0 || sl.key != *k {
+	sl := w.pxSlot(k, h)
+	if sl == nil {
 		return
 	}
 	sl.at = 0
+	if sl.n == 0 {
+		return
+	}
 	if w.int.Alloc(w.txOne) != 1 {
 		w.c.packets[dirIn][resSynProxyWait]++
 		return
