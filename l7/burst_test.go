@@ -273,3 +273,50 @@ func burstRequest(c net.Conn, cfg *tls.Config) error {
 	}
 	return nil
 }
+
+// countingKey records how many of its signatures run at once.
+type countingKey struct {
+	mu       sync.Mutex
+	now, max int
+	release  chan struct{}
+}
+
+func (k *countingKey) Public() crypto.PublicKey { return nil }
+
+func (k *countingKey) Sign(io.Reader, []byte, crypto.SignerOpts) ([]byte, error) {
+	k.mu.Lock()
+	k.now++
+	k.max = max(k.max, k.now)
+	k.mu.Unlock()
+	<-k.release
+	k.mu.Lock()
+	k.now--
+	k.mu.Unlock()
+	return []byte("sig"), nil
+}
+
+// TestKeySlots: local keys' operations run as many at a time as there are slots.
+func TestKeySlots(t *testing.T) {
+	slots := newKeySlots(2)
+	k := &countingKey{release: make(chan struct{})}
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			if _, err := signLocal(slots, k, nil, nil, crypto.SHA256); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	waitFor(t, "two signatures in progress", func() bool {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		return k.now == 2
+	})
+	for range 6 {
+		k.release <- struct{}{}
+	}
+	wg.Wait()
+	if k.max != 2 {
+		t.Errorf("%d signatures ran at once, want 2", k.max)
+	}
+}

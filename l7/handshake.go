@@ -115,6 +115,20 @@ func (k keySlots) release() {
 	}
 }
 
+// signLocal signs with a local key in one of slots.
+func signLocal(slots keySlots, k crypto.Signer, rand io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	slots.acquire()
+	defer slots.release()
+	return k.Sign(rand, digest, opts)
+}
+
+// decryptLocal decrypts with a local key in one of slots.
+func decryptLocal(slots keySlots, k crypto.Decrypter, rand io.Reader, msg []byte, opts crypto.DecrypterOpts) ([]byte, error) {
+	slots.acquire()
+	defer slots.release()
+	return k.Decrypt(rand, msg, opts)
+}
+
 type reportingSigner struct {
 	crypto.Signer
 	hs *handshake
@@ -150,9 +164,7 @@ func (s *reportingSigner) Sign(rand io.Reader, digest []byte, opts crypto.Signer
 		sig, err = cs.SignContext(ctx, digest, opts)
 		cancel()
 	} else {
-		s.hs.slots.acquire()
-		sig, err = s.Signer.Sign(rand, digest, opts)
-		s.hs.slots.release()
+		sig, err = signLocal(s.hs.slots, s.Signer, rand, digest, opts)
 	}
 	if err != nil {
 		s.hs.fail(classifyKeyError(err))
@@ -173,9 +185,7 @@ func (d *reportingDecrypter) Decrypt(rand io.Reader, msg []byte, opts crypto.Dec
 		pt, err = cd.DecryptContext(ctx, msg, opts)
 		cancel()
 	} else {
-		d.hs.slots.acquire()
-		pt, err = d.d.Decrypt(rand, msg, opts)
-		d.hs.slots.release()
+		pt, err = decryptLocal(d.hs.slots, d.d, rand, msg, opts)
 	}
 	if err != nil {
 		d.hs.fail(classifyKeyError(err))
