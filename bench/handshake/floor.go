@@ -57,9 +57,6 @@ const (
 // floorFor is the floor server of an l7d server.
 var floorFor = map[string]string{srvL7Local: srvFloorLocal, srvL7Offload: srvFloorOffload}
 
-// isFloor reports whether id is a floor server.
-func isFloor(id string) bool { return id == srvFloorLocal || id == srvFloorOffload }
-
 // floorShape reports whether the floor servers are measured in sh: the sequential
 // shapes, one connection at a time.
 func floorShape(sh shape) bool { return sh.n == 1 && (sh.kind == kindClosed || sh.kind == kindTimed) }
