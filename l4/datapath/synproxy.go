@@ -30,11 +30,12 @@ import (
 //
 // The client's first data usually arrives right behind its ACK, before the member's
 // SYN-ACK: the worker holds one packet per pending connection (a copy, in a small
-// table of pxHeld slots, one taken when the cookie checks), and sends it to the member right after the ACK that
-// completes the member's handshake, so the first request waits one round trip to
-// the member and not the client's retransmission timer (200 ms or more). A second
-// packet while the connection is pending, or one whose slot another connection's
-// packet takes, is dropped (synproxy_wait) and sent again by the client. The
+// table of pxHeld slots, one taken when the cookie checks), and sends it to the
+// member right after the ACK that completes the member's handshake, so the first
+// request waits one round trip to the member and not the client's retransmission
+// timer (200 ms or more). A second packet while the connection is pending, or one
+// of a connection whose slot another took, is dropped (synproxy_wait) and sent
+// again by the client. The
 // client's retransmission of its first segment while still pending (the SYN to the
 // member, or its SYN-ACK, was lost) makes the LD send the member its SYN again: that
 // segment carries the cookie as the ACK did.
