@@ -183,8 +183,12 @@ func writeMemberSynAck(slot []byte, e *packet.Encap, syn *tcpSeg) error {
 }
 
 // establishProxied makes the proxied flows of syn's clients on r (whose rule has the
-// SYN proxy on) and returns their clients' established ACKs.
-func establishProxied(ctx context.Context, r *rig, sink *sinkPort, syn *frameSet) (*frameSet, error) {
+// SYN proxy on) and returns their clients' established ACKs, stored in the order of
+// order (a frame set of the same clients). The table's entries are made in syn's
+// order, as the unproxied distributor's are, and its rows visit them in order's, as
+// the unproxied one's do: entries lie in memory in the order they were made, and
+// visiting them in that order would be faster than in any other.
+func establishProxied(ctx context.Context, r *rig, sink *sinkPort, syn, order *frameSet) (*frameSet, error) {
 	n := syn.n
 	// The clients' SYNs, each answered with a cookie SYN-ACK on the external port.
 	synacks, err := r.exchange(ctx, r.src, syn, n, r.ext, n, "SYN-ACKs from the LD")
@@ -265,7 +269,22 @@ func establishProxied(ctx context.Context, r *rig, sink *sinkPort, syn *frameSet
 			return nil, fmt.Errorf("%s: the table holds %d connections, want %d: %w", r.name, r.d.Status().Conns, n, err)
 		}
 	}
-	return ack, nil
+	if order.n != n {
+		return nil, fmt.Errorf("%d frames to order %d ACKs by", order.n, n)
+	}
+	out := &frameSet{kind: ack.kind, data: make([]byte, n*frameStride), n: n, length: ackFrameLen, stride: frameStride}
+	for j := range n {
+		var p packet.Packet
+		if err := packet.Parse(order.frame(j), &p); err != nil {
+			return nil, fmt.Errorf("ordering frame %d: %w", j, err)
+		}
+		i, ok := index[flowKey(p.Src, p.SrcPort)]
+		if !ok {
+			return nil, fmt.Errorf("ordering frame %d: client %v:%d sent no SYN", j, p.Src, p.SrcPort)
+		}
+		copy(out.frame(j), ack.frame(int(i)))
+	}
+	return out, nil
 }
 
 // checkProxiedSample checks the frame r's internal port sampled: a client's ACK
@@ -337,7 +356,7 @@ func runSynproxyEstablished(ctx context.Context, o *options, syn, ack *frameSet,
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, rOn.stop()) }()
-	pxAck, err := establishProxied(ctx, rOn, sink, syn)
+	pxAck, err := establishProxied(ctx, rOn, sink, syn, ack)
 	if err != nil {
 		return nil, err
 	}
