@@ -248,7 +248,10 @@ pools:
 	if state != 1 {
 		t.Fatalf("protection ended while the flood went on (state %v)", state)
 	}
-	if failed != 0 || quotaB != 0 {
+	// Every connection to rule b is made (a dial waits for the kernel's SYN
+	// retransmissions); hardly any of its SYNs is over quota (a goroutine stall that
+	// bunches the client's dials past its bucket's second's worth could make one).
+	if failed != 0 || quotaB > 2 {
 		t.Fatalf("rule b lost connections while rule a surged: %d of %d failed, %v SYNs over quota", failed, tries, quotaB)
 	}
 	if quotaA < 0.3*(newA+quotaA) {

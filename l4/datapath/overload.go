@@ -34,7 +34,9 @@ const (
 // Hold, it lifts the quotas. Established connections are never cut: a packet of a flow
 // in the connection table is never refused a connection quota, and neither is a TCP
 // packet without SYN that makes an entry (a connection picked up mid-way after a
-// restart or an ECMP change). The zero value protects only when CapacityPPS is set.
+// restart or an ECMP change). A quota's token buckets hold a second's worth of
+// connections (a fifth of a second's worth of packets). The zero value protects only
+// when CapacityPPS is set.
 type OverloadConfig struct {
 	// Mode is "auto" (default: on when capacity_pps is set, else off), "on" or
 	// "off". With "on" and no capacity_pps, the load is the busy share and the
@@ -111,7 +113,8 @@ const (
 	defaultOvMinQuota  = 10
 	defaultOvKeep      = 1.5
 	minOvInterval      = controlTick
-	ovBurst            = 200 * time.Millisecond // bucket depth, in time at the bucket's rate
+	ovBurst            = 200 * time.Millisecond // bucket depth of limits and packet quotas, in time at their rate
+	ovQuotaBurst       = time.Second            // bucket depth of connection quotas
 	ovKindLimit        = 0
 	ovKindQuota        = 1
 	ovKindPacket       = 2
@@ -283,6 +286,10 @@ type ovPrev struct {
 	at, busy int64
 	fwd      uint64
 	rules    []ovRuleCounts // by rule ID
+	// the rates last computed, used again while the worker has not published since
+	// (a worker held off its core for longer than the interval)
+	fwdRate, busyShare float64
+	ruleRates          []ovRuleRates
 }
 
 // ovRuleCounts are a rule's counters in one worker.
@@ -370,13 +377,13 @@ func (w *worker) ovSync() {
 	}
 	o.rules = o.rules[:len(q.rules)]
 	n := float64(len(w.d.workers))
-	set := func(b *overload.Bucket, rate float64) bool {
+	set := func(b *overload.Bucket, rate float64, depth time.Duration) bool {
 		if rate <= 0 {
 			b.Set(0, 0)
 			return false
 		}
 		r := rate / n
-		b.Set(r, int(math.Ceil(r*ovBurst.Seconds())))
+		b.Set(r, int(math.Ceil(r*depth.Seconds())))
 		return true
 	}
 	for id := range q.rules {
@@ -385,9 +392,11 @@ func (w *worker) ovSync() {
 		if rq.maxConns > 0 {
 			wr.maxConns = uint32((rq.maxConns + len(w.d.workers) - 1) / len(w.d.workers))
 		}
-		wr.hasCPS = set(&wr.cps, rq.cps)
-		wr.hasQuota = q.protecting && set(&wr.quota, rq.quota)
-		wr.hasPkt = q.protecting && q.packets && set(&wr.pkt, rq.pktQuota)
+		wr.hasCPS = set(&wr.cps, rq.cps, ovBurst)
+		// A second's worth: a rule under its quota whose clients' connections bunch
+		// up (as they do behind a NAT or a stalled client) is not cut by the bunching.
+		wr.hasQuota = q.protecting && set(&wr.quota, rq.quota, ovQuotaBurst)
+		wr.hasPkt = q.protecting && q.packets && set(&wr.pkt, rq.pktQuota, ovBurst)
 		if wr.maxConns > 0 || wr.hasCPS || wr.hasQuota {
 			o.active = true
 		}
@@ -500,12 +509,15 @@ func (c *control) ovApply() {
 	if !oc.cfg.enabled() {
 		// Turned off: forget the state, so that turning it on starts normal.
 		oc.conns, oc.pkts = overload.NewController(p), overload.NewController(p)
-		c.d.ov.protecting.Store(false)
 	}
 	if !prot {
 		oc.lastConns, oc.lastPkts = nil, nil
 	}
 	c.ovPublish(prot, oc.lastConns, oc.lastPkts)
+	if !prot && c.d.ov.protecting.Load() {
+		c.d.ov.since.Store(time.Now().UnixNano())
+		c.d.ov.protecting.Store(false)
+	}
 }
 
 // ovPublish publishes the static limits with the quotas given by rule ID (none for
@@ -515,15 +527,15 @@ func (c *control) ovPublish(protecting bool, conns, pkts map[int]float64) {
 	oc.lastConns, oc.lastPkts = conns, pkts
 	q := &ovQuotas{protecting: protecting, packets: protecting && oc.cfg.Packets, rules: make([]ovRuleQuota, len(oc.limits))}
 	copy(q.rules, oc.limits)
-	any := protecting
+	enforce := protecting
 	for id := range q.rules {
 		q.rules[id].quota = conns[id]
 		q.rules[id].pktQuota = pkts[id]
 		if q.rules[id].cps > 0 || q.rules[id].maxConns > 0 {
-			any = true
+			enforce = true
 		}
 	}
-	if !any {
+	if !enforce {
 		q = nil // nothing to enforce: the workers check nothing
 	}
 	c.d.ov.q.Store(q)
@@ -538,7 +550,7 @@ func (c *control) ovTick(now time.Time) {
 	}
 	if oc.last.IsZero() {
 		oc.last = now
-		c.ovRead(controlTick)
+		c.ovRead()
 		return
 	}
 	dt := now.Sub(oc.last)
@@ -546,7 +558,7 @@ func (c *control) ovTick(now time.Time) {
 		return
 	}
 	oc.last = now
-	rates := c.ovRead(dt)
+	rates := c.ovRead()
 	var rules, prules []overload.Rule
 	for id, name := range oc.names {
 		if name == "" {
@@ -579,9 +591,23 @@ func (c *control) ovTick(now time.Time) {
 		return
 	}
 	r := oc.conns.Step(now, sig[ovSignalMax], rules)
-	rp := oc.pkts.Step(now, sig[ovSignalMax], prules)
+	rp := oc.pkts.Follow(now, sig[ovSignalMax], prules, r)
+	// The quotas first, then the state: whoever sees the state sees its quotas in force.
+	switch {
+	case r.Protecting:
+		conns := make(map[int]float64, len(rules))
+		pkts := make(map[int]float64, len(prules))
+		for i, x := range r.Quotas {
+			conns[rules[i].ID] = x
+		}
+		for i, x := range rp.Quotas {
+			pkts[prules[i].ID] = x
+		}
+		c.ovPublish(true, conns, pkts)
+	case r.Changed:
+		c.ovPublish(false, nil, nil)
+	}
 	if r.Changed {
-		c.d.ov.protecting.Store(r.Protecting)
 		c.d.ov.since.Store(now.UnixNano())
 		if r.Protecting {
 			c.d.ov.protections.Add(1)
@@ -590,64 +616,62 @@ func (c *control) ovTick(now time.Time) {
 		} else {
 			c.log.Info("l4: overload: load below the low watermark, quotas lifted", "load", sig[ovSignalMax])
 		}
+		c.d.ov.protecting.Store(r.Protecting)
 	}
-	if !r.Protecting {
-		if r.Changed {
-			c.ovPublish(false, nil, nil)
-		}
-		return
-	}
-	conns := make(map[int]float64, len(rules))
-	pkts := make(map[int]float64, len(prules))
-	for i, x := range r.Quotas {
-		conns[rules[i].ID] = x
-	}
-	for i, x := range rp.Quotas {
-		pkts[prules[i].ID] = x
-	}
-	c.ovPublish(true, conns, pkts)
 }
 
 // ovRead reads the workers' published counters and returns what they did per second
-// since the last read. A worker that has not published since counts over fallback.
-func (c *control) ovRead(fallback time.Duration) ovRates {
+// since the last read. A worker that has not published since counts with its rates
+// of the last read.
+func (c *control) ovRead() ovRates {
 	oc := &c.d.ov.ctl
 	r := ovRates{rules: make([]ovRuleRates, len(oc.names))}
 	for i, w := range c.d.workers {
 		pv := &oc.prev[i]
-		at := w.ov.pub.at.Load()
-		dt := float64(fallback)
-		if at > pv.at {
-			dt = float64(at - pv.at)
+		if len(pv.ruleRates) < len(oc.names) {
+			pv.ruleRates = append(pv.ruleRates, make([]ovRuleRates, len(oc.names)-len(pv.ruleRates))...)
 		}
-		pv.at = at
-		sec := dt / float64(time.Second)
-		fwd := w.pub.packets[dirIn][resForwarded].Load() + w.pub.packets[dirOut][resForwarded].Load()
-		r.fwd += float64(fwd-pv.fwd) / sec
-		pv.fwd = fwd
-		b := w.ov.pub.busyNs.Load()
-		r.busy = max(r.busy, float64(b-pv.busy)/dt)
-		pv.busy = b
+		if at := w.ov.pub.at.Load(); at > pv.at {
+			dt := float64(at - pv.at)
+			sec := dt / float64(time.Second)
+			pv.at = at
+			fwd := w.pub.packets[dirIn][resForwarded].Load() + w.pub.packets[dirOut][resForwarded].Load()
+			pv.fwdRate = float64(fwd-pv.fwd) / sec
+			pv.fwd = fwd
+			b := w.ov.pub.busyNs.Load()
+			pv.busyShare = float64(b-pv.busy) / dt
+			pv.busy = b
+			for id, name := range oc.names {
+				if name == "" || id >= len(pv.rules) {
+					continue
+				}
+				now := ovRuleCounts{
+					newFlows: w.pub.newFlows[id].Load(),
+					drops:    w.ov.pub.drops[id][ovKindLimit].Load() + w.ov.pub.drops[id][ovKindQuota].Load(),
+					pkts:     w.pub.rule[id].Load(),
+					pdrops:   w.ov.pub.drops[id][ovKindPacket].Load(),
+				}
+				p := pv.rules[id]
+				pv.ruleRates[id] = ovRuleRates{
+					newFlows: float64(now.newFlows-p.newFlows) / sec,
+					drops:    float64(now.drops-p.drops) / sec,
+					pkts:     float64(now.pkts-p.pkts) / sec,
+					pdrops:   float64(now.pdrops-p.pdrops) / sec,
+				}
+				pv.rules[id] = now
+			}
+		}
+		r.fwd += pv.fwdRate
+		r.busy = max(r.busy, pv.busyShare)
 		if capa := w.table.Cap(); capa > 0 {
 			r.fill = max(r.fill, float64(w.pub.tableLen.Load())/float64(capa))
 		}
-		for id, name := range oc.names {
-			if name == "" || id >= len(pv.rules) {
-				continue
-			}
-			now := ovRuleCounts{
-				newFlows: w.pub.newFlows[id].Load(),
-				drops:    w.ov.pub.drops[id][ovKindLimit].Load() + w.ov.pub.drops[id][ovKindQuota].Load(),
-				pkts:     w.pub.rule[id].Load(),
-				pdrops:   w.ov.pub.drops[id][ovKindPacket].Load(),
-			}
-			p := pv.rules[id]
-			rr := &r.rules[id]
-			rr.newFlows += float64(now.newFlows-p.newFlows) / sec
-			rr.drops += float64(now.drops-p.drops) / sec
-			rr.pkts += float64(now.pkts-p.pkts) / sec
-			rr.pdrops += float64(now.pdrops-p.pdrops) / sec
-			pv.rules[id] = now
+		for id := range r.rules {
+			rr, x := &r.rules[id], pv.ruleRates[id]
+			rr.newFlows += x.newFlows
+			rr.drops += x.drops
+			rr.pkts += x.pkts
+			rr.pdrops += x.pdrops
 		}
 	}
 	return r

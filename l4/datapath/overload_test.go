@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"net/netip"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +25,7 @@ func overloadConfig() Config {
 	cfg.Overload = OverloadConfig{
 		Mode: OverloadOn, CapacityPPS: 200, Signals: []string{SignalPPS},
 		Interval: config.Duration(200 * time.Millisecond), Hold: config.Duration(time.Second), MinQuota: 1,
+		ShareWindow: config.Duration(time.Second), KeepShare: 3,
 	}
 	return cfg
 }
@@ -149,8 +151,8 @@ func TestOverloadThrottlesTheSurgingRule(t *testing.T) {
 		}
 	}
 
-	// Calm: 20/s each, 40 packets/s forwarded of a capacity of 200.
-	run(600*time.Millisecond, 0, nil)
+	// Calm: rule b at 20/s, 30 packets/s forwarded of a capacity of 200.
+	run(time.Second, 0, nil)
 	if r.d.ov.protecting.Load() {
 		t.Fatal("protecting at 20% load")
 	}
@@ -366,6 +368,7 @@ func BenchmarkOverloadCheck(b *testing.B) {
 	}
 	run := func(b *testing.B, w *worker, s *snapshot, frames [][]byte) {
 		buf := port.Buf{Data: make([]byte, 2048)}
+		runtime.GC()
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := range b.N {

@@ -264,13 +264,12 @@ type Result struct {
 
 // Controller turns the load and the rules' rates of each interval into quotas. While
 // the LD is not protecting it keeps each rule's average demand (its share); while
-// protecting, the budget (the total rate quotas share out) starts at what was
-// admitted in the interval the watermark was passed, scaled by target ÷ load where
-// target is halfway between the watermarks, and then follows the load each interval
-// by the same factor, at most halving or doubling per step and never above twice
-// the demand: quotas tighten while the load stays above the target and loosen as it
-// falls, until the load stays below Low and they are lifted. It is used by one
-// goroutine.
+// protecting, the budget (the total rate quotas share out) is what was admitted in the
+// last interval scaled by target ÷ load, where target is halfway between the
+// watermarks, moving by at most a halving or a doubling per step and never above
+// twice the demand: quotas tighten while the load stays above the target and loosen
+// as it falls, until the load the rules would make without them stays below Low and
+// they are lifted. It is used by one goroutine.
 type Controller struct {
 	P      Params
 	wm     Watermarks
@@ -288,39 +287,68 @@ func NewController(p Params) *Controller {
 func (c *Controller) Watermarks() *Watermarks { return &c.wm }
 
 // Step takes the load and the rules' rates over the interval that ended at now and
-// returns the quotas for the next.
+// returns the quotas for the next. While protecting, the watermarks compare the load
+// as it would be without the quotas: the load times what the rules asked for over
+// what they were admitted (a surge still going on keeps the quotas, however well they
+// hold the load down; once it is over the two are the same).
 func (c *Controller) Step(now time.Time, load float64, rules []Rule) Result {
 	c.wm.High, c.wm.Low, c.wm.Hold = c.P.High, c.P.Low, c.P.Hold
+	was, _ := c.wm.Protecting()
+	eff := load
+	if was {
+		demand, admitted := totals(rules)
+		if admitted > 0 && demand > admitted {
+			eff = load * demand / admitted
+		} else if admitted == 0 && demand > 0 {
+			eff = max(load, c.P.High)
+		}
+	}
+	prot, changed := c.wm.Update(eff, now)
+	return c.quotas(now, load, rules, prot, changed)
+}
+
+// Follow is Step for a controller whose state another controller decides (r, that
+// controller's result for the same interval): the packet quotas follow the
+// connection quotas' state.
+func (c *Controller) Follow(now time.Time, load float64, rules []Rule, r Result) Result {
+	return c.quotas(now, load, rules, r.Protecting, r.Changed)
+}
+
+func totals(rules []Rule) (demand, admitted float64) {
+	for _, r := range rules {
+		demand += max(r.Demand, 0)
+		admitted += max(r.Admitted, 0)
+	}
+	return demand, admitted
+}
+
+// quotas computes the budget and the quotas for state prot.
+func (c *Controller) quotas(now time.Time, load float64, rules []Rule, prot, changed bool) Result {
 	dt := time.Second
 	if !c.last.IsZero() {
 		dt = max(now.Sub(c.last), time.Millisecond)
 	}
 	c.last = now
-	was, _ := c.wm.Protecting()
-	prot, changed := c.wm.Update(load, now)
-	var demand, admitted float64
-	for _, r := range rules {
-		demand += max(r.Demand, 0)
-		admitted += max(r.Admitted, 0)
-	}
+	demand, admitted := totals(rules)
 	if !prot {
 		c.budget = 0
 		c.learnShares(rules, dt)
 		return Result{Changed: changed}
 	}
+	// The budget scales what was admitted by target ÷ load, both measured over the
+	// same interval, so a measurement late by an interval is not compounded; it moves
+	// by at most a halving or a doubling a step.
 	target := (c.P.High + c.P.Low) / 2
 	factor := 2.0
 	if load > 0 {
 		factor = min(max(target/load, 0.5), 2)
 	}
-	if !was {
-		c.budget = admitted * factor
-	} else {
-		c.budget *= factor
+	next := admitted * factor
+	if c.budget > 0 && !(prot && changed) {
+		next = min(max(next, c.budget/2), 2*c.budget)
 	}
-	c.budget = min(c.budget, 2*demand)
-	floor := c.P.Floor * float64(len(rules))
-	c.budget = max(c.budget, floor)
+	c.budget = min(next, 2*demand)
+	c.budget = max(c.budget, c.P.Floor*float64(len(rules)))
 	weights := make([]float64, len(rules))
 	demands := make([]float64, len(rules))
 	for i, r := range rules {

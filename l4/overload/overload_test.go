@@ -179,7 +179,7 @@ func TestControllerThrottlesTheSurgeAndLifts(t *testing.T) {
 		t.Fatalf("budget %v quotas %v, want 820 with rule 2 ≥ 50", r.Budget, r.Quotas)
 	}
 	// A load that would halve it more than twice over is cut to a halving.
-	r = step(5, surge)
+	r = step(5, []Rule{{ID: 1, Weight: 1, Demand: 2000, Admitted: 770}, {ID: 2, Weight: 1, Demand: 50, Admitted: 50}})
 	if !near(r.Budget, 410) {
 		t.Fatalf("budget %v, want 410 (halved at most)", r.Budget)
 	}
@@ -233,18 +233,50 @@ func TestControllerKeepsLightRulesRate(t *testing.T) {
 		now = now.Add(time.Second)
 		c.Step(now, 0.2, []Rule{{ID: 1, Weight: 1, Demand: 1, Admitted: 1}, {ID: 2, Weight: 1, Demand: 40, Admitted: 40}})
 	}
-	var r Result
+	// The load stays at 3 whatever is admitted; each rule is admitted what its quota
+	// lets through.
+	r := Result{Quotas: []float64{5000, 40}}
 	for range 20 {
 		now = now.Add(time.Second)
-		r = c.Step(now, 3, []Rule{{ID: 1, Weight: 1, Demand: 5000, Admitted: 100}, {ID: 2, Weight: 1, Demand: 40, Admitted: 40}})
+		r = c.Step(now, 3, []Rule{{ID: 1, Weight: 1, Demand: 5000, Admitted: min(5000, r.Quotas[0])},
+			{ID: 2, Weight: 1, Demand: 40, Admitted: min(40, r.Quotas[1])}})
 	}
-	if !r.Protecting || r.Budget > 10 {
-		t.Fatalf("budget %v after 20 halvings", r.Budget)
+	if !r.Protecting || r.Budget > 40 {
+		t.Fatalf("budget %v after 20 steps at 3 times the capacity, want it below the light rule's 40/s", r.Budget)
 	}
 	if r.Quotas[1] < 59 {
 		t.Fatalf("the light rule's quota fell to %v, want at least 1.5 × its 40/s", r.Quotas[1])
 	}
-	if r.Quotas[0] > 10 {
+	if r.Quotas[0] > 40 {
 		t.Fatalf("the surging rule's quota %v, want it held near the budget", r.Quotas[0])
+	}
+}
+
+// TestControllerHoldsWhileTheSurgeLasts: quotas that bring the load below the low
+// watermark are not lifted while the rules still ask for more than they are admitted;
+// they are once the surge is over.
+func TestControllerHoldsWhileTheSurgeLasts(t *testing.T) {
+	c := NewController(Params{High: 0.7, Low: 0.5, Hold: time.Second, Floor: 1})
+	now := time.Unix(5000, 0)
+	step := func(load float64, demand, admitted float64) Result {
+		now = now.Add(500 * time.Millisecond)
+		return c.Step(now, load, []Rule{{ID: 1, Weight: 1, Demand: demand, Admitted: admitted}})
+	}
+	if r := step(2, 1000, 1000); !r.Protecting {
+		t.Fatal("not protecting at 200%")
+	}
+	// Held to 0.3 by the quotas, with ten times the admitted rate asked for.
+	for i := range 10 {
+		if r := step(0.3, 1000, 100); !r.Protecting {
+			t.Fatalf("lifted after %d steps while the surge goes on", i+1)
+		}
+	}
+	// Over: asked = admitted, load 0.3 for the hold.
+	var r Result
+	for range 4 {
+		r = step(0.3, 100, 100)
+	}
+	if r.Protecting {
+		t.Fatal("not lifted after the surge ended")
 	}
 }
