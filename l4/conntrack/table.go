@@ -220,6 +220,17 @@ func (t *Table) PrefetchBurst(hashes []uint64) {
 			sink += uint32(e.key.Client[0]) + e.chain
 		}
 	}
+	// With the SYN proxy on, every packet of a proxied flow reads its proxy state
+	// too, in the side array: load those lines in the same pass (a 12-byte record
+	// straddles two lines one time in five: its first and its last words).
+	if px := t.proxy; px != nil {
+		for _, v := range heads[:n] {
+			if int32(v) > 0 {
+				r := &px[v&idxMask]
+				sink += r.SeqDelta + uint32(r.Flags)
+			}
+		}
+	}
 	t.sink += sink
 }
 
