@@ -304,7 +304,7 @@ type ovRates struct {
 	fwd  float64 // packets forwarded per second, both directions
 	busy float64 // the busiest worker's busy share
 	fill float64 // the fullest worker's connection-table fill
-	// by rule ID: new flows admitted and refused, packets forwarded and refused, per second
+	// by rule ID: new flows admitted and refused by the quota, packets forwarded and refused, per second
 	rules []ovRuleRates
 }
 
@@ -647,9 +647,10 @@ func (c *control) ovRead() ovRates {
 				}
 				now := ovRuleCounts{
 					newFlows: w.pub.newFlows[id].Load(),
-					drops:    w.ov.pub.drops[id][ovKindLimit].Load() + w.ov.pub.drops[id][ovKindQuota].Load(),
-					pkts:     w.pub.rule[id].Load(),
-					pdrops:   w.ov.pub.drops[id][ovKindPacket].Load(),
+					// what passed the rule's static limits: those are not the quotas' to lift
+					drops:  w.ov.pub.drops[id][ovKindQuota].Load(),
+					pkts:   w.pub.rule[id].Load(),
+					pdrops: w.ov.pub.drops[id][ovKindPacket].Load(),
 				}
 				p := pv.rules[id]
 				pv.ruleRates[id] = ovRuleRates{
