@@ -84,6 +84,7 @@ type Distributor struct {
 
 	stop      atomic.Bool
 	started   atomic.Bool
+	startMu   sync.Mutex // orders Run's start after the operations do runs in place
 	done      chan struct{}
 	runErr    error
 	closeOnce sync.Once
@@ -180,9 +181,14 @@ func NewDistributor(cfg Config, opts Options) (*Distributor, error) {
 // Run forwards packets until ctx is done or Shutdown is called. It returns the
 // first worker start-up error, or nil after a clean stop.
 func (d *Distributor) Run(ctx context.Context) error {
+	// Under startMu, so that an operation do runs in place (before Run) has
+	// ended before the control goroutine owns the state.
+	d.startMu.Lock()
 	if !d.started.CompareAndSwap(false, true) {
+		d.startMu.Unlock()
 		return errors.New("datapath: Run called twice")
 	}
+	d.startMu.Unlock()
 	defer close(d.done)
 	var wg sync.WaitGroup
 	errc := make(chan error, len(d.workers))
@@ -250,9 +256,15 @@ func (d *Distributor) Shutdown(ctx context.Context) error {
 // for it.
 func (d *Distributor) do(op func(*control)) error {
 	if !d.started.Load() {
-		// Not running: no goroutine owns the state yet; the caller is the owner.
-		op(d.ctl)
-		return nil
+		d.startMu.Lock()
+		if !d.started.Load() {
+			// Not running: no goroutine owns the state yet; the caller is the owner
+			// (and Run waits for it to finish before it starts the control goroutine).
+			defer d.startMu.Unlock()
+			op(d.ctl)
+			return nil
+		}
+		d.startMu.Unlock()
 	}
 	done := make(chan struct{})
 	select {

@@ -1343,3 +1343,31 @@ func TestICMPv6ErrorFollowsFlow(t *testing.T) {
 		t.Errorf("flows on %d members, want both used", len(used))
 	}
 }
+
+// An Apply made while Run is starting runs either in place, before the control
+// goroutine exists, or on it, never beside it (run with -race).
+func TestApplyWhileRunStarts(t *testing.T) {
+	for i := range 20 {
+		cfg := testConfig()
+		ext := port.NewMem("ext", extMAC, 1, 64, 2048)
+		in := port.NewMem("int", intMAC, 1, 64, 2048)
+		d, err := NewDistributor(cfg, Options{External: ext, Internal: in, IdleSleep: 20 * time.Microsecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		cfg.ICMP.Rate = 10 + i
+		if err := d.Apply(cfg); err != nil {
+			t.Fatalf("Apply: %v", err)
+		}
+		if got := d.Config().ICMP.Rate; got != 10+i {
+			t.Fatalf("after Apply the ICMP rate is %d, want %d", got, 10+i)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	}
+}
