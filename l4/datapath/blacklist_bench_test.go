@@ -35,28 +35,7 @@ func BenchmarkPollEstablishedBlacklist1M(b *testing.B) {
 	const flows = 1 << 20
 	w, _ := benchWorker(b, 2*flows)
 	w.d.SetBlacklists(randomList(1_000_000, 7))
-	t := &testing.T{}
-	syn := newGenPort(tcp4(t, vip, 40000, vip, 443, true, false, nil), flows, 32)
-	sink := newGenPort(nil, 0, 0)
-	w.ext, w.int, w.onePort = syn, sink, false
-	for range flows / 32 {
-		w.poll(syn, vExt)
-	}
-	if got := w.table.Len(); got != flows {
-		b.Fatalf("%d flows in the table, want %d", got, flows)
-	}
-	ack := newGenPort(tcp4(t, vip, 40000, vip, 443, false, true, nil), flows, 32)
-	runtime.GC()
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N / 32 {
-		w.poll(ack, vExt)
-	}
-	b.StopTimer()
-	if sink.sent < uint64(b.N/32*32) {
-		b.Fatalf("forwarded %d of %d", sink.sent, b.N)
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds()/1e6, "Mpps")
+	pollEstablished(b, w, flows)
 }
 
 // BenchmarkHandleNewFlowBlacklist1M is BenchmarkHandleNewFlow with a 1M-entry IPv4
