@@ -402,46 +402,33 @@ func loadSigner(path string) (crypto.Signer, error) {
 
 // floorSign answers signature requests on ln's connections until ctx ends.
 func floorSign(ctx context.Context, ln net.Listener, key crypto.Signer) error {
-	go func() { <-ctx.Done(); ln.Close() }()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+	return serveConns(ctx, ln, func(c net.Conn) {
+		go func() { <-ctx.Done(); c.Close() }()
+		var hdr [3]byte
+		for {
+			if _, err := io.ReadFull(c, hdr[:]); err != nil {
+				return
 			}
-			return err
+			digest := make([]byte, hdr[2])
+			if _, err := io.ReadFull(c, digest); err != nil {
+				return
+			}
+			var opts crypto.SignerOpts = crypto.Hash(hdr[1])
+			if hdr[0] == 1 {
+				opts = &rsa.PSSOptions{SaltLength: rsa.PSSSaltLengthEqualsHash, Hash: crypto.Hash(hdr[1])}
+			}
+			sig, err := key.Sign(rand.Reader, digest, opts)
+			if err != nil || len(sig) > 0xffff {
+				sig = nil
+			}
+			out := make([]byte, 2+len(sig))
+			binary.BigEndian.PutUint16(out, uint16(len(sig)))
+			copy(out[2:], sig)
+			if _, err := c.Write(out); err != nil {
+				return
+			}
 		}
-		wg.Go(func() {
-			defer c.Close()
-			go func() { <-ctx.Done(); c.Close() }()
-			var hdr [3]byte
-			for {
-				if _, err := io.ReadFull(c, hdr[:]); err != nil {
-					return
-				}
-				digest := make([]byte, hdr[2])
-				if _, err := io.ReadFull(c, digest); err != nil {
-					return
-				}
-				var opts crypto.SignerOpts = crypto.Hash(hdr[1])
-				if hdr[0] == 1 {
-					opts = &rsa.PSSOptions{SaltLength: rsa.PSSSaltLengthEqualsHash, Hash: crypto.Hash(hdr[1])}
-				}
-				sig, err := key.Sign(rand.Reader, digest, opts)
-				if err != nil || len(sig) > 0xffff {
-					sig = nil
-				}
-				out := make([]byte, 2+len(sig))
-				binary.BigEndian.PutUint16(out, uint16(len(sig)))
-				copy(out[2:], sig)
-				if _, err := c.Write(out); err != nil {
-					return
-				}
-			}
-		})
-	}
+	})
 }
 
 // floorSum is a sequential shape's floor: each server's CPU per connection and its

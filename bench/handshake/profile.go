@@ -85,6 +85,21 @@ func runGoTLS(addr, certFile, keyFile, ticketFile, ppAddr string) error {
 // serveHandshakes serves ln until ctx ends: each connection makes a handshake, is read
 // until the client's close_notify (or 10s pass), and is closed with one.
 func serveHandshakes(ctx context.Context, ln net.Listener, cfg *tls.Config) error {
+	return serveConns(ctx, ln, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		tc := tls.Server(c, cfg)
+		if tc.Handshake() != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(tc, maxDrain))
+		tc.Close()
+	})
+}
+
+// serveConns accepts ln's connections until ctx ends and runs serve on each in a
+// goroutine of its own, which closes the connection after; it returns once they
+// have all ended, nil when ctx ended the accepting.
+func serveConns(ctx context.Context, ln net.Listener, serve func(net.Conn)) error {
 	go func() { <-ctx.Done(); ln.Close() }()
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -98,13 +113,7 @@ func serveHandshakes(ctx context.Context, ln net.Listener, cfg *tls.Config) erro
 		}
 		wg.Go(func() {
 			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-			tc := tls.Server(c, cfg)
-			if tc.Handshake() != nil {
-				return
-			}
-			_, _ = io.Copy(io.Discard, io.LimitReader(tc, maxDrain))
-			tc.Close()
+			serve(c)
 		})
 	}
 }

@@ -110,15 +110,7 @@ func newKsTopo() (t *ksTopo, err error) {
 		}
 	}()
 	for _, ns := range []string{t.flood, t.proxy} {
-		if err := ipCmd("netns", "add", ns); err != nil {
-			return t, err
-		}
-		for _, kv := range []string{"net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"} {
-			if err := nsSysctl(ns, kv); err != nil {
-				return t, err
-			}
-		}
-		if err := ipCmd("-n", ns, "link", "set", "lo", "up"); err != nil {
+		if err := addNetns(ns); err != nil {
 			return t, err
 		}
 	}

@@ -68,15 +68,7 @@ func newTopo() (t *topo, err error) {
 		}
 	}()
 	for _, ns := range []string{t.cli, t.sink} {
-		if err := ipCmd("netns", "add", ns); err != nil {
-			return t, err
-		}
-		for _, kv := range []string{"net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"} {
-			if err := nsSysctl(ns, kv); err != nil {
-				return t, err
-			}
-		}
-		if err := ipCmd("-n", ns, "link", "set", "lo", "up"); err != nil {
+		if err := addNetns(ns); err != nil {
 			return t, err
 		}
 	}
@@ -241,4 +233,17 @@ type vethResult struct {
 	SentKpps   float64           `json:"client_kpps"`
 	Kpps       float64           `json:"forwarded_kpps"`
 	OtherCount map[string]uint64 `json:"other_counts,omitempty"`
+}
+
+// addNetns makes the namespace ns, IPv6 off, its loopback up.
+func addNetns(ns string) error {
+	if err := ipCmd("netns", "add", ns); err != nil {
+		return err
+	}
+	for _, kv := range []string{"net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"} {
+		if err := nsSysctl(ns, kv); err != nil {
+			return err
+		}
+	}
+	return ipCmd("-n", ns, "link", "set", "lo", "up")
 }
