@@ -144,11 +144,10 @@ type contextDecrypter interface {
 	DecryptContext(ctx context.Context, ciphertext []byte, opts crypto.DecrypterOpts) ([]byte, error)
 }
 
-// context bounds a key operation by the handshake's own deadline (its start plus
-// what is left of the client's HandshakeTimeout: see handshakeConn), which the
-// keyserver client then uses in place of its fixed request timeout: in a burst, an
-// operation queued behind a busy keyserver is waited for while the client still
-// waits for the handshake.
+// context bounds a key operation by its own deadline (HandshakeTimeout from its
+// start: see handshakeConn.keyDeadline), which the keyserver client then uses in
+// place of its fixed request timeout: in a burst, an operation queued behind a busy
+// keyserver is waited for.
 func (hs *handshake) context() (context.Context, context.CancelFunc) {
 	if hs.conn == nil {
 		return context.Background(), func() {}

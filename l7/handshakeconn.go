@@ -49,10 +49,13 @@ func (c *handshakeConn) end() {
 	_ = c.Conn.SetDeadline(time.Time{})
 }
 
-// keyDeadline is the deadline of a key operation the handshake starts now: now plus
-// what is left of the client's budget, since the operation is the server's time.
+// keyDeadline is the deadline of a key operation the handshake starts now. The
+// operation is the server's time, which the client's budget does not pay for: it
+// gets HandshakeTimeout of its own (or what is left of the client's budget, when
+// that is more), so that in a burst an operation queued behind a busy keyserver for
+// most of HandshakeTimeout is still waited for.
 func (c *handshakeConn) keyDeadline() time.Time {
-	return time.Now().Add(c.deadline.Add(c.owed).Sub(c.last))
+	return time.Now().Add(max(c.deadline.Add(c.owed).Sub(c.last), 16*c.slack))
 }
 
 // settle adds the server's time since the last wait for the client to the deadline,

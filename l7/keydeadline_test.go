@@ -73,3 +73,25 @@ func TestKeyOperationGetsHandshakeDeadline(t *testing.T) {
 		t.Errorf("the key operation's deadline is %v after the dial began, want %v (the handshake's)", d.Sub(before), hsTimeout)
 	}
 }
+
+// A key operation started late in the client's budget still gets HandshakeTimeout
+// of its own: it is the server's time, which the budget does not pay for.
+func TestKeyDeadlineIsTheServers(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	const timeout = 4 * time.Second
+	c := &handshakeConn{Conn: a}
+	// Accepted 3 s ago, and the client's bytes came only now: it has used 3 s of its 4.
+	c.start(time.Now().Add(-3*time.Second), timeout)
+	c.last = time.Now()
+	now := time.Now()
+	if d := c.keyDeadline(); d.Before(now.Add(timeout)) {
+		t.Fatalf("a key operation started with 1 s of the client's budget left gets %v, want at least %v", d.Sub(now), timeout)
+	}
+	c.start(time.Now(), timeout)
+	c.owed = 10 * time.Second // a long computation not yet settled: the budget left is more
+	if d := c.keyDeadline(); d.Before(now.Add(timeout + 9*time.Second)) {
+		t.Fatalf("with the budget extended by the server's own time the key operation gets %v", d.Sub(now))
+	}
+}

@@ -66,7 +66,8 @@ type Listener struct {
 	// a sixteenth of the timeout), and the QUIC handshake (which quic-go also gives
 	// up when it hears nothing from the client for half of it): a connection that
 	// has not finished its handshake by then is closed, and its place among
-	// MaxHandshakes freed. Default 5s.
+	// MaxHandshakes freed. An offloaded key's operation gets as long again of its
+	// own. Default 5s.
 	HandshakeTimeout config.Duration `yaml:"handshake_timeout,omitempty" json:"handshake_timeout,omitempty"`
 
 	// ReadHeaderTimeout bounds reading a request's headers (HTTP/1.1, HTTP/2), and
