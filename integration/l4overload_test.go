@@ -3,30 +3,21 @@ package integration
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/tiergate/tiergate/l7/tunnel"
-	"github.com/tiergate/tiergate/testkit/netns"
 	"github.com/tiergate/tiergate/testkit/synflood"
 	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
-// The overload test's network, its own addresses (198.19.70.0/24 outside,
-// 198.19.71.0/24 inside, VIPs 203.0.113.70 and .71):
-//
-//	cl (client 198.19.70.1) ── c0 ─ x0 ┐
-//	                                   ld: l4d (DPDK net_af_packet on x0 and i0, one worker)
-//	l7 (198.19.71.11, tunnel endpoint, ── a0 ─ i0 ┘
-//	    TCP listeners on the VIPs)
+// The overload test's network is l4Single's with N = 70 (198.19.70.0/24 outside,
+// 198.19.71.0/24 inside, VIPs 203.0.113.70 and .71); its member, 198.19.71.11, is the
+// tunnel endpoint and TCP listeners on the VIPs.
 //
 // The L7 node runs the tunnel endpoint in the test process and plain TCP listeners,
 // so a connection costs a handshake in the kernels and nothing more.
@@ -49,37 +40,9 @@ func TestL4OverloadProtection(t *testing.T) {
 	testenv.RequireFile(t, "/usr/include/dpdk/rte_eal.h", "libdpdk-dev")
 	bin := binaries(t)
 
-	cl, ld, l7 := netns.New(t, "ovcl"), netns.New(t, "ovld"), netns.New(t, "ovl7")
-	netns.Veth(t, cl, "c0", ld, "x0")
-	netns.Veth(t, ld, "i0", l7, "a0")
-	cl.Addr("c0", ovClient+"/24")
-	cl.Route("add", "203.0.113.0/24", "via", "198.19.70.2")
-	l7.Addr("a0", "198.19.71.11/24")
-	for _, x := range []struct {
-		ns  *netns.NS
-		dev string
-	}{{cl, "c0"}, {l7, "a0"}, {ld, "x0"}, {ld, "i0"}} {
-		x.ns.MustRun("ethtool", "-K", x.dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off")
-	}
-	for _, dev := range []string{"x0", "i0"} {
-		ld.Sysctl("net.ipv6.conf."+dev+".disable_ipv6", "1")
-	}
-
-	// The L7 node: the tunnel endpoint, and listeners that hold what they accept
-	// until the client closes it.
-	var ep *tunnel.Endpoint
-	l7.MustDo(func() error {
-		var err error
-		ep, err = tunnel.New(tunnel.Config{Device: "tgov0", VIPs: []netip.Addr{netip.MustParseAddr(ovVIPA), netip.MustParseAddr(ovVIPB)},
-			LDs: []netip.Addr{netip.MustParseAddr("198.19.71.1")}, Local: netip.MustParseAddr("198.19.71.11"),
-			Logger: slog.New(slog.DiscardHandler)})
-		return err
-	})
-	t.Cleanup(func() { ep.Close() })
-	epCtx, epCancel := context.WithCancel(context.Background())
-	epDone := make(chan error, 1)
-	go func() { epDone <- ep.Run(epCtx) }()
-	t.Cleanup(func() { epCancel(); <-epDone })
+	s := newL4Single(t, "ov", 70)
+	cl, ld, l7 := s.cl, s.ld, s.m
+	s.tunnel("tgov0", ovVIPA, ovVIPB)
 	for _, a := range []string{ovVIPA + ":80", ovVIPA + ":81", ovVIPB + ":80"} {
 		var ln net.Listener
 		l7.MustDo(func() error {
@@ -99,18 +62,7 @@ func TestL4OverloadProtection(t *testing.T) {
 		}()
 	}
 
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "l4d.yaml")
-	if err := os.WriteFile(cfgPath, []byte(`
-admin_listen: "127.0.0.1:9180"
-state_dir: "`+dir+`"
-dpdk:
-  eal_args: ["--no-pci", "--no-huge", "-m", "512", "--no-telemetry", "--log-level=warning",
-             "--vdev=net_af_packet0,iface=x0", "--vdev=net_af_packet1,iface=i0"]
-  workers: 1
-ports:
-  external: {device: net_af_packet0, addr: "198.19.70.2/24", gateway: "`+ovClient+`"}
-  internal: {device: net_af_packet1, addr: "198.19.71.1/24"}
+	l4d, ldHTTP := s.start(bin, `
 overload:
   capacity_pps: 1000     # low, so that a small bounded flood passes the watermark
   signals: [pps]         # not the busy share: the machine running the test is shared
@@ -127,11 +79,7 @@ pools:
   l7:
     members: [{name: n1, address: "198.19.71.11"}]
     health: {type: none}
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	l4d := nsDaemon(t, ld, "l4d", "http://127.0.0.1:9180/healthz", filepath.Join(bin, "l4d"), "run", "-config", cfgPath)
-	ldHTTP := nsClient(ld, nil, false)
+`)
 	metric := func(name string, filters ...string) float64 {
 		return scrapeWith(ldHTTP, "http://127.0.0.1:9180/metrics", name, filters...)
 	}

@@ -6,12 +6,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -23,20 +20,15 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tiergate/tiergate/l7/tunnel"
-	"github.com/tiergate/tiergate/testkit/netns"
 	"github.com/tiergate/tiergate/testkit/synflood"
 	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
-// The SYN proxy test's network, its own addresses (198.19.90.0/24 and
+// The SYN proxy test's network is l4Single's with N = 90 (198.19.90.0/24 and
 // 2001:db8:90::/64 outside, 198.19.91.0/24 inside, spoofed sources from
-// 198.19.92.0/24, VIPs 203.0.113.90 and 2001:db8:cafe:90::10):
-//
-//	pxcl (client 198.19.90.1) ── c0 ─ x0 ┐
-//	                                     pxld: l4d (DPDK net_af_packet on x0 and i0, one worker)
-//	pxl7 (198.19.91.11, tunnel endpoint, ── a0 ─ i0 ┘
-//	      HTTP servers on the VIP: port 80 proxied, 81 not)
+// 198.19.92.0/24, VIPs 203.0.113.90 and 2001:db8:cafe:90::10); its member,
+// 198.19.91.11, is the tunnel endpoint and HTTP servers on the VIP (port 80 proxied,
+// 81 not).
 //
 // The L7 node is the tunnel endpoint (in the test process) and plain kernel listeners,
 // so what is measured is the LD and two Linux TCP stacks.
@@ -92,38 +84,13 @@ func TestL4SynProxy(t *testing.T) {
 	testenv.RequireFile(t, "/usr/include/dpdk/rte_eal.h", "libdpdk-dev")
 	bin := binaries(t)
 
-	cl, ld, l7 := netns.New(t, "pxcl"), netns.New(t, "pxld"), netns.New(t, "pxl7")
-	netns.Veth(t, cl, "c0", ld, "x0")
-	netns.Veth(t, ld, "i0", l7, "a0")
-	cl.Addr("c0", pxClient+"/24")
-	cl.Route("add", "203.0.113.0/24", "via", "198.19.90.2")
+	s := newL4Single(t, "px", 90)
+	cl, ld, l7 := s.cl, s.ld, s.m
 	cl.MustRun("ip", "-6", "addr", "add", "2001:db8:90::1/64", "dev", "c0", "nodad")
 	cl.MustRun("ip", "-6", "route", "add", "2001:db8:cafe:90::/64", "via", "2001:db8:90::2")
-	l7.Addr("a0", "198.19.91.11/24")
-	for _, x := range []struct {
-		ns  *netns.NS
-		dev string
-	}{{cl, "c0"}, {l7, "a0"}, {ld, "x0"}, {ld, "i0"}} {
-		x.ns.MustRun("ethtool", "-K", x.dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off")
-	}
-	for _, dev := range []string{"x0", "i0"} {
-		ld.Sysctl("net.ipv6.conf."+dev+".disable_ipv6", "1")
-	}
-
+	s.External6 = `addr6: "2001:db8:90::2/64", gateway6: "2001:db8:90::1"`
 	// The L7 node: the tunnel endpoint and HTTP servers on the VIP.
-	var ep *tunnel.Endpoint
-	l7.MustDo(func() error {
-		var err error
-		ep, err = tunnel.New(tunnel.Config{Device: "tgpx0", VIPs: []netip.Addr{netip.MustParseAddr(pxVIP), netip.MustParseAddr(pxVIP6)},
-			LDs: []netip.Addr{netip.MustParseAddr("198.19.91.1")}, Local: netip.MustParseAddr("198.19.91.11"),
-			Logger: slog.New(slog.DiscardHandler)})
-		return err
-	})
-	t.Cleanup(func() { ep.Close() })
-	epCtx, epCancel := context.WithCancel(context.Background())
-	epDone := make(chan error, 1)
-	go func() { epDone <- ep.Run(epCtx) }()
-	t.Cleanup(func() { epCancel(); <-epDone })
+	s.tunnel("tgpx0", pxVIP, pxVIP6)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
 		w.Header().Set("Content-Length", strconv.Itoa(n))
@@ -161,19 +128,7 @@ func TestL4SynProxy(t *testing.T) {
 	l7.MustRun("nft", "add rule inet pxtest in ip saddr "+pxSpoofed+" counter")
 	l7.MustRun("nft", "add rule inet pxtest in tcp flags & (syn|ack) == syn counter")
 
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "l4d.yaml")
-	if err := os.WriteFile(cfgPath, []byte(`
-admin_listen: "127.0.0.1:9180"
-state_dir: "`+dir+`"
-dpdk:
-  eal_args: ["--no-pci", "--no-huge", "-m", "512", "--no-telemetry", "--log-level=warning",
-             "--vdev=net_af_packet0,iface=x0", "--vdev=net_af_packet1,iface=i0"]
-  workers: 1
-ports:
-  external: {device: net_af_packet0, addr: "198.19.90.2/24", gateway: "`+pxClient+`",
-             addr6: "2001:db8:90::2/64", gateway6: "2001:db8:90::1"}
-  internal: {device: net_af_packet1, addr: "198.19.91.1/24"}
+	l4d, ldHTTP := s.start(bin, `
 synproxy: {secret: "integration test", wscale: 7}
 rules:
   - {name: proxied, vip: "`+pxVIP+`", protocol: tcp, port: 80, pool: l7, synproxy: "on"}
@@ -183,11 +138,7 @@ pools:
   l7:
     members: [{name: n1, address: "198.19.91.11"}]
     health: {type: none}
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	l4d := nsDaemon(t, ld, "l4d", "http://127.0.0.1:9180/healthz", filepath.Join(bin, "l4d"), "run", "-config", cfgPath)
-	ldHTTP := nsClient(ld, nil, false)
+`)
 	metric := func(name string, filters ...string) float64 {
 		return scrapeWith(ldHTTP, "http://127.0.0.1:9180/metrics", name, filters...)
 	}

@@ -6,8 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,15 +14,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tiergate/tiergate/l4/datapath"
-	"github.com/tiergate/tiergate/testkit/netns"
 	"github.com/tiergate/tiergate/testkit/testenv"
 )
 
-// The trace test's network (its own addresses, 198.19.40.0/23):
-//
-//	trcl (probe 198.19.40.1) ── x0 ┐
-//	                               trld: l4d (DPDK net_af_packet on x0 and i0), trace: dscp 46
-//	trm (member 198.19.41.11) ─ i0 ┘     (internal 198.19.41.1)
+// The trace test's network is l4Single's with N = 40 (198.19.40.0/23; the probe
+// is the client, 198.19.40.1; l4d traces DSCP 46).
 //
 // The member is only an address: what the LD tunnels to it is not answered, which is
 // all the test needs to see the LD's trace and drop points.
@@ -61,32 +55,10 @@ func TestL4Trace(t *testing.T) {
 	testenv.RequireFile(t, "/usr/include/dpdk/rte_eal.h", "libdpdk-dev")
 	bin := binaries(t)
 
-	cl, ld, m := netns.New(t, "trcl"), netns.New(t, "trld"), netns.New(t, "trm")
-	netns.Veth(t, cl, "c0", ld, "x0")
-	netns.Veth(t, ld, "i0", m, "m0")
-	cl.Addr("c0", trProbe+"/24")
-	cl.Route("add", "203.0.113.0/24", "via", "198.19.40.2")
-	m.Addr("m0", trMember+"/24")
-	for _, dev := range []string{"x0", "i0"} {
-		ld.Sysctl("net.ipv6.conf."+dev+".disable_ipv6", "1")
-		ld.MustRun("ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off")
-		ld.Up(dev)
-	}
-	// Whole, checksummed frames from the probe (a packet socket never completes them).
-	cl.MustRun("ethtool", "-K", "c0", "tx", "off", "tso", "off", "gso", "off", "gro", "off")
-	m.MustRun("ethtool", "-K", "m0", "tx", "off", "tso", "off", "gso", "off", "gro", "off")
+	s := newL4Single(t, "tr", 40)
+	cl := s.cl
 
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "l4d.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`
-admin_listen: "127.0.0.1:9180"
-state_dir: "%s"
-dpdk:
-  eal_args: ["--no-pci", "--no-huge", "-m", "512", "--no-telemetry", "--log-level=warning",
-             "--vdev=net_af_packet0,iface=x0", "--vdev=net_af_packet1,iface=i0"]
-ports:
-  external: {device: net_af_packet0, addr: "198.19.40.2/24", gateway: "%s"}
-  internal: {device: net_af_packet1, addr: "198.19.41.1/24"}
+	l4d, ldHTTP := s.start(bin, fmt.Sprintf(`
 rules:
   - {name: probe-udp, vip: "%s", protocol: udp, port: %d, pool: l7}
   - {name: probe-tcp, vip: "%s", protocol: tcp, port: 443, pool: l7}
@@ -95,19 +67,12 @@ pools:
     members: [{name: m1, address: "%s"}]
     health: {type: none}
 trace: {ld: %s, dscp: %d, records: 256}
-`, dir, trProbe, trVIP, trUDPPort, trVIP, trMember, trLD, trDSCP)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	l4d := nsDaemon(t, ld, "l4d", "http://127.0.0.1:9180/healthz", filepath.Join(bin, "l4d"), "run", "-config", cfg)
-	ldHTTP := nsClient(ld, nil, false)
-	token, err := os.ReadFile(filepath.Join(dir, "admin.token"))
-	if err != nil {
-		t.Fatal(err)
-	}
+`, trVIP, trUDPPort, trVIP, trMember, trLD, trDSCP))
+	token := s.token()
 	getTrace := func(query string) datapath.TraceReport {
 		t.Helper()
 		req, _ := http.NewRequest("GET", "http://127.0.0.1:9180/trace"+query, nil)
-		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := ldHTTP.Do(req)
 		if err != nil {
 			t.Fatalf("GET /trace%s: %v", query, err)
