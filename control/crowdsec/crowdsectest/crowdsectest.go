@@ -127,18 +127,28 @@ func (l *LAPI) Restart() {
 
 // Cscli runs cscli with args on this Local API's configuration and returns its
 // standard output; it fails the test when cscli fails.
+//
+// cscli writes the database itself, beside the Local API: when SQLite finds it
+// locked by the Local API's own write (the transaction was rolled back), cscli is
+// run again, a few times.
 func (l *LAPI) Cscli(args ...string) string {
 	l.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, l.cscli, append([]string{"-c", l.Config}, args...)...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
+	for attempt := 1; ; attempt++ {
+		cmd := exec.CommandContext(ctx, l.cscli, append([]string{"-c", l.Config}, args...)...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err == nil {
+			return string(out)
+		}
+		if attempt < 5 && ctx.Err() == nil && strings.Contains(stderr.String(), "database is locked") {
+			time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+			continue
+		}
 		l.t.Fatalf("cscli %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.String())
 	}
-	return string(out)
 }
 
 // DecisionID returns the ID of the active decision on target, given as cscli
@@ -200,7 +210,7 @@ db_config:
   log_level: info
   type: sqlite
   db_path: %[1]s/data/crowdsec.db
-  use_wal: false
+  use_wal: true   # cscli and the Local API write the same database
 api:
   client:
     credentials_path: %[1]s/etc/local_api_credentials.yaml
