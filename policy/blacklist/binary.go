@@ -214,12 +214,12 @@ func outsideMerge[K key[K]](sc *scratch, win []span[K], bk, bend []K, bexp []uin
 			if j < len(pk) {
 				stop = i + sort.Search(stop-i, func(x int) bool { return !bk[i+x].less(pk[j]) })
 			}
-			k = append(k, bk[i:stop]...)
+			k = appendYielding(k, bk[i:stop])
 			if end != nil {
-				end = append(end, bend[i:stop]...)
+				end = appendYielding(end, bend[i:stop])
 			}
 			if exp != nil {
-				exp = append(exp, bexp[i:stop]...)
+				exp = appendYielding(exp, bexp[i:stop])
 			}
 			i = stop
 		} else {

@@ -1,7 +1,6 @@
 package blacklist
 
 import (
-	"slices"
 	"unsafe"
 )
 
@@ -432,13 +431,13 @@ func (s *Set) flat(now uint32) *Set {
 	}
 	out := &Set{
 		p4:  singles4{t: newT4(sec[0].k4)},
-		pr4: ranges4{start: newT4(sec[1].k4), end: slices.Clone(sec[1].end4)},
-		p6:  singles6{t: newT6(slices.Clone(sec[2].k6))},
-		pr6: ranges6{start: newT6(slices.Clone(sec[3].k6)), end: slices.Clone(sec[3].end6)},
-		e4:  singles4{t: newT4(sec[4].k4), exp: slices.Clone(sec[4].exp)},
-		er4: ranges4{start: newT4(sec[5].k4), end: slices.Clone(sec[5].end4), exp: slices.Clone(sec[5].exp)},
-		e6:  singles6{t: newT6(slices.Clone(sec[6].k6)), exp: slices.Clone(sec[6].exp)},
-		er6: ranges6{start: newT6(slices.Clone(sec[7].k6)), end: slices.Clone(sec[7].end6), exp: slices.Clone(sec[7].exp)},
+		pr4: ranges4{start: newT4(sec[1].k4), end: cloneYielding(sec[1].end4)},
+		p6:  singles6{t: newT6(cloneYielding(sec[2].k6))},
+		pr6: ranges6{start: newT6(cloneYielding(sec[3].k6)), end: cloneYielding(sec[3].end6)},
+		e4:  singles4{t: newT4(sec[4].k4), exp: cloneYielding(sec[4].exp)},
+		er4: ranges4{start: newT4(sec[5].k4), end: cloneYielding(sec[5].end4), exp: cloneYielding(sec[5].exp)},
+		e6:  singles6{t: newT6(cloneYielding(sec[6].k6)), exp: cloneYielding(sec[6].exp)},
+		er6: ranges6{start: newT6(cloneYielding(sec[7].k6)), end: cloneYielding(sec[7].end6), exp: cloneYielding(sec[7].exp)},
 	}
 	out.others4 = out.pr4.start.n + out.e4.t.n + out.er4.start.n
 	return out

@@ -2,6 +2,7 @@ package blacklist
 
 import (
 	"math/bits"
+	"runtime"
 	"slices"
 	"unsafe"
 )
@@ -50,6 +51,7 @@ func newT4(keys []a4) t4 {
 		for kb := int((key << t.c) >> t.ks); b <= kb; b++ {
 			t.idx[b] = uint32(i)
 		}
+		yieldAt(i)
 	}
 	for ; b < len(t.idx); b++ {
 		t.idx[b] = uint32(n)
@@ -58,9 +60,10 @@ func newT4(keys []a4) t4 {
 		t.k16 = make([]uint16, n)
 		for i, key := range keys {
 			t.k16[i] = uint16(key)
+			yieldAt(i)
 		}
 	} else {
-		t.k32 = slices.Clone(keys)
+		t.k32 = cloneYielding(keys)
 	}
 	return t
 }
@@ -157,15 +160,54 @@ func (t *t4) key(i int) a4 {
 // appendKeys appends every key in order.
 func (t *t4) appendKeys(dst []a4) []a4 {
 	if t.k16 == nil {
-		return append(dst, t.k32...)
+		return appendYielding(dst, t.k32)
 	}
+	next := len(dst) + yieldMask
 	for b := 0; b+1 < len(t.idx); b++ {
 		top := t.first&t.mask | a4(b)<<t.ks>>t.c
 		for _, x := range t.k16[t.idx[b]:t.idx[b+1]] {
 			dst = append(dst, top|a4(x))
 		}
+		if len(dst) >= next {
+			runtime.Gosched()
+			next = len(dst) + yieldMask
+		}
 	}
 	return dst
+}
+
+// yieldMask sets how often the loops that build or read out a whole table yield
+// their P (runtime.Gosched): every 32,768 entries, some tens of microseconds. A
+// build of millions of entries (a fold in the background, a list replaced) runs
+// for tens to hundreds of milliseconds, and without yielding it holds its P for
+// Go's whole 10 ms time slice while the goroutines serving requests, which look
+// addresses up, wait for one.
+const yieldMask = 1<<15 - 1
+
+func yieldAt(i int) {
+	if i&yieldMask == yieldMask {
+		runtime.Gosched()
+	}
+}
+
+// appendYielding is append(dst, src...) in pieces of yieldMask+1 elements with a
+// yield between them: one copy of tens of megabytes holds its P as long as a loop.
+func appendYielding[T any](dst, src []T) []T {
+	dst = slices.Grow(dst, len(src))
+	for len(src) > yieldMask+1 {
+		dst = append(dst, src[:yieldMask+1]...)
+		src = src[yieldMask+1:]
+		runtime.Gosched()
+	}
+	return append(dst, src...)
+}
+
+// cloneYielding is slices.Clone with appendYielding's yields.
+func cloneYielding[T any](s []T) []T {
+	if s == nil {
+		return nil
+	}
+	return appendYielding(make([]T, 0, len(s)), s)
 }
 
 func (t *t4) bytes() int {
@@ -197,6 +239,7 @@ func newT6(keys []a6) t6 {
 		for kb := int(t.bucket(key)); b <= kb; b++ {
 			t.idx[b] = uint32(i)
 		}
+		yieldAt(i)
 	}
 	for ; b < len(t.idx); b++ {
 		t.idx[b] = uint32(n)
