@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/netip"
+	"os"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -78,7 +82,9 @@ type blUpdate struct {
 	Over1ms *int     `json:"lookups_over_1ms,omitempty"`
 	// The longest lookup of each round (-stall-rounds) beside the update.
 	RoundsStallUs []float64 `json:"round_max_stall_us,omitempty"`
-	Probes        *int64    `json:"lookups,omitempty"`
+	// Where the time of the window of lookups holding each round's longest went.
+	RoundsWindow []stallWindow `json:"round_max_stall_window,omitempty"`
+	Probes       *int64        `json:"lookups,omitempty"`
 	// Garbage collections that ran while the update ran beside the lookups.
 	GCs *uint32 `json:"gc_cycles,omitempty"`
 }
@@ -596,6 +602,7 @@ func (u *blUpdate) addRound(pr *stallProbe, gcs uint32) {
 	u.Probes = ptr(deref(u.Probes) + pr.count)
 	u.GCs = ptr(deref(u.GCs) + gcs)
 	u.RoundsStallUs = append(u.RoundsStallUs, us)
+	u.RoundsWindow = append(u.RoundsWindow, pr.window)
 }
 
 func deref[T any](p *T) T {
@@ -629,8 +636,11 @@ func (r *blacklistResults) controlFor(l *blacklist.List, ref *blacklist.Set, p *
 	*c.GCs += numGC() - gc0
 	for len(c.RoundsStallUs) <= rnd {
 		c.RoundsStallUs = append(c.RoundsStallUs, 0)
+		c.RoundsWindow = append(c.RoundsWindow, stallWindow{})
 	}
-	c.RoundsStallUs[rnd] = max(c.RoundsStallUs[rnd], us)
+	if us >= c.RoundsStallUs[rnd] {
+		c.RoundsStallUs[rnd], c.RoundsWindow[rnd] = us, pr.window
+	}
 }
 
 // maxLargeDeltas bounds the deltas measureLargeDelta applies waiting for a fold;
@@ -762,12 +772,58 @@ func numGC() uint32 {
 const maxProbeLookups = 1 << 34
 
 // stallProbe is a goroutine looking up addresses in a list, timing each lookup.
+// It runs on a thread of its own and reads that thread's scheduler counters every
+// probeWindow lookups, so that the window holding its longest lookup says where the
+// time went (stallWindow).
 type stallProbe struct {
-	quit  atomic.Bool
-	done  chan struct{}
-	worst time.Duration
-	over  int   // lookups over 1 ms
-	count int64 // lookups made
+	quit   atomic.Bool
+	done   chan struct{}
+	worst  time.Duration
+	over   int         // lookups over 1 ms
+	count  int64       // lookups made
+	window stallWindow // the window of lookups that holds the longest
+}
+
+// stallWindow is where the time of a window of lookups went, by the lookup
+// thread's scheduler counters (/proc/thread-self/schedstat): on a CPU as the guest
+// kernel sees it (a lookup takes under a microsecond, so milliseconds of it are the
+// virtual CPU not running: the hypervisor's steal), waiting in the guest's run
+// queue, or off any CPU (asleep: Go's scheduler had given the goroutine's P to
+// another goroutine and parked the thread). Zero when the counters cannot be read.
+type stallWindow struct {
+	WallUs  float64 `json:"wall_us"`
+	CPUUs   float64 `json:"on_cpu_us"`
+	QueueUs float64 `json:"run_queue_us"`
+	OffUs   float64 `json:"off_cpu_us"`
+}
+
+func (w stallWindow) String() string {
+	if w.WallUs == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("cpu %.1f, queue %.1f, off %.1f ms", w.CPUUs/1e3, w.QueueUs/1e3, w.OffUs/1e3)
+}
+
+// probeWindow is the lookups between two reads of the scheduler counters (tens
+// to hundreds of microseconds).
+const probeWindow = 256
+
+// schedstat reads the calling thread's time on a CPU and waiting in a run queue.
+func schedstat(f *os.File, buf []byte) (cpu, queue time.Duration, ok bool) {
+	if f == nil {
+		return 0, 0, false
+	}
+	n, err := f.ReadAt(buf, 0)
+	if n == 0 || err != nil && err != io.EOF {
+		return 0, 0, false
+	}
+	fs := strings.Fields(string(buf[:n]))
+	if len(fs) < 2 {
+		return 0, 0, false
+	}
+	c, err1 := strconv.ParseInt(fs[0], 10, 64)
+	q, err2 := strconv.ParseInt(fs[1], 10, 64)
+	return time.Duration(c), time.Duration(q), err1 == nil && err2 == nil
 }
 
 func startProbe(l *blacklist.List, addrs []netip.Addr) *stallProbe {
@@ -775,15 +831,40 @@ func startProbe(l *blacklist.List, addrs []netip.Addr) *stallProbe {
 	mask := len(addrs) - 1
 	go func() {
 		defer close(p.done)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		f, _ := os.Open("/proc/thread-self/schedstat")
+		if f != nil {
+			defer f.Close()
+		}
+		buf := make([]byte, 128)
+		cpu0, q0, ok := schedstat(f, buf)
+		w0 := time.Now()
+		hit := false // the window under way holds the longest lookup so far
 		for i := 0; i < maxProbeLookups && !p.quit.Load(); i++ {
 			t := time.Now()
 			l.Contains(addrs[i&mask])
 			el := time.Since(t)
-			p.worst = max(p.worst, el)
+			if el > p.worst {
+				p.worst, hit = el, true
+			}
 			if el > time.Millisecond {
 				p.over++
 			}
 			p.count++
+			if i%probeWindow == probeWindow-1 {
+				cpu, q, ok2 := schedstat(f, buf)
+				now := time.Now()
+				if hit && ok && ok2 {
+					wall, dc, dq := now.Sub(w0), cpu-cpu0, q-q0
+					p.window = stallWindow{WallUs: us(wall), CPUUs: us(dc), QueueUs: us(dq), OffUs: us(max(0, wall-dc-dq))}
+				}
+				cpu0, q0, ok, w0, hit = cpu, q, ok2, now, false
+			}
+		}
+		if cpu, q, ok2 := schedstat(f, buf); hit && ok && ok2 {
+			wall, dc, dq := time.Since(w0), cpu-cpu0, q-q0
+			p.window = stallWindow{WallUs: us(wall), CPUUs: us(dc), QueueUs: us(dq), OffUs: us(max(0, wall-dc-dq))}
 		}
 	}()
 	return p

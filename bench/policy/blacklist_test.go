@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"slices"
 	"testing"
 )
@@ -32,5 +33,48 @@ func TestStallRounds(t *testing.T) {
 	}
 	if (&blacklistResults{}).stallRounds() != nil {
 		t.Fatal("no control: want no rounds")
+	}
+}
+
+func TestSchedstat(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "schedstat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.WriteString("1234567 890 12\n")
+	buf := make([]byte, 128)
+	cpu, q, ok := schedstat(f, buf)
+	if !ok || cpu != 1234567 || q != 890 {
+		t.Fatalf("schedstat = %v, %v, %v; want 1.234567ms, 890ns, true", cpu, q, ok)
+	}
+	if _, _, ok := schedstat(nil, buf); ok {
+		t.Fatal("no file: want not ok")
+	}
+	// The thread's own counters, where the kernel has them.
+	if g, err := os.Open("/proc/thread-self/schedstat"); err == nil {
+		defer g.Close()
+		if _, _, ok := schedstat(g, buf); !ok {
+			t.Fatal("/proc/thread-self/schedstat did not parse")
+		}
+	}
+}
+
+func TestStallRoundWindows(t *testing.T) {
+	w1, w2, wc := stallWindow{WallUs: 5000, CPUUs: 4900}, stallWindow{WallUs: 900, OffUs: 800}, stallWindow{WallUs: 300}
+	r := &blacklistResults{
+		updates: []*blUpdate{
+			{Name: updText, RoundsStallUs: []float64{5000, 100}, RoundsWindow: []stallWindow{w1, {}}},
+			{Name: updDelta, RoundsStallUs: []float64{40, 900}, RoundsWindow: []stallWindow{{}, w2}},
+		},
+		swapRounds: []float64{10, 2000},
+		control:    &blUpdate{Name: updControl, RoundsStallUs: []float64{300, 400}, RoundsWindow: []stallWindow{wc, {}}},
+	}
+	got := r.stallRoundWindows()
+	if len(got) != 2 || got[0].update != "text upload" || got[0].upd != w1 || got[0].ctl != wc || got[1].update != "swap only" {
+		t.Fatalf("stallRoundWindows = %+v", got)
+	}
+	if s := w1.String(); s != "cpu 4.9, queue 0.0, off 0.0 ms" {
+		t.Fatalf("String = %q", s)
 	}
 }

@@ -326,15 +326,23 @@ func (b *bench) blacklistTables(w io.Writer, s *summary) float64 {
 	}
 	ut.Fprint(w)
 	if rounds := r.stallRounds(); len(rounds) > 0 {
-		rt := benchkit.Table{Header: []string{"round", "longest lookup beside the updates µs", "control µs", "limit µs", "within"}}
+		rt := benchkit.Table{Header: []string{"round", "longest lookup beside the updates µs", "control µs", "limit µs", "within", "beside: which update, its lookups' window", "control's window"}}
 		var upd, ctl []float64
+		wins := r.stallRoundWindows()
 		for i, v := range rounds {
 			limit := targetStallVsControl*v[1] + targetStallOverControlUs
-			rt.Row(fmt.Sprint(i+1), fmt.Sprintf("%.1f", v[0]), fmt.Sprintf("%.1f", v[1]), fmt.Sprintf("%.1f", limit), fmt.Sprint(v[0] <= limit))
+			which, cw := "-", "-"
+			if i < len(wins) {
+				which, cw = wins[i].update+": "+wins[i].upd.String(), wins[i].ctl.String()
+			}
+			rt.Row(fmt.Sprint(i+1), fmt.Sprintf("%.1f", v[0]), fmt.Sprintf("%.1f", v[1]), fmt.Sprintf("%.1f", limit), fmt.Sprint(v[0] <= limit), which, cw)
 			upd, ctl = append(upd, v[0]), append(ctl, v[1])
 		}
-		rt.Row("median", fmt.Sprintf("%.1f", median(upd)), fmt.Sprintf("%.1f", median(ctl)), fmt.Sprintf("%.1f", targetStallVsControl*median(ctl)+targetStallOverControlUs), fmt.Sprint(median(upd) <= targetStallVsControl*median(ctl)+targetStallOverControlUs))
+		rt.Row("median", fmt.Sprintf("%.1f", median(upd)), fmt.Sprintf("%.1f", median(ctl)), fmt.Sprintf("%.1f", targetStallVsControl*median(ctl)+targetStallOverControlUs), fmt.Sprint(median(upd) <= targetStallVsControl*median(ctl)+targetStallOverControlUs), "", "")
 		rt.Fprint(w)
+		fmt.Fprintln(w, "window: where the time of the lookups (256 at a time) holding a round's longest went, by the lookup thread's /proc/thread-self/schedstat:\n"+
+			"on a CPU as the guest sees it (milliseconds of it are the virtual CPU not running: the hypervisor's steal), in the guest's run queue,\n"+
+			"or off any CPU (Go's scheduler had parked the thread: its goroutine waited for a P)")
 		s.BLRoundsStallUs = rounds
 		s.BLRoundStallUs, s.BLControlRoundStallUs = ptr(median(upd)), ptr(median(ctl))
 	}
@@ -575,6 +583,39 @@ func (r *blacklistResults) stallRounds() [][2]float64 {
 		if any {
 			out = append(out, [2]float64{upd, c})
 		}
+	}
+	return out
+}
+
+// roundWindows is, for one round, the update whose lookups saw the round's longest
+// (or "swap only"), where that window's time went, and the control's.
+type roundWindows struct {
+	update   string
+	upd, ctl stallWindow
+}
+
+func (r *blacklistResults) stallRoundWindows() []roundWindows {
+	if r == nil || r.control == nil {
+		return nil
+	}
+	var out []roundWindows
+	for i := range r.control.RoundsStallUs {
+		rw, best := roundWindows{}, -1.0
+		for _, u := range r.updates {
+			if i < len(u.RoundsStallUs) && u.RoundsStallUs[i] > best {
+				best, rw.update = u.RoundsStallUs[i], strings.SplitN(u.Name, ":", 2)[0]
+				if i < len(u.RoundsWindow) {
+					rw.upd = u.RoundsWindow[i]
+				}
+			}
+		}
+		if i < len(r.swapRounds) && r.swapRounds[i] > best {
+			rw.update, rw.upd = "swap only", stallWindow{}
+		}
+		if i < len(r.control.RoundsWindow) {
+			rw.ctl = r.control.RoundsWindow[i]
+		}
+		out = append(out, rw)
 	}
 	return out
 }
