@@ -74,54 +74,15 @@ func (t *Table) Proxy(ref Ref) *Proxy {
 // a connection waiting for its member (ProxyPending) changes nothing but a reset,
 // which closes it.
 func (t *Table) LookupTCPRef(k *Key, hash uint64, flags uint8, now uint32) (member uint16, ref Ref, ok bool) {
-	i, link, plink := t.find(k, hash)
-	if i == 0 {
-		return 0, 0, false
-	}
-	e := &t.entries[i]
-	if expired(now, e.expire) {
-		t.expireFound(i, link, plink)
-		return 0, 0, false
-	}
-	ns := nextState(e.state, flags)
-	if t.proxy != nil && t.proxy[i].Flags&ProxyPending != 0 && flags&flagRST == 0 {
-		ns = e.state
-	}
-	if ns != e.state {
-		t.refile(i, ns, now)
-		if t.events != nil {
-			t.note(i, hash, false)
-		}
-	} else {
-		t.touch(i, now)
-	}
-	return e.member, Ref(i), true
+	member, i, ok := t.lookupTCP(k, hash, flags, now)
+	return member, Ref(i), ok
 }
 
 // LookupReplyRef is LookupReply for a TCP reply (confirmed StateEstablished), and
 // also returns the entry found, for Proxy and EstablishProxy.
 func (t *Table) LookupReplyRef(k *Key, hash uint64, now uint32) (member uint16, ref Ref, ok bool) {
-	i, link, plink := t.find(k, hash)
-	if i == 0 {
-		return 0, 0, false
-	}
-	e := &t.entries[i]
-	if expired(now, e.expire) {
-		t.expireFound(i, link, plink)
-		return 0, 0, false
-	}
-	switch e.state {
-	case StateSynRecv:
-	case StateUnconfirmed:
-		t.refile(i, StateEstablished, now)
-		t.stats.Confirmed++
-		if t.events != nil {
-			t.note(i, hash, false)
-		}
-	default:
-		t.touch(i, now)
-	}
-	return e.member, Ref(i), true
+	member, i, ok := t.lookupReply(k, hash, StateEstablished, now)
+	return member, Ref(i), ok
 }
 
 // InsertProxy inserts a proxied connection waiting for its member: as Insert in

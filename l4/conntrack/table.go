@@ -263,16 +263,27 @@ func (t *Table) Lookup(k *Key, hash uint64, now uint32) (member uint16, state St
 //
 // A UDP entry keeps its state. An expired entry counts as absent, and is reclaimed.
 func (t *Table) LookupTCP(k *Key, hash uint64, flags uint8, now uint32) (member uint16, ok bool) {
+	member, _, ok = t.lookupTCP(k, hash, flags, now)
+	return member, ok
+}
+
+// lookupTCP is LookupTCP, returning the entry's index too. An entry of a proxied
+// connection waiting for its member (ProxyPending) changes state only on a reset.
+func (t *Table) lookupTCP(k *Key, hash uint64, flags uint8, now uint32) (member uint16, i uint32, ok bool) {
 	i, link, plink := t.find(k, hash)
 	if i == 0 {
-		return 0, false
+		return 0, 0, false
 	}
 	e := &t.entries[i]
 	if expired(now, e.expire) {
 		t.expireFound(i, link, plink)
-		return 0, false
+		return 0, 0, false
 	}
-	if ns := nextState(e.state, flags); ns != e.state {
+	ns := nextState(e.state, flags)
+	if t.proxy != nil && t.proxy[i].Flags&ProxyPending != 0 && flags&flagRST == 0 {
+		ns = e.state
+	}
+	if ns != e.state {
 		t.refile(i, ns, now)
 		if t.events != nil {
 			t.note(i, hash, false)
@@ -280,7 +291,7 @@ func (t *Table) LookupTCP(k *Key, hash uint64, flags uint8, now uint32) (member 
 	} else {
 		t.touch(i, now)
 	}
-	return e.member, true
+	return e.member, i, true
 }
 
 // LookupUDP looks k up and, on a hit, refreshes the entry's expiry. An expired entry
@@ -329,14 +340,20 @@ func nextState(s State, flags uint8) State {
 // half-open entry waits for the client's ACK, whatever its member answers). An expired
 // entry counts as absent, and is reclaimed.
 func (t *Table) LookupReply(k *Key, hash uint64, confirmed State, now uint32) (member uint16, ok bool) {
+	member, _, ok = t.lookupReply(k, hash, confirmed, now)
+	return member, ok
+}
+
+// lookupReply is LookupReply, returning the entry's index too.
+func (t *Table) lookupReply(k *Key, hash uint64, confirmed State, now uint32) (member uint16, i uint32, ok bool) {
 	i, link, plink := t.find(k, hash)
 	if i == 0 {
-		return 0, false
+		return 0, 0, false
 	}
 	e := &t.entries[i]
 	if expired(now, e.expire) {
 		t.expireFound(i, link, plink)
-		return 0, false
+		return 0, 0, false
 	}
 	switch e.state {
 	case StateSynRecv:
@@ -351,7 +368,7 @@ func (t *Table) LookupReply(k *Key, hash uint64, confirmed State, now uint32) (m
 	default:
 		t.touch(i, now)
 	}
-	return e.member, true
+	return e.member, i, true
 }
 
 // touch refreshes entry i's expiry in its current state. A half-open or unconfirmed
