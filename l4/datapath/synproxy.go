@@ -608,7 +608,7 @@ func (w *worker) synproxyOut(s *snapshot, b *port.Buf, frame []byte, ip *packet.
 	}
 	px := w.table.Proxy(ref)
 	if px == nil {
-		return w.pxToClient(s, b, frame, ip, inner), true
+		return w.toClient(s, b, frame, ip, inner, ip.End), true
 	}
 	if ip.Fragment {
 		w.count(dirOut, resMalformed)
@@ -670,35 +670,7 @@ func (w *worker) synproxyOut(s *snapshot, b *port.Buf, frame []byte, ip *packet.
 		d := synproxy.Delta{SeqDelta: px.SeqDelta, TSDelta: px.TSDelta, WShift: px.WShift}
 		_ = d.ToClient(t)
 	}
-	return w.pxToClient(s, b, frame, ip, inner), true
-}
-
-// pxToClient sends a member's packet, decapsulated, to the client: what fromMember
-// does once the flow is found.
-func (w *worker) pxToClient(s *snapshot, b *port.Buf, frame []byte, ip *packet.Packet, inner int) verdict {
-	if inner < 14 {
-		w.count(dirOut, resMalformed)
-		return vDrop
-	}
-	mac, ok := w.nextHop(s, ip.Dst)
-	if !ok {
-		w.count(dirOut, resNoNeighbor)
-		return vDrop
-	}
-	if !packet.DecTTL(frame, inner) {
-		w.count(dirOut, resTTL)
-		return vDrop
-	}
-	et := uint16(packet.EtherTypeIPv4)
-	if ip.EtherType == packet.EtherTypeIPv6 {
-		et = packet.EtherTypeIPv6
-	}
-	start := b.Off + inner - 14
-	packet.WriteEthernet(b.Data, start, mac, w.extMAC, et)
-	b.Off = start
-	b.Len = ip.End - inner + 14
-	w.count(dirOut, resForwarded)
-	return vExt
+	return w.toClient(s, b, frame, ip, inner, ip.End), true
 }
 
 // pxPublish copies the proxy's counters for metrics.

@@ -777,7 +777,6 @@ func (w *worker) fromMember(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 		return vDrop
 	}
 	inner := p.L4 + t.Inner
-	innerLen := p.End - inner
 	var ip packet.Packet
 	if err := packet.ParseIP(frame, inner, &ip); err != nil {
 		w.count(dirOut, resBadTunnel)
@@ -803,6 +802,13 @@ func (w *worker) fromMember(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 		w.count(dirOut, resReturnNoFlow)
 		return vDrop
 	}
+	return w.toClient(s, b, frame, &ip, inner, p.End)
+}
+
+// toClient sends the member's packet ip, which starts at inner in frame and whose
+// bytes end at end, decapsulated to the client through the external port: its TTL
+// decremented, in an Ethernet header to the next hop.
+func (w *worker) toClient(s *snapshot, b *port.Buf, frame []byte, ip *packet.Packet, inner, end int) verdict {
 	if inner < 14 {
 		w.count(dirOut, resMalformed)
 		return vDrop
@@ -817,13 +823,13 @@ func (w *worker) fromMember(s *snapshot, b *port.Buf, frame []byte, p *packet.Pa
 		return vDrop
 	}
 	et := uint16(packet.EtherTypeIPv4)
-	if ip.Dst.Is6() && !ip.Dst.Is4In6() {
+	if ip.EtherType == packet.EtherTypeIPv6 {
 		et = packet.EtherTypeIPv6
 	}
 	start := b.Off + inner - 14
 	packet.WriteEthernet(b.Data, start, mac, w.extMAC, et)
 	b.Off = start
-	b.Len = innerLen + 14
+	b.Len = end - inner + 14
 	w.count(dirOut, resForwarded)
 	return vExt
 }
