@@ -44,20 +44,25 @@ func TestValidateNamesFields(t *testing.T) {
 		{"mtu", func(c *Config) { c.Tunnel.MTU = 100 }, "tunnel.mtu"},
 		{"mode", func(c *Config) { c.Tunnel.Mode = "vxlan" }, "tunnel.mode"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := testConfig()
-			tc.edit(&c)
-			err := c.Validate()
-			if tc.want == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Validate() = %v, want it to contain %q", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkValidate(t, tc.edit, tc.want) })
+	}
+}
+
+// checkValidate checks that testConfig changed by edit validates, when want is empty,
+// or else is refused with an error that contains want.
+func checkValidate(t *testing.T, edit func(*Config), want string) {
+	t.Helper()
+	c := testConfig()
+	edit(&c)
+	err := c.Validate()
+	if want == "" {
+		if err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Validate() = %v, want it to contain %q", err, want)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
@@ -345,20 +344,7 @@ func TestSynProxyValidate(t *testing.T) {
 		{"wscale", func(c *Config) { c.SynProxy.WScale = 15 }, "synproxy.wscale"},
 		{"rotate", func(c *Config) { c.SynProxy.Rotate = 1 }, "synproxy.rotate"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := testConfig()
-			tc.edit(&c)
-			err := c.Validate()
-			if tc.want == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Validate() = %v, want %q", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkValidate(t, tc.edit, tc.want) })
 	}
 }
 
