@@ -22,14 +22,6 @@ import (
 // phases must forward packets, every check must pass, and the last line must be the
 // JSON summary.
 func TestMainInMemory(t *testing.T) {
-	var out, errb bytes.Buffer
-	code := Main([]string{"-phases", "table,forward", "-flows", "10000", "-duration", "200ms", "-table", "10000", "-quiet-wait", "0",
-		"-blacklist", "20000", "-blacklist-rounds", "2", "-blacklist-duration", "200ms"}, &out, &errb)
-	if code != 0 {
-		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
-	}
-	text := strings.TrimRight(out.String(), "\n")
-	last := text[strings.LastIndexByte(text, '\n')+1:]
 	var s struct {
 		EstablishedInMem *float64 `json:"l4_mpps_per_core_established_inmem"`
 		Established      *float64 `json:"l4_mpps_per_core_established"`
@@ -48,9 +40,8 @@ func TestMainInMemory(t *testing.T) {
 		} `json:"inmem"`
 		Table tableResult `json:"table"`
 	}
-	if err := json.Unmarshal([]byte(last), &s); err != nil {
-		t.Fatalf("last line %q: %v", last, err)
-	}
+	out := runMain(t, &s, "-phases", "table,forward", "-flows", "10000", "-duration", "200ms", "-table", "10000", "-quiet-wait", "0",
+		"-blacklist", "20000", "-blacklist-rounds", "2", "-blacklist-duration", "200ms")
 	if len(s.Failures) != 0 {
 		t.Errorf("failures: %q", s.Failures)
 	}
@@ -87,7 +78,7 @@ func TestMainInMemory(t *testing.T) {
 	}
 	for _, want := range []string{"in-memory: established (ACK)", "target (issue 5)", "DPVS", "stands for the NIC's DMA",
 		"in-memory: 20,000 entries, 100 clients listed", "(issue 14)"} {
-		if !strings.Contains(out.String(), want) {
+		if !strings.Contains(out, want) {
 			t.Errorf("the report lacks %q", want)
 		}
 	}
@@ -334,14 +325,6 @@ func TestMainDefence(t *testing.T) {
 	if runtime.NumCPU() < 2 {
 		t.Skip("the kernel's synproxy is measured on a core apart from the flood's: needs 2 CPUs")
 	}
-	var out, errb bytes.Buffer
-	code := Main([]string{"-phases", "defence", "-skip-dpdk", "-flows", "10000", "-quiet-wait", "0",
-		"-defence-rounds", "2", "-defence-duration", "200ms"}, &out, &errb)
-	if code != 0 {
-		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
-	}
-	text := strings.TrimRight(out.String(), "\n")
-	last := text[strings.LastIndexByte(text, '\n')+1:]
 	var s struct {
 		Cookies     *float64         `json:"synproxy_cookies_mpps_per_core"`
 		Kernel      *float64         `json:"kernel_synproxy_mpps_per_core"`
@@ -355,9 +338,8 @@ func TestMainDefence(t *testing.T) {
 		Defence     *defenceResults  `json:"defence"`
 		InMem       *forwardResults  `json:"inmem"`
 	}
-	if err := json.Unmarshal([]byte(last), &s); err != nil {
-		t.Fatalf("last line %q: %v", last, err)
-	}
+	out := runMain(t, &s, "-phases", "defence", "-skip-dpdk", "-flows", "10000", "-quiet-wait", "0",
+		"-defence-rounds", "2", "-defence-duration", "200ms")
 	if len(s.Failures) != 0 || s.Defence == nil || s.InMem != nil {
 		t.Fatalf("failures %q, defence %v, in-memory forwarding %v", s.Failures, s.Defence, s.InMem)
 	}
@@ -393,7 +375,7 @@ func TestMainDefence(t *testing.T) {
 			t.Errorf("kernel synproxy round %d: %+v", i+1, k)
 		}
 	}
-	if !strings.Contains(out.String(), "kernel nftables synproxy, CPU 1") {
+	if !strings.Contains(out, "kernel nftables synproxy, CPU 1") {
 		t.Error("the report lacks the kernel's synproxy")
 	}
 	if _, na := d.NotAvailable["synproxy"]; !na {
@@ -405,14 +387,14 @@ func TestMainDefence(t *testing.T) {
 				t.Errorf("SYN proxy round %d: %+v", i+1, rd)
 			}
 		}
-		if !strings.Contains(out.String(), "LD, one worker, in-memory ports") {
+		if !strings.Contains(out, "LD, one worker, in-memory ports") {
 			t.Error("the report lacks the LD's SYN proxy")
 		}
 
 	} else if s.Cookies != nil || s.VsKernel != nil {
 		t.Errorf("the LD's SYN proxy is not available, yet figures %v %v", s.Cookies, s.VsKernel)
 	}
-	if !strings.Contains(out.String(), "(issue 17)") {
+	if !strings.Contains(out, "(issue 17)") {
 		t.Error("the report lacks the targets of issue 17")
 	}
 	check("synproxy-established", s.Established)
@@ -443,22 +425,14 @@ func TestMainSynproxyDPDK(t *testing.T) {
 	if runtime.NumCPU() < 2 {
 		t.Skip("the kernel's synproxy is measured on a core apart from the flood's: needs 2 CPUs")
 	}
-	var out, errb bytes.Buffer
-	code := Main([]string{"-phases", "synproxy", "-flows", "10000", "-quiet-wait", "0",
-		"-defence-rounds", "1", "-defence-duration", "200ms"}, &out, &errb)
-	if code != 0 {
-		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
-	}
-	text := strings.TrimRight(out.String(), "\n")
 	var s struct {
 		CookiesDPDK *float64        `json:"synproxy_cookies_mpps_per_core_dpdk"`
 		Ring        []*phaseResult  `json:"synproxy_dpdk_net_ring"`
 		Defence     *defenceResults `json:"defence"`
 		Failures    []string        `json:"failures"`
 	}
-	if err := json.Unmarshal([]byte(text[strings.LastIndexByte(text, '\n')+1:]), &s); err != nil {
-		t.Fatal(err)
-	}
+	out := runMain(t, &s, "-phases", "synproxy", "-flows", "10000", "-quiet-wait", "0",
+		"-defence-rounds", "1", "-defence-duration", "200ms")
 	if len(s.Failures) != 0 || s.Defence == nil {
 		t.Fatalf("failures %q, defence %v", s.Failures, s.Defence)
 	}
@@ -469,7 +443,23 @@ func TestMainSynproxyDPDK(t *testing.T) {
 		return
 	}
 	if len(s.Ring) != 1 || s.Ring[0].Packets == 0 || s.CookiesDPDK == nil || *s.CookiesDPDK <= 0 ||
-		!strings.Contains(out.String(), "LD, one worker, DPDK net_ring") {
+		!strings.Contains(out, "LD, one worker, DPDK net_ring") {
 		t.Errorf("SYN proxy over DPDK net_ring: %v, rows %+v", s.CookiesDPDK, s.Ring)
 	}
+}
+
+// runMain runs the program with args, which must succeed, decodes its last line (the
+// JSON summary) into summary, and returns its standard output.
+func runMain(t *testing.T, summary any, args ...string) string {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if code := Main(args, &out, &errb); code != 0 {
+		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	text := strings.TrimRight(out.String(), "\n")
+	last := text[strings.LastIndexByte(text, '\n')+1:]
+	if err := json.Unmarshal([]byte(last), summary); err != nil {
+		t.Fatalf("last line %q: %v", last, err)
+	}
+	return out.String()
 }
