@@ -244,13 +244,7 @@ log_level: debug
 // addr as the test's own namespace reaches it, until the test ends.
 func relayInto(t *testing.T, ns *netns.NS, addr string) {
 	t.Helper()
-	var ln net.Listener
-	ns.MustDo(func() error {
-		var err error
-		ln, err = net.Listen("tcp", addr)
-		return err
-	})
-	t.Cleanup(func() { ln.Close() })
+	ln := ns.Listen(addr)
 	go func() {
 		for {
 			c, err := ln.Accept()

@@ -115,12 +115,7 @@ type l4Backend struct {
 
 func startL4Backend(t *testing.T, ns *netns.NS) *l4Backend {
 	b := &l4Backend{seen: map[string]int{}}
-	var ln net.Listener
-	ns.MustDo(func() error {
-		var err error
-		ln, err = net.Listen("tcp", l4BackendAddr)
-		return err
-	})
+	ln := ns.Listen(l4BackendAddr)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		node, _, _ := net.SplitHostPort(r.RemoteAddr)
 		b.mu.Lock()

@@ -44,13 +44,7 @@ func TestL4OverloadProtection(t *testing.T) {
 	cl, ld, l7 := s.cl, s.ld, s.m
 	s.tunnel("tgov0", ovVIPA, ovVIPB)
 	for _, a := range []string{ovVIPA + ":80", ovVIPA + ":81", ovVIPB + ":80"} {
-		var ln net.Listener
-		l7.MustDo(func() error {
-			var err error
-			ln, err = net.Listen("tcp", a)
-			return err
-		})
-		t.Cleanup(func() { ln.Close() })
+		ln := l7.Listen(a)
 		go func() {
 			for {
 				c, err := ln.Accept()

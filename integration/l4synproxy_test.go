@@ -106,12 +106,7 @@ func TestL4SynProxy(t *testing.T) {
 		}
 	})
 	for _, addr := range []string{pxVIP + ":80", pxVIP + ":81", "[" + pxVIP6 + "]:80"} {
-		var ln net.Listener
-		l7.MustDo(func() error {
-			var err error
-			ln, err = net.Listen("tcp", addr)
-			return err
-		})
+		ln := l7.Listen(addr)
 		srv := &http.Server{Handler: handler, ConnState: func(c net.Conn, st http.ConnState) {
 			if st == http.StateNew {
 				pxConnsMu.Lock()

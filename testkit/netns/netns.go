@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -178,6 +179,20 @@ func (ns *NS) MustDo(f func() error) {
 	if err := ns.Do(f); err != nil {
 		ns.t.Fatal(err)
 	}
+}
+
+// Listen opens a TCP listener on addr inside the namespace, closed when the test
+// ends; it fails the test when it cannot.
+func (ns *NS) Listen(addr string) net.Listener {
+	ns.t.Helper()
+	var ln net.Listener
+	ns.MustDo(func() error {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		return err
+	})
+	ns.t.Cleanup(func() { ln.Close() })
+	return ln
 }
 
 // Veth creates a veth pair with end aName in a and end bName in b, and sets both up. A

@@ -28,13 +28,7 @@ func TestVethPing(t *testing.T) {
 func TestDoListensInside(t *testing.T) {
 	ns := New(t, "do")
 	ns.Addr("lo", "198.18.9.9/32")
-	var ln net.Listener
-	ns.MustDo(func() error {
-		var err error
-		ln, err = net.Listen("tcp", "198.18.9.9:0")
-		return err
-	})
-	defer ln.Close()
+	ln := ns.Listen("198.18.9.9:0")
 	go func() {
 		c, err := ln.Accept()
 		if err == nil {
