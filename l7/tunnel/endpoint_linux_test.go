@@ -91,6 +91,34 @@ func (tb *testbed) stats(cond func(Stats) bool) Stats {
 
 // ldSocket opens a raw socket for proto in the ld namespace, bound to src, with a
 // receive timeout.
+// udpEcho serves UDP on the VIP in the L7 namespace until the test ends: each
+// datagram is echoed at once and, when later is not 0, again with " later" appended
+// after later.
+func (tb *testbed) udpEcho(t *testing.T, later time.Duration) {
+	t.Helper()
+	var uc *net.UDPConn
+	tb.l7.MustDo(func() error {
+		var err error
+		uc, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(vip))
+		return err
+	})
+	t.Cleanup(func() { uc.Close() })
+	go func() {
+		b := make([]byte, 1500)
+		for {
+			n, from, err := uc.ReadFromUDPAddrPort(b)
+			if err != nil {
+				return
+			}
+			msg := bytes.Clone(b[:n])
+			uc.WriteToUDPAddrPort(msg, from)
+			if later != 0 {
+				time.AfterFunc(later, func() { uc.WriteToUDPAddrPort(append(msg, " later"...), from) })
+			}
+		}
+	}()
+}
+
 func (tb *testbed) ldSocket(t *testing.T, proto int, src string) int {
 	t.Helper()
 	var fd int
@@ -373,23 +401,7 @@ func TestEndpointKeyAndLDs(t *testing.T) {
 		c.LDs = []netip.Addr{ld, ld2}
 		c.LDDeadAfter = config.Duration(time.Minute) // both LDs live throughout
 	})
-	var uc *net.UDPConn
-	tb.l7.MustDo(func() error {
-		var err error
-		uc, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(vip))
-		return err
-	})
-	defer uc.Close()
-	go func() {
-		b := make([]byte, 1500)
-		for {
-			n, from, err := uc.ReadFromUDPAddrPort(b)
-			if err != nil {
-				return
-			}
-			uc.WriteToUDPAddrPort(b[:n], from)
-		}
-	}()
+	tb.udpEcho(t, 0)
 	gre1 := tb.ldSocket(t, unix.IPPROTO_GRE, ld.String())
 	gre2 := tb.ldSocket(t, unix.IPPROTO_GRE, ld2.String())
 	ipip := tb.ldSocket(t, unix.IPPROTO_IPIP, ld.String())
@@ -443,23 +455,7 @@ func TestEndpointKeyAndLDs(t *testing.T) {
 // makes, which must find its flow through the packet it quotes.
 func TestEndpointUDPAndICMP(t *testing.T) {
 	tb := newTestbed(t, nil)
-	var uc *net.UDPConn
-	tb.l7.MustDo(func() error {
-		var err error
-		uc, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(vip))
-		return err
-	})
-	defer uc.Close()
-	go func() {
-		b := make([]byte, 1500)
-		for {
-			n, from, err := uc.ReadFromUDPAddrPort(b)
-			if err != nil {
-				return
-			}
-			uc.WriteToUDPAddrPort(b[:n], from)
-		}
-	}()
+	tb.udpEcho(t, 0)
 	gre := tb.ldSocket(t, unix.IPPROTO_GRE, "198.18.1.1")
 	c := netip.AddrPortFrom(client.Addr(), 40010)
 	sendTo(t, gre, greWrap(udpPacket(c, vip, []byte("ping")), false, false))
@@ -601,25 +597,7 @@ func TestEndpointDeadLD(t *testing.T) {
 	})
 	// The server answers each datagram at once and again 1.5 s later, when its LD has
 	// been silent for longer than ld_dead_after.
-	var uc *net.UDPConn
-	tb.l7.MustDo(func() error {
-		var err error
-		uc, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(vip))
-		return err
-	})
-	defer uc.Close()
-	go func() {
-		b := make([]byte, 1500)
-		for {
-			n, from, err := uc.ReadFromUDPAddrPort(b)
-			if err != nil {
-				return
-			}
-			msg := bytes.Clone(b[:n])
-			uc.WriteToUDPAddrPort(msg, from)
-			time.AfterFunc(1500*time.Millisecond, func() { uc.WriteToUDPAddrPort(append(msg, " later"...), from) })
-		}
-	}()
+	tb.udpEcho(t, 1500*time.Millisecond)
 	gre1 := tb.ldSocket(t, unix.IPPROTO_GRE, ld.String())
 	gre2 := tb.ldSocket(t, unix.IPPROTO_GRE, ld2.String())
 	c := netip.AddrPortFrom(client.Addr(), 40040)
