@@ -145,7 +145,13 @@ func newListener(s *Server, idx int, cfg ListenerConfig) *listener {
 		Handler:      l.serveH1,
 		ErrorHandler: l.h1Error,
 		ConnState:    l.h1State,
-		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+		// ReadTimeout is the time to read a body; a request without one keeps the
+		// deadline of its header (ReadHeaderTimeout), saving the deadline's set. A
+		// zero RequestConfig leaves the deadline and the server's limits be.
+		HeaderReceived: func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+			if !hasBody(h) {
+				return fasthttp.RequestConfig{}
+			}
 			return fasthttp.RequestConfig{ReadTimeout: cfg.ReadTimeout.D()}
 		},
 		ReadTimeout:                  cfg.ReadHeaderTimeout.D(),
@@ -494,9 +500,17 @@ func (l *listener) handshakeFailed(hs *handshake, transport string, version uint
 // the peer's: the client has gone or is going, and the alert (a record sealed and a
 // write made to a socket whose peer has closed, which answers it with a reset) was a
 // tenth of the CPU fasthttp spent on a connection of one request.
+//
+// Its deadlines are lazy (lazyDeadlines): fasthttp sets a write deadline before each
+// response, which the one armed for an earlier response usually covers. fasthttp
+// sets them all on the goroutine serving the connection (the HTTP/2 server, which
+// sets them from two, keeps the TLS connection's own). Shutdown's drainDeadline,
+// set on the raw connection from another goroutine, is in the past: it stays in
+// force over a deadline the lazy layer skips.
 type h1Conn struct {
 	*tls.Conn
 	c        *tcpConn
+	lazy     lazyDeadlines
 	readDone bool // a Read failed; fasthttp reads and closes on one goroutine
 }
 
@@ -519,8 +533,12 @@ func (w *h1Conn) SetReadDeadline(t time.Time) error {
 	if w.c.idle.Load() && w.c.l.s.draining.Load() {
 		t = drainDeadline
 	}
-	return w.Conn.SetReadDeadline(t)
+	return w.lazy.setRead(w.Conn, t)
 }
+
+func (w *h1Conn) SetWriteDeadline(t time.Time) error { return w.lazy.setWrite(w.Conn, t) }
+
+func (w *h1Conn) SetDeadline(t time.Time) error { return w.lazy.set(w.Conn, t) }
 
 func (l *listener) h1State(nc net.Conn, st fasthttp.ConnState) {
 	w, ok := nc.(*h1Conn)
