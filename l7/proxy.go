@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -221,50 +222,287 @@ func equalFoldASCII(b []byte, s string) bool {
 // Connection header names them or not: such a token ("keep-alive", the common one)
 // needs no copy to be removed by.
 func isHopHeader(name []byte) bool {
-	for _, h := range hopHeaders {
-		if equalFoldASCII(name, h) {
-			return true
+	return hopBit(name, foldCase)&hopMask != 0
+}
+
+// The bits of hopBit, one per header of hopHeaders (in its order) and two more the
+// request side removes.
+const (
+	hopConnection = 1 << iota
+	hopProxyConnection
+	hopKeepAlive
+	hopProxyAuthenticate
+	hopProxyAuthorization
+	hopTe
+	hopTrailer
+	hopTransferEncoding
+	hopUpgrade
+	hdrExpect
+	hdrXForwardedFor
+
+	hopMask = hdrExpect - 1 // the bits of hopHeaders
+)
+
+// Ways hopBit compares names.
+const (
+	exactCase = false // as Del finds headers a request parsed with normalizing holds
+	foldCase  = true  // any case (RFC 9110 section 5.1)
+)
+
+// hopBit returns the bit of a name among hopHeaders, Expect and X-Forwarded-For,
+// in their canonical spelling or in any case with fold, or 0 for another name. It
+// looks at the length first, so the names of most headers cost one comparison.
+func hopBit(name []byte, fold bool) uint16 {
+	var s string
+	var bit uint16
+	switch len(name) {
+	case 2:
+		s, bit = "Te", hopTe
+	case 6:
+		s, bit = "Expect", hdrExpect
+	case 7:
+		if name[0]|0x20 == 't' {
+			s, bit = "Trailer", hopTrailer
+		} else {
+			s, bit = "Upgrade", hopUpgrade
+		}
+	case 10:
+		if name[0]|0x20 == 'c' {
+			s, bit = "Connection", hopConnection
+		} else {
+			s, bit = "Keep-Alive", hopKeepAlive
+		}
+	case 15:
+		s, bit = "X-Forwarded-For", hdrXForwardedFor
+	case 16:
+		s, bit = "Proxy-Connection", hopProxyConnection
+	case 17:
+		s, bit = "Transfer-Encoding", hopTransferEncoding
+	case 18:
+		s, bit = "Proxy-Authenticate", hopProxyAuthenticate
+	case 19:
+		s, bit = "Proxy-Authorization", hopProxyAuthorization
+	default:
+		return 0
+	}
+	if string(name) == s || fold && foldEqual(name, s) {
+		return bit
+	}
+	return 0
+}
+
+// foldEqual reports whether b is s but for the case of ASCII letters. Unlike
+// bytes.EqualFold it folds nothing else: no non-ASCII letter is the same name as
+// an ASCII one.
+func foldEqual(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range len(b) {
+		x, y := b[i], s[i]
+		if x == y {
+			continue
+		}
+		if x|0x20 != y|0x20 || x|0x20 < 'a' || x|0x20 > 'z' {
+			return false
 		}
 	}
-	return false
+	return true
 }
+
+// connTokens gathers the names a Connection header lists for removal: up to
+// len(toks) of them without a copy (their bytes stay where the header holds them,
+// which deletions do not move), the rest in more.
+type connTokens struct {
+	n    int
+	toks [8][]byte
+	more [][]byte
+}
+
+func (c *connTokens) add(tok []byte) {
+	if c.n < len(c.toks) {
+		c.toks[c.n] = tok
+		c.n++
+		return
+	}
+	c.more = append(c.more, tok)
+}
+
+func (c *connTokens) len() int { return c.n + len(c.more) }
+
+func (c *connTokens) at(i int) []byte {
+	if i < c.n {
+		return c.toks[i]
+	}
+	return c.more[i-c.n]
+}
+
+// addList adds the elements of a Connection value that keep reports, in order.
+func (c *connTokens) addList(v []byte, keep func([]byte) bool) {
+	for len(v) > 0 {
+		var tok []byte
+		if i := bytes.IndexByte(v, ','); i >= 0 {
+			tok, v = v[:i], v[i+1:]
+		} else {
+			tok, v = v, nil
+		}
+		if tok = trimOWS(tok); len(tok) > 0 && keep(tok) {
+			c.add(tok)
+		}
+	}
+}
+
+func namedByRequest(tok []byte) bool { return !isProtected(tok) && !isHopHeader(tok) }
+func namedByResponse(tok []byte) bool {
+	return !equalFoldASCII(tok, "Content-Length") && !isHopHeader(tok)
+}
+
+// scratchHeaders hold copies of request headers whose Cookie fields All would
+// otherwise parse in place (see requestHopHeaders).
+var scratchHeaders = sync.Pool{New: func() any { return new(fasthttp.RequestHeader) }}
 
 // removeRequestHopHeaders removes the hop-by-hop headers of a request, those its
-// Connection header names included.
-func removeRequestHopHeaders(h *fasthttp.RequestHeader) {
-	var named [][]byte
-	for _, v := range h.PeekAll("Connection") {
-		listElements(v, func(tok []byte) {
-			if !isProtected(tok) && !isHopHeader(tok) {
-				named = append(named, append([]byte(nil), tok...))
-			}
-		})
+// Connection header names included, and Expect; it reports whether an
+// X-Forwarded-For header was there (and may still be, unless Connection named it).
+//
+// It looks at the headers once, and deletes only the ones it found: fasthttp's Del
+// copies and normalizes its name and looks through every header, which for the
+// eleven names was most of what forwarding a request cost here. It removes what
+// removeRequestHopHeadersDel (in the tests) removes, in the same order, so the
+// headers left are in the same order too.
+func removeRequestHopHeaders(h *fasthttp.RequestHeader) (xff bool) {
+	if len(h.PeekTrailerKeys()) > 0 {
+		// Announced trailers keep headers in a section All does not show.
+		for _, v := range h.PeekAll("Connection") {
+			listElements(v, func(tok []byte) {
+				if namedByRequest(tok) {
+					h.DelBytes(append([]byte(nil), tok...))
+				}
+			})
+		}
+		for _, n := range hopHeaders {
+			h.Del(n)
+		}
+		h.Del("Expect")
+		return true
 	}
-	for _, n := range named {
-		h.DelBytes(n)
+	// All parses Cookie fields into cookies, which are then written as fasthttp
+	// formats them; a request that has some is looked at in a copy.
+	src := h
+	if len(h.PeekAll("Cookie")) > 0 {
+		src = scratchHeaders.Get().(*fasthttp.RequestHeader)
+		defer scratchHeaders.Put(src)
+		h.CopyTo(src)
 	}
-	for _, n := range hopHeaders {
-		h.Del(n)
+	var found uint16
+	var named connTokens
+	for k, v := range src.All() {
+		// Del normalizes its name and compares it with each header's as it is; the
+		// server normalized the names it parsed.
+		b := hopBit(k, exactCase)
+		found |= b
+		if b == hopConnection {
+			named.addList(v, namedByRequest)
+		}
 	}
+	for i := range named.len() {
+		h.DelBytes(named.at(i))
+	}
+	if h.ConnectionClose() {
+		found |= hopConnection // Del clears the flag
+	}
+	for i, n := range hopHeaders {
+		if found&(1<<i) != 0 {
+			h.Del(n)
+		}
+	}
+	if found&hdrExpect != 0 {
+		h.Del("Expect")
+	}
+	return found&hdrXForwardedFor != 0
 }
 
-// removeResponseHopHeaders does the same for a response.
+// removeResponseHopHeaders removes the hop-by-hop headers of a response, those its
+// Connection header names included, whatever the case of their names: the client
+// keeps the names of backend responses as they come (DisableHeaderNamesNormalizing),
+// and fasthttp's Del finds only the spelling it is given. Like
+// removeRequestHopHeaders, it looks at the headers once and deletes only what it
+// found.
 func removeResponseHopHeaders(h *fasthttp.ResponseHeader) {
-	var named [][]byte
-	for _, v := range h.PeekAll("Connection") {
-		listElements(v, func(tok []byte) {
-			if !equalFoldASCII(tok, "Content-Length") && !isHopHeader(tok) {
-				named = append(named, append([]byte(nil), tok...))
+	var named connTokens
+	if len(h.PeekTrailerKeys()) > 0 {
+		// Del("Trailer") returns the trailer section's fields among the headers,
+		// which the rest then looks through; the names Connection lists are copied
+		// first, since that can reuse the memory of deleted fields.
+		for k, v := range h.All() {
+			if hopBit(k, foldCase) == hopConnection {
+				listElements(v, func(tok []byte) {
+					if namedByResponse(tok) {
+						named.add(bytes.Clone(tok))
+					}
+				})
 			}
-		})
+		}
+		h.Del("Trailer")
 	}
-	for _, n := range named {
-		h.DelBytes(n)
+	var found [16][]byte // each spelling found of a name to remove
+	nFound := 0
+	var more [][]byte
+	record := func(k []byte) {
+		for _, f := range found[:nFound] {
+			if bytes.Equal(f, k) {
+				return
+			}
+		}
+		for _, f := range more {
+			if bytes.Equal(f, k) {
+				return
+			}
+		}
+		if nFound < len(found) {
+			found[nFound] = k
+			nFound++
+			return
+		}
+		more = append(more, k)
 	}
-	for _, n := range hopHeaders {
-		h.Del(n)
+	for k, v := range h.All() {
+		b := hopBit(k, foldCase)
+		if b&hopMask == 0 {
+			continue
+		}
+		record(k)
+		if b == hopConnection {
+			named.addList(v, namedByResponse)
+		}
 	}
+	if named.len() > 0 {
+		for k := range h.All() {
+			for i := range named.len() {
+				if foldEqual(k, string(named.at(i))) {
+					record(k)
+					break
+				}
+			}
+		}
+	}
+	for _, k := range found[:nFound] {
+		h.DelBytes(k)
+	}
+	for _, k := range more {
+		h.DelBytes(k)
+	}
+	// What Del("Connection") does besides: the Connection: close flag.
+	h.ResetConnectionClose()
 }
+
+// Canonical names of the forwarding headers, set without normalizing them again.
+var (
+	keyXForwardedFor   = []byte("X-Forwarded-For")
+	keyXRealIP         = []byte("X-Real-Ip")
+	keyXForwardedProto = []byte("X-Forwarded-Proto")
+	valueHTTPS         = []byte("https")
+)
 
 // prepareUpstream turns a client's request into the one sent to the backend:
 // origin-form over HTTP/1.1, without hop-by-hop headers and with the forwarding
@@ -284,35 +522,43 @@ func prepareUpstream(req *fasthttp.Request, d *Decision, peer netip.Addr, sni st
 	if len(req.URI().Host()) == 0 {
 		return false
 	}
-	h.SetProtocol("HTTP/1.1")
-	removeRequestHopHeaders(h)
-	// The whole body has been read: the backend has nothing to wait for.
-	h.Del("Expect")
+	if string(h.Protocol()) != "HTTP/1.1" {
+		h.SetProtocol("HTTP/1.1")
+	}
+	// The whole body has been read: the backend has nothing to wait for (Expect).
+	hasXFF := removeRequestHopHeaders(h)
 	req.URI().SetScheme("http")
 
+	var ipBuf [48]byte
+	clientIP := d.ClientIP.AppendTo(ipBuf[:0])
 	var buf [128]byte
 	xff := buf[:0]
 	if d.TrustedPeer {
-		for _, v := range h.PeekAll("X-Forwarded-For") {
-			listElements(v, func(e []byte) {
-				if len(xff) > 0 {
-					xff = append(xff, ", "...)
-				}
-				xff = append(xff, e...)
-			})
+		if hasXFF {
+			for _, v := range h.PeekAll("X-Forwarded-For") {
+				listElements(v, func(e []byte) {
+					if len(xff) > 0 {
+						xff = append(xff, ", "...)
+					}
+					xff = append(xff, e...)
+				})
+			}
 		}
 		if len(xff) > 0 {
 			xff = append(xff, ", "...)
 		}
 		xff = peer.AppendTo(xff)
 	} else {
-		xff = d.ClientIP.AppendTo(xff)
+		xff = append(xff, clientIP...)
 	}
-	h.Del("X-Forwarded-For")
-	h.SetBytesV("X-Forwarded-For", xff)
-	var ipBuf [48]byte
-	h.SetBytesV("X-Real-IP", d.ClientIP.AppendTo(ipBuf[:0]))
-	h.Set("X-Forwarded-Proto", "https")
+	if hasXFF {
+		h.Del("X-Forwarded-For")
+	}
+	// SetCanonical is SetBytesV without normalizing the name, which the server's
+	// requests have on (X-Real-IP is X-Real-Ip then).
+	h.SetCanonical(keyXForwardedFor, xff)
+	h.SetCanonical(keyXRealIP, clientIP)
+	h.SetCanonical(keyXForwardedProto, valueHTTPS)
 	return true
 }
 
