@@ -4,14 +4,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/textproto"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http/httpguts"
 
@@ -103,9 +107,7 @@ func (l *listener) serve(r *Request, resp *fasthttp.Response, start time.Time) a
 		} else if matched && cr.Kind() == route.ActionProxy {
 			timeout, retries = cr.Timeout(), cr.Retries()
 		}
-		l.proxy(snap, r, resp, &d, peer, sni, start.Add(timeout), func(attempt func(*route.Member) route.Outcome) (route.Outcome, error) {
-			return doPool(b, retries, d.ClientIP, r.Header.Peek, r.Header.Method(), attempt)
-		})
+		l.proxy(snap, r, resp, &d, peer, sni, start.Add(timeout), picker{pool: b, retries: retries})
 	case !matched:
 		answer(resp, fasthttp.StatusNotFound)
 	case !cr.Allow(d.ClientIP, start):
@@ -130,10 +132,7 @@ func (l *listener) serve(r *Request, resp *fasthttp.Response, start time.Time) a
 			resp.SetStatusCode(cr.RedirectCode())
 			resp.Header.SetBytesV("Location", loc)
 		case route.ActionProxy:
-			l.proxy(snap, r, resp, &d, peer, sni, start.Add(cr.Timeout()), func(attempt func(*route.Member) route.Outcome) (route.Outcome, error) {
-				cr.RequestHeaders().Apply(&r.Header)
-				return cr.Do(d.ClientIP, r.Header.Peek, r.Header.Method(), attempt)
-			})
+			l.proxy(snap, r, resp, &d, peer, sni, start.Add(cr.Timeout()), picker{route: cr})
 		}
 		cr.ResponseHeaders().Apply(&resp.Header)
 	}
@@ -144,21 +143,39 @@ func (l *listener) serve(r *Request, resp *fasthttp.Response, start time.Time) a
 	return keepConn
 }
 
-// proxy sends r to the members do picks, each attempt bounded by deadline, and
+// picker says which members a proxied request goes to: those of a proxy route,
+// after its request header edits, or those of a pool the Decider chose, with as many
+// retries.
+type picker struct {
+	route   *route.CompiledRoute
+	pool    *route.Balancer
+	retries int
+}
+
+// do runs attempt on the members of p for r, as CompiledRoute.Do does. A method
+// rather than a closure given to proxy: the compiler sees where attempt goes, and
+// keeps it, and what it captures, off the heap.
+func (p picker) do(r *Request, clientIP netip.Addr, attempt func(*route.Member) route.Outcome) (route.Outcome, error) {
+	if p.route != nil {
+		p.route.RequestHeaders().Apply(&r.Header)
+		return p.route.Do(clientIP, r.Header.Peek, r.Header.Method(), attempt)
+	}
+	return doPool(p.pool, p.retries, clientIP, r.Header.Peek, r.Header.Method(), attempt)
+}
+
+// proxy sends r to the members p picks, each attempt bounded by deadline, and
 // leaves the backend's response, or the answer to its failure, in resp.
 func (l *listener) proxy(snap *snapshot, r *Request, resp *fasthttp.Response, d *Decision, peer netip.Addr, sni string,
-	deadline time.Time, do func(attempt func(*route.Member) route.Outcome) (route.Outcome, error)) {
+	deadline time.Time, p picker) {
 	if !prepareUpstream(r.Request, d, peer, sni) {
 		answer(resp, fasthttp.StatusBadRequest)
 		return
 	}
-	// One variable for what the attempts leave, captured by the closure: one
-	// allocation where two variables and the closure were three.
 	var st struct {
 		last       error
 		lastMember *route.Member
 	}
-	_, err := do(func(m *route.Member) route.Outcome {
+	_, err := p.do(r, d.ClientIP, func(m *route.Member) route.Outcome {
 		st.lastMember = m
 		b := snap.upstreams.byMember[m]
 		if b == nil {
@@ -214,7 +231,8 @@ var errNoBackend = errors.New("l7: no client for the pool member")
 // connection failure of an idempotent request.
 func doPool(b *route.Balancer, retries int, clientIP netip.Addr, header route.HeaderFunc, method []byte,
 	attempt func(*route.Member) route.Outcome) (route.Outcome, error) {
-	var tried []*route.Member
+	var triedBuf [4]*route.Member
+	tried := triedBuf[:0]
 	exclude := func(m *route.Member) bool { return slices.Contains(tried, m) }
 	o := route.Failure
 	for {
@@ -258,9 +276,9 @@ func (l *listener) finish(resp *fasthttp.Response, route, proto string, start ti
 
 // count counts a request answered with code.
 func (l *listener) count(route, code, proto string, start time.Time) {
-	m := l.s.m
-	m.requests.WithLabelValues(route, code).Inc()
-	m.requestSeconds.WithLabelValues(route).Observe(time.Since(start).Seconds())
+	c := l.s.m.requestChildren.get(l.s.m, route, code)
+	c.requests.Inc()
+	c.seconds.Observe(time.Since(start).Seconds())
 	switch proto {
 	case ProtoHTTP1:
 		l.reqH1.Inc()
@@ -269,6 +287,49 @@ func (l *listener) count(route, code, proto string, start time.Time) {
 	case ProtoHTTP3:
 		l.reqH3.Inc()
 	}
+}
+
+// requestChildren keeps the children of tiergate_http_requests_total and
+// tiergate_http_request_seconds once found, by their labels: WithLabelValues hashes
+// the values and takes a read lock, which every core writes to, on each call, where
+// this is a map read. The map is replaced, never written to, when a new pair of
+// labels comes.
+type requestChildren struct {
+	mu       sync.Mutex // held to add to byLabels
+	byLabels atomic.Pointer[map[requestLabels]*requestChild]
+}
+
+type requestLabels struct{ route, code string }
+
+type requestChild struct {
+	requests prometheus.Counter
+	seconds  prometheus.Observer
+}
+
+// get returns the children of m's requests and requestSeconds for route and code.
+func (c *requestChildren) get(m *metrics, route, code string) *requestChild {
+	key := requestLabels{route, code}
+	if p := c.byLabels.Load(); p != nil {
+		if ch := (*p)[key]; ch != nil {
+			return ch
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := c.byLabels.Load()
+	if old != nil {
+		if ch := (*old)[key]; ch != nil {
+			return ch
+		}
+	}
+	next := make(map[requestLabels]*requestChild)
+	if old != nil {
+		maps.Copy(next, *old)
+	}
+	ch := &requestChild{requests: m.requests.WithLabelValues(route, code), seconds: m.requestSeconds.WithLabelValues(route)}
+	next[key] = ch
+	c.byLabels.Store(&next)
+	return ch
 }
 
 // serveH1 is the fasthttp handler of HTTP/1.1 connections.
@@ -280,7 +341,11 @@ func (l *listener) serveH1(ctx *fasthttp.RequestCtx) {
 		ctx.SetConnectionClose()
 		return
 	}
-	r := Request{Request: &ctx.Request, Conn: hc.c.info}
+	// The Decider is given r, so it would be allocated for each request; it is
+	// reused instead, the Decider keeping no Request.
+	r := h1Requests.Get().(*Request)
+	defer putH1Request(r)
+	*r = Request{Request: &ctx.Request, Conn: hc.c.info}
 	clientClose := ctx.Request.Header.ConnectionClose()
 	if ctx.Request.IsBodyStream() {
 		// fasthttp read the headers and at most 8 KiB of the body; the rest is
@@ -294,7 +359,7 @@ func (l *listener) serveH1(ctx *fasthttp.RequestCtx) {
 		r.body = &clientBody{r: ctx.Request.BodyStream(), left: int64(l.cfg.MaxRequestBody)}
 		ctx.Request.SetBodyStream(r.body, n)
 	}
-	next := l.serve(&r, &ctx.Response, start)
+	next := l.serve(r, &ctx.Response, start)
 	if r.body != nil && r.body.err != nil {
 		clientClose = true // what is left of the body is not worth reading
 	}
@@ -311,6 +376,15 @@ func (l *listener) serveH1(ctx *fasthttp.RequestCtx) {
 	if clientClose || l.s.draining.Load() {
 		ctx.SetConnectionClose()
 	}
+}
+
+// h1Requests are the Requests of serveH1.
+var h1Requests = sync.Pool{New: func() any { return new(Request) }}
+
+// putH1Request returns r to h1Requests, holding on to nothing of its request.
+func putH1Request(r *Request) {
+	*r = Request{}
+	h1Requests.Put(r)
 }
 
 // h1Error answers HTTP/1.1 requests fasthttp could not read.

@@ -53,6 +53,7 @@ type metrics struct {
 	requestSeconds   *prometheus.HistogramVec
 	requestsByProto  *prometheus.CounterVec
 	backendErrors    *prometheus.CounterVec
+	requestChildren  requestChildren // of requests and requestSeconds
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {

@@ -12,10 +12,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/valyala/fasthttp"
 )
 
@@ -666,4 +668,34 @@ func BenchmarkProxyH1(b *testing.B) {
 		roundTrip()
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(br, 0))
+}
+
+// TestRequestChildren: the children count keeps are those of the vectors, one per
+// pair of labels, whichever goroutine finds a pair first.
+func TestRequestChildren(t *testing.T) {
+	m := newMetrics(nil)
+	labels := []requestLabels{{"a", "200"}, {"a", "404"}, {"b", "200"}, {routeNone, codeClosed}}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for i := range 1000 {
+				l := labels[i%len(labels)]
+				c := m.requestChildren.get(m, l.route, l.code)
+				c.requests.Inc()
+				c.seconds.Observe(0.001)
+			}
+		})
+	}
+	wg.Wait()
+	for _, l := range labels {
+		if got := testutil.ToFloat64(m.requests.WithLabelValues(l.route, l.code)); got != 1000 {
+			t.Errorf("requests %v = %v, want 1000", l, got)
+		}
+	}
+	if n := testutil.CollectAndCount(m.requestSeconds); n != 3 {
+		t.Errorf("%d request_seconds series, want 3", n)
+	}
+	if n := len(*m.requestChildren.byLabels.Load()); n != len(labels) {
+		t.Errorf("%d children kept, want %d", n, len(labels))
+	}
 }
