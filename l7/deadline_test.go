@@ -604,6 +604,59 @@ func TestH1DrainKeepAlive(t *testing.T) {
 	}
 }
 
+// countingListener hands out its connections as deadlineCounters.
+type countingListener struct {
+	net.Listener
+	conns chan *deadlineCounter
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	dc := &deadlineCounter{Conn: c}
+	select {
+	case l.conns <- dc:
+	default:
+	}
+	return dc, nil
+}
+
+// TestH1DeadlinesPerRequest counts the deadlines a kept-alive HTTP/1.1 connection
+// sets on its TCP connection for a request without a body: its idle and header
+// deadlines (which alternate between IdleTimeout and ReadHeaderTimeout, so both
+// are set), but neither a body deadline nor, past the first, a write deadline.
+// fasthttp set four a request before: idle, header, body and write.
+func TestH1DeadlinesPerRequest(t *testing.T) {
+	b := startBackend(t, "b1")
+	cfg := baseConfig(t, b.addr)
+	conns := make(chan *deadlineCounter, 1)
+	cfg.Listeners[0].WrapListener = func(ln net.Listener) (net.Listener, error) {
+		return countingListener{Listener: ln, conns: conns}, nil
+	}
+	ts := startServer(t, cfg)
+	c := dialH1(t, ts)
+	if resp := c.do(t, headerGet); resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	dc := <-conns
+	before := dc.calls()
+	const n = 20
+	for range n {
+		if resp := c.do(t, headerGet); resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	after := dc.calls()
+	reads, writes, both := after[0]-before[0], after[1]-before[1], after[2]-before[2]
+	t.Logf("%d requests: %d read, %d write, %d read and write deadlines set", n, reads, writes, both)
+	if reads > 2*n+1 || writes > 1 || both != 0 {
+		t.Errorf("%d requests set %d read, %d write and %d read and write deadlines; want at most %d, 1 and 0",
+			n, reads, writes, both, 2*n+1)
+	}
+}
+
 // BenchmarkSetReadDeadline: a read deadline of now+60s set per call, as fasthttp
 // sets its write deadline per response, on the TCP connection and through the lazy
 // layer; and alternating 60 s and 10 s, as fasthttp's idle and header deadlines on a

@@ -504,9 +504,10 @@ func (l *listener) handshakeFailed(hs *handshake, transport string, version uint
 // Its deadlines are lazy (lazyDeadlines): fasthttp sets a write deadline before each
 // response, which the one armed for an earlier response usually covers. fasthttp
 // sets them all on the goroutine serving the connection (the HTTP/2 server, which
-// sets them from two, keeps the TLS connection's own). Shutdown's drainDeadline,
-// set on the raw connection from another goroutine, is in the past: it stays in
-// force over a deadline the lazy layer skips.
+// sets them from two, keeps the TLS connection's own). What is set under them is
+// in the past: shutdown's and h1State's drainDeadline, which stays in force over a
+// deadline the lazy layer skips, and crypto/tls's close_notify's last write
+// deadline, as the connection closes.
 type h1Conn struct {
 	*tls.Conn
 	c        *tcpConn
