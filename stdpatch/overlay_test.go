@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,8 +54,14 @@ func changedRoot(t *testing.T, dir string, missing bool) string {
 	if missing {
 		return root
 	}
-	files, _ := filepath.Glob(filepath.Join(dir, "*", "*", "*.go"))
-	if len(files) == 0 {
+	var files []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".go") {
+			files = append(files, path)
+		}
+		return err
+	})
+	if err != nil || len(files) == 0 {
 		t.Fatalf("no patched files under %s", dir)
 	}
 	for _, f := range files {

@@ -55,3 +55,9 @@ func patchesFor(version string) (dir, madeFrom string, err error) {
 	}
 	return dir, strings.TrimSpace(string(b)), nil
 }
+
+// TestReadsWithoutPatch shows what TestDrainedReadWaits measures on the standard
+// library as it is: about two reads per message, one of which fails with EAGAIN.
+func TestReadsWithoutPatch(t *testing.T) {
+	t.Logf("%.2f read system calls per round (two messages)", pingPongReads(t, 2000))
+}
