@@ -269,10 +269,12 @@ func (l *listener) refuse(resp *fasthttp.Response, status int, proto string, sta
 // finish adds the headers every response carries and counts the request.
 func (l *listener) finish(resp *fasthttp.Response, route, proto string, start time.Time) {
 	if l.altSvc != nil {
-		resp.Header.SetBytesV("Alt-Svc", l.altSvc)
+		resp.Header.SetCanonical(keyAltSvc, l.altSvc) // SetBytesV, the name canonical already
 	}
 	l.count(route, codeLabel(resp.StatusCode()), proto, start)
 }
+
+var keyAltSvc = []byte("Alt-Svc")
 
 // count counts a request answered with code.
 func (l *listener) count(route, code, proto string, start time.Time) {
