@@ -336,7 +336,11 @@ func (c *requestChildren) get(m *metrics, route, code string) *requestChild {
 
 // serveH1 is the fasthttp handler of HTTP/1.1 connections.
 func (l *listener) serveH1(ctx *fasthttp.RequestCtx) {
-	start := time.Now()
+	// The server read the clock just before calling the handler.
+	start := ctx.Time()
+	if start.IsZero() {
+		start = time.Now()
+	}
 	hc, ok := ctx.Conn().(*h1Conn)
 	if !ok {
 		l.refuse(&ctx.Response, fasthttp.StatusInternalServerError, ProtoHTTP1, start)
