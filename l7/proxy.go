@@ -387,12 +387,14 @@ func removeRequestHopHeaders(h *fasthttp.RequestHeader) (xff bool) {
 		return true
 	}
 	// All parses Cookie fields into cookies, which are then written as fasthttp
-	// formats them; a request that has some is looked at in a copy.
+	// formats them; a request that has some is looked at in a copy, without them
+	// (not a name this looks for, and parsing them cost more than the rest).
 	src := h
 	if len(h.PeekAll("Cookie")) > 0 {
 		src = scratchHeaders.Get().(*fasthttp.RequestHeader)
 		defer scratchHeaders.Put(src)
 		h.CopyTo(src)
+		src.Del("Cookie")
 	}
 	var found uint16
 	var named connTokens
