@@ -463,7 +463,7 @@ func FuzzRequestHopHeaders(f *testing.F) {
 		parse := func() *fasthttp.Request {
 			req := fasthttp.AcquireRequest()
 			br := bufio.NewReader(bytes.NewReader(raw))
-			if err := req.Read(br); err != nil {
+			if err := req.ReadLimitBody(br, 1<<16); err != nil {
 				fasthttp.ReleaseRequest(req)
 				return nil
 			}
@@ -509,6 +509,9 @@ func FuzzResponseHopHeaders(f *testing.F) {
 			if !normalize {
 				resp.Header.DisableNormalizing()
 			}
+			// As the backends' client reads: the body left to stream (a large
+			// Content-Length would otherwise be allocated whole).
+			resp.StreamBody = true
 			if err := resp.Read(bufio.NewReader(bytes.NewReader(raw))); err != nil {
 				fasthttp.ReleaseResponse(resp)
 				return nil
