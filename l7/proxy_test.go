@@ -161,13 +161,24 @@ func (errTimeout) Error() string   { return "i/o timeout" }
 func (errTimeout) Timeout() bool   { return true }
 func (errTimeout) Temporary() bool { return true }
 
+// isHopHeaderEqualFold is isHopHeader as it was, with bytes.EqualFold, which folds
+// non-ASCII letters too (the Kelvin sign is a k).
+func isHopHeaderEqualFold(name []byte) bool {
+	for _, h := range hopHeaders {
+		if bytes.EqualFold(name, []byte(h)) {
+			return true
+		}
+	}
+	return false
+}
+
 // removeRequestHopHeadersDel is removeRequestHopHeaders as it was, a Del for each
 // name: the reference the one-pass removal must agree with.
 func removeRequestHopHeadersDel(h *fasthttp.RequestHeader) {
 	var named [][]byte
 	for _, v := range h.PeekAll("Connection") {
 		listElements(v, func(tok []byte) {
-			if !isProtected(tok) && !isHopHeader(tok) {
+			if !isProtected(tok) && !isHopHeaderEqualFold(tok) {
 				named = append(named, append([]byte(nil), tok...))
 			}
 		})
@@ -230,7 +241,7 @@ func removeResponseHopHeadersDel(h *fasthttp.ResponseHeader) {
 	var named [][]byte
 	for _, v := range h.PeekAll("Connection") {
 		listElements(v, func(tok []byte) {
-			if !equalFoldASCII(tok, "Content-Length") && !isHopHeader(tok) {
+			if !equalFoldASCII(tok, "Content-Length") && !isHopHeaderEqualFold(tok) {
 				named = append(named, append([]byte(nil), tok...))
 			}
 		})
@@ -455,6 +466,7 @@ func FuzzRequestHopHeaders(f *testing.F) {
 		"PUT / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 2\r\nX-Forwarded-For: 1.2.3.4\r\nX-Forwarded-For: 5.6.7.8\r\n\r\nok",
 		"GET / HTTP/1.1\r\nHost: a\r\nConnection: X-Forwarded-For, Expect, Cookie, User-Agent, Content-Type\r\nX-Forwarded-For: 1\r\nCookie: a=1\r\nUser-Agent: u\r\nContent-Type: t\r\nTe:\r\n\r\n",
 		"GET http://b/x HTTP/1.0\r\nConnection: keep-alive\r\nX-Real-IP: 1\r\nX-Real-IP: 2\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: a\r\nConnection: \u212aeep-alive, \u017fet-cookie\r\n\u212aeep-Alive: 1\r\n\r\n",
 	} {
 		f.Add([]byte(s), false, false)
 		f.Add([]byte(s), true, true)
