@@ -352,13 +352,15 @@ func (c *connTokens) addList(v []byte, keep func([]byte) bool) {
 	}
 }
 
-func namedByRequest(tok []byte) bool { return !isProtected(tok) && !isHopHeader(tok) }
+// namedByRequest and namedByResponse report Connection tokens that name a header to
+// remove besides hopHeaders (the cheaper test first: keep-alive is the common token).
+func namedByRequest(tok []byte) bool { return !isHopHeader(tok) && !isProtected(tok) }
 func namedByResponse(tok []byte) bool {
-	return !equalFoldASCII(tok, "Content-Length") && !isHopHeader(tok)
+	return !isHopHeader(tok) && !equalFoldASCII(tok, "Content-Length")
 }
 
 // scratchHeaders hold copies of request headers whose Cookie fields All would
-// otherwise parse in place (see requestHopHeaders).
+// otherwise parse in place (see removeRequestHopHeaders).
 var scratchHeaders = sync.Pool{New: func() any { return new(fasthttp.RequestHeader) }}
 
 // removeRequestHopHeaders removes the hop-by-hop headers of a request, those its
