@@ -225,8 +225,8 @@ func isHopHeader(name []byte) bool {
 	return hopBit(name, foldCase)&hopMask != 0
 }
 
-// The bits of hopBit, one per header of hopHeaders (in its order) and two more the
-// request side removes.
+// The bits of hopBit, one per header of hopHeaders (in its order) and the others
+// prepareUpstream removes or replaces.
 const (
 	hopConnection = 1 << iota
 	hopProxyConnection
@@ -239,6 +239,8 @@ const (
 	hopUpgrade
 	hdrExpect
 	hdrXForwardedFor
+	hdrXRealIP
+	hdrXForwardedProto
 
 	hopMask = hdrExpect - 1 // the bits of hopHeaders
 )
@@ -249,9 +251,10 @@ const (
 	foldCase  = true  // any case (RFC 9110 section 5.1)
 )
 
-// hopBit returns the bit of a name among hopHeaders, Expect and X-Forwarded-For,
-// in their canonical spelling or in any case with fold, or 0 for another name. It
-// looks at the length first, so the names of most headers cost one comparison.
+// hopBit returns the bit of a name among hopHeaders, Expect and the forwarding
+// headers, in their canonical spelling or in any case with fold, or 0 for another
+// name. It looks at the length first, so the names of most headers cost one
+// comparison.
 func hopBit(name []byte, fold bool) uint16 {
 	var s string
 	var bit uint16
@@ -266,6 +269,8 @@ func hopBit(name []byte, fold bool) uint16 {
 		} else {
 			s, bit = "Upgrade", hopUpgrade
 		}
+	case 9:
+		s, bit = "X-Real-Ip", hdrXRealIP
 	case 10:
 		if name[0]|0x20 == 'c' {
 			s, bit = "Connection", hopConnection
@@ -277,7 +282,11 @@ func hopBit(name []byte, fold bool) uint16 {
 	case 16:
 		s, bit = "Proxy-Connection", hopProxyConnection
 	case 17:
-		s, bit = "Transfer-Encoding", hopTransferEncoding
+		if name[0]|0x20 == 't' {
+			s, bit = "Transfer-Encoding", hopTransferEncoding
+		} else {
+			s, bit = "X-Forwarded-Proto", hdrXForwardedProto
+		}
 	case 18:
 		s, bit = "Proxy-Authenticate", hopProxyAuthenticate
 	case 19:
@@ -364,15 +373,16 @@ func namedByResponse(tok []byte) bool {
 var scratchHeaders = sync.Pool{New: func() any { return new(fasthttp.RequestHeader) }}
 
 // removeRequestHopHeaders removes the hop-by-hop headers of a request, those its
-// Connection header names included, and Expect; it reports whether an
-// X-Forwarded-For header was there (and may still be, unless Connection named it).
+// Connection header names included, and Expect. It reports the bits of the
+// forwarding headers that were there (and may still be, unless Connection named
+// them), and of those that were there more than once.
 //
 // It looks at the headers once, and deletes only the ones it found: fasthttp's Del
 // copies and normalizes its name and looks through every header, which for the
 // eleven names was most of what forwarding a request cost here. It removes what
 // removeRequestHopHeadersDel (in the tests) removes, in the same order, so the
 // headers left are in the same order too.
-func removeRequestHopHeaders(h *fasthttp.RequestHeader) (xff bool) {
+func removeRequestHopHeaders(h *fasthttp.RequestHeader) (seen, twice uint16) {
 	if len(h.PeekTrailerKeys()) > 0 {
 		// Announced trailers keep headers in a section All does not show.
 		for _, v := range h.PeekAll("Connection") {
@@ -386,7 +396,14 @@ func removeRequestHopHeaders(h *fasthttp.RequestHeader) (xff bool) {
 			h.Del(n)
 		}
 		h.Del("Expect")
-		return true
+		seen = hdrXForwardedFor | hdrXRealIP | hdrXForwardedProto
+		if len(h.PeekAll("X-Real-Ip")) > 1 {
+			twice |= hdrXRealIP
+		}
+		if len(h.PeekAll("X-Forwarded-Proto")) > 1 {
+			twice |= hdrXForwardedProto
+		}
+		return seen, twice
 	}
 	// All parses Cookie fields into cookies, which are then written as fasthttp
 	// formats them; a request that has some is looked at in a copy, without them
@@ -404,6 +421,7 @@ func removeRequestHopHeaders(h *fasthttp.RequestHeader) (xff bool) {
 		// Del normalizes its name and compares it with each header's as it is; the
 		// server normalized the names it parsed.
 		b := hopBit(k, exactCase)
+		twice |= found & b
 		found |= b
 		if b == hopConnection {
 			named.addList(v, namedByRequest)
@@ -423,7 +441,7 @@ func removeRequestHopHeaders(h *fasthttp.RequestHeader) (xff bool) {
 	if found&hdrExpect != 0 {
 		h.Del("Expect")
 	}
-	return found&hdrXForwardedFor != 0
+	return found &^ hopMask &^ hdrExpect, twice &^ hopMask &^ hdrExpect
 }
 
 // removeResponseHopHeaders removes the hop-by-hop headers of a response, those its
@@ -530,7 +548,8 @@ func prepareUpstream(req *fasthttp.Request, d *Decision, peer netip.Addr, sni st
 		h.SetProtocol("HTTP/1.1")
 	}
 	// The whole body has been read: the backend has nothing to wait for (Expect).
-	hasXFF := removeRequestHopHeaders(h)
+	seen, twice := removeRequestHopHeaders(h)
+	hasXFF := seen&hdrXForwardedFor != 0
 	req.URI().SetScheme("http")
 
 	var ipBuf [48]byte
@@ -561,7 +580,15 @@ func prepareUpstream(req *fasthttp.Request, d *Decision, peer netip.Addr, sni st
 	// SetCanonical is SetBytesV without normalizing the name, which the server's
 	// requests have on (X-Real-IP is X-Real-Ip then).
 	h.SetCanonical(keyXForwardedFor, xff)
+	// Set replaces the first of a client's own X-Real-IP or X-Forwarded-Proto
+	// headers: when it sent several, the others go.
+	if twice&hdrXRealIP != 0 {
+		h.Del("X-Real-Ip")
+	}
 	h.SetCanonical(keyXRealIP, clientIP)
+	if twice&hdrXForwardedProto != 0 {
+		h.Del("X-Forwarded-Proto")
+	}
 	h.SetCanonical(keyXForwardedProto, valueHTTPS)
 	return true
 }

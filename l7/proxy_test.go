@@ -58,6 +58,13 @@ func TestPrepareUpstream(t *testing.T) {
 			want:     []string{"X-Forwarded-For: 203.0.113.5, 10.0.0.1, 192.0.2.10", "X-Real-Ip: 203.0.113.5"},
 		},
 		{
+			name: "several X-Real-IP and X-Forwarded-Proto all replaced",
+			raw:  "GET / HTTP/1.1\r\nHost: a.test\r\nX-Real-IP: 6.6.6.6\r\nX-Forwarded-Proto: http\r\nx-real-ip: 7.7.7.7\r\nX-Forwarded-Proto: ftp\r\n\r\n",
+			d:    Decision{ClientIP: client}, ok: true,
+			wantLine: "GET / HTTP/1.1",
+			want:     []string{"X-Real-Ip: 203.0.113.5", "X-Forwarded-Proto: https"},
+		},
+		{
 			name: "trusted peer without XFF",
 			raw:  "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n",
 			d:    Decision{ClientIP: peer, TrustedPeer: true}, ok: true,
@@ -134,6 +141,30 @@ func TestPrepareUpstream(t *testing.T) {
 	}
 }
 
+// TestForwardingHeadersOnce: a client's X-Real-IP and X-Forwarded-Proto headers, one
+// or several, in any case, are replaced by one of each.
+func TestForwardingHeadersOnce(t *testing.T) {
+	for _, extra := range []string{
+		"X-Real-IP: 6.6.6.6\r\nX-Forwarded-Proto: http\r\n",
+		"X-Real-IP: 6.6.6.6\r\nX-Forwarded-Proto: http\r\nx-real-ip: 7.7.7.7\r\nX-FORWARDED-PROTO: ftp\r\nX-Real-Ip: 8.8.8.8\r\n",
+		"Cookie: a=1\r\nX-Real-IP: 6.6.6.6\r\nX-Real-IP: 7.7.7.7\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Proto: ftp\r\n",
+	} {
+		req := parseRequest(t, "GET / HTTP/1.1\r\nHost: a.test\r\n"+extra+"\r\n")
+		if !prepareUpstream(req, &Decision{ClientIP: netip.MustParseAddr("203.0.113.5")}, netip.MustParseAddr("192.0.2.10"), "") {
+			t.Fatal("refused")
+		}
+		out := parseRequest(t, req.String())
+		if v := out.Header.PeekAll("X-Real-IP"); len(v) != 1 || string(v[0]) != "203.0.113.5" {
+			t.Errorf("X-Real-IP %q forwarded from\n%s", v, extra)
+		}
+		if v := out.Header.PeekAll("X-Forwarded-Proto"); len(v) != 1 || string(v[0]) != "https" {
+			t.Errorf("X-Forwarded-Proto %q forwarded from\n%s", v, extra)
+		}
+		fasthttp.ReleaseRequest(req)
+		fasthttp.ReleaseRequest(out)
+	}
+}
+
 func TestBackendStatus(t *testing.T) {
 	for _, tc := range []struct {
 		err    error
@@ -191,7 +222,8 @@ func removeRequestHopHeadersDel(h *fasthttp.RequestHeader) {
 	}
 }
 
-// prepareUpstreamDel is prepareUpstream as it was, over removeRequestHopHeadersDel.
+// prepareUpstreamDel is prepareUpstream as it was, over removeRequestHopHeadersDel,
+// but for X-Real-IP and X-Forwarded-Proto sent more than once.
 func prepareUpstreamDel(req *fasthttp.Request, d *Decision, peer netip.Addr, sni string) bool {
 	h := &req.Header
 	if len(h.Host()) == 0 {
@@ -229,7 +261,15 @@ func prepareUpstreamDel(req *fasthttp.Request, d *Decision, peer netip.Addr, sni
 	h.Del("X-Forwarded-For")
 	h.SetBytesV("X-Forwarded-For", xff)
 	var ipBuf [48]byte
+	// Since then: a client's X-Real-IP and X-Forwarded-Proto beyond the first
+	// (which Set replaces) go too.
+	if len(h.PeekAll("X-Real-IP")) > 1 {
+		h.Del("X-Real-IP")
+	}
 	h.SetBytesV("X-Real-IP", d.ClientIP.AppendTo(ipBuf[:0]))
+	if len(h.PeekAll("X-Forwarded-Proto")) > 1 {
+		h.Del("X-Forwarded-Proto")
+	}
 	h.Set("X-Forwarded-Proto", "https")
 	return true
 }
