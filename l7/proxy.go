@@ -95,7 +95,7 @@ func newUpstream(key memberKey, connectTimeout time.Duration, maxConns int, m *m
 			// closes the connection).
 			StreamResponseBody: true,
 			DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {
-				return fasthttp.DialTimeout(addr, min(timeout, connectTimeout))
+				return dialBackend(addr, min(timeout, connectTimeout))
 			},
 			// A member that cannot be reached is left to the route's retries, on
 			// another member; a kept-alive connection the backend closed is retried on
