@@ -67,7 +67,12 @@ func until(t time.Time) time.Duration {
 }
 
 func (d *lazyDeadlines) setRead(c net.Conn, t time.Time) error {
-	arm, call := lazyPlan(d.read, t, until(t))
+	return d.setReadLeft(c, t, until(t))
+}
+
+// setReadLeft is setRead with the time left until t already read.
+func (d *lazyDeadlines) setReadLeft(c net.Conn, t time.Time, left time.Duration) error {
+	arm, call := lazyPlan(d.read, t, left)
 	if !call {
 		return nil
 	}

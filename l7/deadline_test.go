@@ -516,6 +516,38 @@ func TestH1IdleTimeoutAfterRequests(t *testing.T) {
 	checkClosedIn(t, "idle keep-alive connection", c.closedAfter(t, time.Now()), idle)
 }
 
+// TestH1IdleTimeoutLongerThanHeader: with the defaults' order (IdleTimeout longer
+// than ReadHeaderTimeout) the idle deadline extends the header deadline armed for
+// the last request without a system call; when that one fires, the connection arms
+// its idle deadline and keeps waiting, and is closed at the idle timeout, neither
+// at the header deadline nor never.
+func TestH1IdleTimeoutLongerThanHeader(t *testing.T) {
+	b := startBackend(t, "b1")
+	cfg := baseConfig(t, b.addr)
+	const header, idle = 150 * time.Millisecond, 600 * time.Millisecond
+	cfg.Listeners[0].ReadHeaderTimeout = config.Duration(header)
+	cfg.Listeners[0].IdleTimeout = config.Duration(idle)
+	ts := startServer(t, cfg)
+	c := dialH1(t, ts)
+	for range 5 {
+		if resp := c.do(t, headerGet); resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	checkClosedIn(t, "idle keep-alive connection", c.closedAfter(t, time.Now()), idle)
+
+	// A request that comes after the header deadline armed for the one before has
+	// passed, within the idle timeout, is served.
+	c = dialH1(t, ts)
+	if resp := c.do(t, headerGet); resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	time.Sleep(2 * header)
+	if resp := c.do(t, headerGet); resp.StatusCode != 200 {
+		t.Fatalf("request after %v idle: status %d", 2*header, resp.StatusCode)
+	}
+}
+
 // TestH1HeaderTimeoutAfterRequest: a header that comes slowly on a kept-alive
 // connection is cut at ReadHeaderTimeout from its first byte, though the idle
 // timeout armed before it is longer.
@@ -624,10 +656,9 @@ func (l countingListener) Accept() (net.Conn, error) {
 }
 
 // TestH1DeadlinesPerRequest counts the deadlines a kept-alive HTTP/1.1 connection
-// sets on its TCP connection for a request without a body: its idle and header
-// deadlines (which alternate between IdleTimeout and ReadHeaderTimeout, so both
-// are set), but neither a body deadline nor, past the first, a write deadline.
-// fasthttp set four a request before: idle, header, body and write.
+// sets on its TCP connection for requests without a body that follow each other:
+// none, past the first write deadline. fasthttp set four a request before (idle,
+// header, body and write); the lazy layer alone, two (idle and header alternate).
 func TestH1DeadlinesPerRequest(t *testing.T) {
 	b := startBackend(t, "b1")
 	cfg := baseConfig(t, b.addr)
@@ -651,9 +682,13 @@ func TestH1DeadlinesPerRequest(t *testing.T) {
 	after := dc.calls()
 	reads, writes, both := after[0]-before[0], after[1]-before[1], after[2]-before[2]
 	t.Logf("%d requests: %d read, %d write, %d read and write deadlines set", n, reads, writes, both)
-	if reads > 2*n+1 || writes > 1 || both != 0 {
-		t.Errorf("%d requests set %d read, %d write and %d read and write deadlines; want at most %d, 1 and 0",
-			n, reads, writes, both, 2*n+1)
+	// The idle deadline extends the header deadline armed for the request before,
+	// and the next header deadline falls within that one's slack: none reaches the
+	// runtime while requests follow each other (two a request without extend-on-fire,
+	// four before the lazy layer).
+	if reads > 2 || writes > 1 || both != 0 {
+		t.Errorf("%d requests set %d read, %d write and %d read and write deadlines; want at most 2, 1 and 0",
+			n, reads, writes, both)
 	}
 }
 

@@ -508,19 +508,50 @@ func (l *listener) handshakeFailed(hs *handshake, transport string, version uint
 // in the past: shutdown's and h1State's drainDeadline, which stays in force over a
 // deadline the lazy layer skips, and crypto/tls's close_notify's last write
 // deadline, as the connection closes.
+//
+// Its read deadline is extended lazily as well as set lazily (lazyDeadlines): fasthttp
+// sets the idle deadline (IdleTimeout) after each response and the header deadline
+// (ReadHeaderTimeout, shorter) at the next request's first byte, so the deadline
+// alternates and each set would reach the runtime. An extension of a deadline still
+// armed in the future is only recorded (want); when the armed one fires first, Read
+// arms the one recorded and reads again, which the TLS layer allows after a timeout.
+// A kept-alive connection whose requests follow each other within the lazy slack
+// of ReadHeaderTimeout then sets no deadline in the runtime at all; an idle one is
+// woken once, when its header deadline passes, to arm its idle deadline.
 type h1Conn struct {
 	*tls.Conn
 	c        *tcpConn
 	lazy     lazyDeadlines
-	readDone bool // a Read failed; fasthttp reads and closes on one goroutine
+	want     time.Time // the read deadline last set; later than lazy.read when extended lazily
+	readDone bool      // a Read failed; fasthttp reads and closes on one goroutine
 }
 
 func (w *h1Conn) Read(p []byte) (int, error) {
-	n, err := w.Conn.Read(p)
-	if err != nil {
-		w.readDone = true
+	for {
+		n, err := w.Conn.Read(p)
+		if err != nil && n == 0 && w.extend(err) {
+			continue
+		}
+		if err != nil {
+			w.readDone = true
+		}
+		return n, err
 	}
-	return n, err
+}
+
+// extend reports whether err is the armed read deadline firing before the one set
+// (w.want), which it then arms. An idle connection of a draining server is left to
+// close: its deadline was moved to the past on purpose.
+func (w *h1Conn) extend(err error) bool {
+	if w.want.IsZero() || !w.want.After(w.lazy.read) || !timedOut(err) ||
+		(w.c.idle.Load() && w.c.l.s.draining.Load()) {
+		return false
+	}
+	left := time.Until(w.want)
+	if left <= 0 {
+		return false
+	}
+	return w.lazy.setReadLeft(w.Conn, w.want, left) == nil
 }
 
 func (w *h1Conn) Close() error {
@@ -534,7 +565,14 @@ func (w *h1Conn) SetReadDeadline(t time.Time) error {
 	if w.c.idle.Load() && w.c.l.s.draining.Load() {
 		t = drainDeadline
 	}
-	return w.lazy.setRead(w.Conn, t)
+	w.want = t
+	left := until(t)
+	// An extension of a deadline armed in the future: Read arms it if that one
+	// fires first.
+	if a := w.lazy.read; left > 0 && !a.IsZero() && a.Before(t) && a.Sub(t)+left > 0 {
+		return nil
+	}
+	return w.lazy.setReadLeft(w.Conn, t, left)
 }
 
 func (w *h1Conn) SetWriteDeadline(t time.Time) error { return w.lazy.setWrite(w.Conn, t) }
