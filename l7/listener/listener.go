@@ -89,6 +89,12 @@ type Listener struct {
 
 	// IdleTimeout closes a connection with no request in progress for this long.
 	// Default 60s.
+	//
+	// On HTTP/1.1, ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout
+	// are kept as nginx keeps its timers: a deadline already armed that covers a
+	// new one within a sixteenth of its time is not set again, so each may end its
+	// connection up to a sixteenth of its time late (3.75 s of the default
+	// IdleTimeout), never early. A kept-alive request then sets none in the runtime.
 	IdleTimeout config.Duration `yaml:"idle_timeout,omitempty" json:"idle_timeout,omitempty"`
 
 	// MaxHeaderBytes bounds a request's header block; beyond it the answer is 431.
