@@ -41,7 +41,12 @@ type Config struct {
 	// Interval is how often the load is sampled. Default 100ms.
 	Interval time.Duration
 	// UpBusy: when the process used more than UpBusy CPUs per P in an interval, the Ps
-	// in use are saturated and their number is doubled (up to Max). Default 0.9.
+	// in use are saturated and their number is doubled (up to Max). Default 0.95:
+	// a server whose CPU is mostly the kernel's (a proxy's system calls) uses its P
+	// nearly all the time before its goroutines wait, and a second P for a load one
+	// serves costs the scheduler more than the requests gain (bench-policy: one P
+	// at 0.77-0.91 CPUs served a proxied load at the rate and latency of two, for
+	// 12-18 % less CPU per request).
 	UpBusy float64
 	// UpWait: when the 99th percentile of the time runnable goroutines waited for a P
 	// exceeded UpWait in an interval (with at least MinWaits waits seen), and the
@@ -56,7 +61,7 @@ type Config struct {
 	MinWaits uint64
 	// DownBusy: when, for DownAfter intervals in a row, the load would have kept one
 	// P fewer under DownBusy CPUs per P, and no interval saw goroutines waiting over
-	// UpWait/4 with UpIdle CPUs idle, one P is removed. Default 0.6.
+	// UpWait/4 with UpIdle CPUs idle, one P is removed. Default 0.8.
 	DownBusy float64
 	// DownAfter is how many quiet intervals in a row remove one P. Default 20 (two
 	// seconds at the default interval). When a removed P has to be added back within
@@ -72,11 +77,11 @@ type Config struct {
 // Defaults of Config.
 const (
 	DefaultInterval  = 100 * time.Millisecond
-	DefaultUpBusy    = 0.9
+	DefaultUpBusy    = 0.95
 	DefaultUpWait    = time.Millisecond
 	DefaultUpIdle    = 0.5
 	DefaultMinWaits  = 50
-	DefaultDownBusy  = 0.6
+	DefaultDownBusy  = 0.8
 	DefaultDownAfter = 20
 )
 

@@ -61,9 +61,9 @@ func TestNext(t *testing.T) {
 		steps []step
 	}{
 		{"saturated doubles", []step{
-			{1, Sample{Busy: 0.95}, 2},
-			{2, Sample{Busy: 1.9}, 4},
-			{4, Sample{Busy: 3.7}, 6}, // capped at Max
+			{1, Sample{Busy: 0.98}, 2},
+			{2, Sample{Busy: 1.95}, 4},
+			{4, Sample{Busy: 3.9}, 6}, // capped at Max
 			{6, Sample{Busy: 5.9}, 6},
 		}},
 		{"waits add one", []step{
@@ -78,6 +78,16 @@ func TestNext(t *testing.T) {
 		{"too few waits do not count", []step{
 			{1, Sample{Busy: 0.5, Idle: 1, WaitP99: 50 * ms, Waits: 10}, 1},
 		}},
+		{"a proxy's load within one P stays on one", []step{
+			// A TLS proxy at 0.77-0.91 of a CPU, most of it in the kernel: one P
+			// served it at the same rate and latency as two, for 15 % less CPU per
+			// request (bench-policy's proxy rows).
+			{2, Sample{Busy: 0.77}, 2},
+			{2, Sample{Busy: 0.77}, 2},
+			{2, Sample{Busy: 0.77}, 1},
+			{1, Sample{Busy: 0.92}, 1},
+			{1, Sample{Busy: 0.92, Idle: 0.3, WaitP99: 2 * ms, Waits: 1000}, 1},
+		}},
 		{"busy but not saturated holds", []step{
 			{2, Sample{Busy: 1.2}, 2},
 			{2, Sample{Busy: 1.7}, 2},
@@ -86,7 +96,7 @@ func TestNext(t *testing.T) {
 			{3, Sample{Busy: 0.5}, 3},
 			{3, Sample{Busy: 0.5}, 3},
 			{3, Sample{Busy: 0.5}, 2},
-			{2, Sample{Busy: 0.5}, 2}, // 0.5 < 0.6×1, but the count starts again
+			{2, Sample{Busy: 0.5}, 2}, // 0.5 < 0.8×1, but the count starts again
 			{2, Sample{Busy: 0.5}, 2},
 			{2, Sample{Busy: 0.5}, 1},
 			{1, Sample{Busy: 0.1}, 1}, // at Min
@@ -121,7 +131,7 @@ func TestNext(t *testing.T) {
 			{2, Sample{Busy: 0.2}, 2},
 			{2, Sample{Busy: 0.2}, 2},
 			{2, Sample{Busy: 0.2}, 1},
-			{1, Sample{Busy: 0.95}, 2}, // flap again: hold 6 → 12
+			{1, Sample{Busy: 0.98}, 2}, // flap again: hold 6 → 12
 			{2, Sample{Busy: 0.2}, 2},
 			{2, Sample{Busy: 0.2}, 2},
 			{2, Sample{Busy: 0.2}, 2},
@@ -304,7 +314,7 @@ func TestHoldResets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	quiet, busy := Sample{Busy: 0.1}, Sample{Busy: 0.95}
+	quiet, busy := Sample{Busy: 0.1}, Sample{Busy: 0.98}
 	n := 2
 	for range 2 {
 		n = c.Next(n, quiet)
