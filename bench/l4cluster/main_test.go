@@ -20,9 +20,9 @@ func TestFlags(t *testing.T) {
 // line: the full sync reached the peer, with a byte count per connection that an
 // IPv4 entry (24 bytes, plus the datagram's share of headers and MAC) gives.
 func TestSmallRun(t *testing.T) {
-	var out strings.Builder
-	if code := Main([]string{"-flows", "2000", "-full", "5000", "-duration", "50ms", "-rounds", "1", "-sync-after", "100ms", "-failover-conns", "0"}, &out, io.Discard); code != 0 {
-		t.Fatalf("exit %d:\n%s", code, out.String())
+	var out, errs strings.Builder
+	if code := Main([]string{"-flows", "2000", "-full", "5000", "-duration", "50ms", "-rounds", "1", "-sync-after", "100ms", "-failover-conns", "0"}, &out, &errs); code != 0 {
+		t.Fatalf("exit %d:\n%s\nstandard error:\n%s", code, out.String(), errs.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	var res results
