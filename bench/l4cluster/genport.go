@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/binary"
 	"sync/atomic"
+	"time"
 
 	"github.com/tiergate/tiergate/l4/port"
 )
@@ -37,25 +38,34 @@ func (p *pool) put(bufs []port.Buf) {
 }
 
 // genPort stands for the external NIC: RxBurst writes client → VIP TCP frames of
-// flows 0..flows-1, in turn, into buffers (the NIC's DMA), SYNs or ACKs; it stops
-// after limit frames (0: no limit) or while paused.
+// flows 0..flows-1, in turn, into buffers (the NIC's DMA), SYNs or ACKs, for the job
+// that start set, until it has made the job's limit or pause ended it.
+//
+// A job is handed to the worker whole (one pointer), and pause waits until the
+// worker has finished the burst it was in: a burst of the job before never counts
+// towards the next, nor leaves frames in flight after pause.
 type genPort struct {
-	p        *pool
-	mac      [6]byte
-	tmpl     [frameLen]byte
-	flows    int
-	next     int // touched by the worker only; reset asks it to go back to 0
-	reset    atomic.Bool
-	syn      atomic.Bool
-	limit    atomic.Int64
+	p      *pool
+	mac    [6]byte
+	tmpl   [frameLen]byte
+	flows  int
+	job    atomic.Pointer[genJob]
+	bursts atomic.Uint64 // RxBurst calls begun
+	freed  atomic.Uint64
+	// The worker's alone.
+	cur  *genJob
+	next int
+}
+
+// genJob is one run of frames: SYNs or ACKs, limit of them (0: without end).
+type genJob struct {
+	syn      bool
+	limit    int64
 	produced atomic.Int64
-	paused   atomic.Bool
-	freed    atomic.Uint64
 }
 
 func newGenPort(p *pool, mac, dstMAC [6]byte, vip [4]byte, flows int) *genPort {
 	g := &genPort{p: p, mac: mac, flows: flows}
-	g.paused.Store(true)
 	t := g.tmpl[:]
 	copy(t[0:6], dstMAC[:])
 	copy(t[6:12], []byte{2, 0, 0, 0, 0xe0, 0xfe})
@@ -78,13 +88,24 @@ func client(i int) ([4]byte, uint16) {
 }
 
 // start produces count frames (SYNs when syn) from flow 0; count 0: without end.
-func (g *genPort) start(syn bool, count int64) {
-	g.paused.Store(true)
-	g.syn.Store(syn)
-	g.reset.Store(true)
-	g.produced.Store(0)
-	g.limit.Store(count)
-	g.paused.Store(false)
+// It returns the job, whose produced count says how far it got.
+func (g *genPort) start(syn bool, count int64) *genJob {
+	g.pause()
+	j := &genJob{syn: syn, limit: count}
+	g.job.Store(j)
+	return j
+}
+
+// pause ends the job under way and returns once the worker is past the burst it
+// was in (or after a second, if the worker is stopped).
+func (g *genPort) pause() {
+	if g.job.Swap(nil) == nil {
+		return
+	}
+	b := g.bursts.Load()
+	for deadline := time.Now().Add(time.Second); g.bursts.Load() < b+2 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Microsecond)
+	}
 }
 
 func (g *genPort) Name() string         { return "gen" }
@@ -95,19 +116,21 @@ func (g *genPort) Headroom() int        { return headroom }
 func (g *genPort) Alloc([]port.Buf) int { return 0 }
 
 func (g *genPort) RxBurst(_ int, bufs []port.Buf) int {
-	if g.paused.Load() {
+	g.bursts.Add(1)
+	j := g.job.Load()
+	if j == nil {
 		return 0
 	}
-	if g.reset.Swap(false) {
-		g.next = 0
+	if j != g.cur {
+		g.cur, g.next = j, 0
 	}
 	flags := byte(0x10)
-	if g.syn.Load() {
+	if j.syn {
 		flags = 0x02
 	}
 	n := len(bufs)
-	if lim := g.limit.Load(); lim > 0 {
-		n = int(min(int64(n), lim-g.produced.Load()))
+	if j.limit > 0 {
+		n = int(min(int64(n), j.limit-j.produced.Load()))
 	}
 	n = min(n, len(g.p.free))
 	for k := range n {
@@ -134,7 +157,7 @@ func (g *genPort) RxBurst(_ int, bufs []port.Buf) int {
 			g.next = 0
 		}
 	}
-	g.produced.Add(int64(n))
+	j.produced.Add(int64(n))
 	return n
 }
 

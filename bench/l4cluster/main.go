@@ -251,16 +251,20 @@ func pair(a, b *ld) error {
 // feed sends count frames (SYNs or ACKs over the flows) and waits until the
 // worker has handled them all.
 func (l *ld) feed(syn bool, count int) error {
+	l.gen.pause()
 	before := l.sink.sent.Load() + l.gen.freed.Load()
-	l.gen.start(syn, int64(count))
+	j := l.gen.start(syn, int64(count))
 	deadline := time.Now().Add(time.Minute)
 	for l.sink.sent.Load()+l.gen.freed.Load()-before < uint64(count) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the datapath handled %d of %d frames in a minute", l.sink.sent.Load()+l.gen.freed.Load()-before, count)
+			return fmt.Errorf("the datapath handled %d of %d frames (%d made) in a minute", l.sink.sent.Load()+l.gen.freed.Load()-before, count, j.produced.Load())
 		}
 		time.Sleep(time.Millisecond)
 	}
-	l.gen.paused.Store(true)
+	l.gen.pause()
+	if handled := l.sink.sent.Load() + l.gen.freed.Load() - before; handled != uint64(count) {
+		return fmt.Errorf("the datapath handled %d frames, %d made", handled, count)
+	}
 	if dropped := l.gen.freed.Load(); dropped > 0 {
 		return fmt.Errorf("the datapath dropped %d frames: %v", dropped, l.d.Status().Packets)
 	}
@@ -290,7 +294,7 @@ func (l *ld) rate(d time.Duration) (wall, perCPU float64, err error) {
 	n := l.sink.sent.Load() - before
 	el := time.Since(t0)
 	cpu1, err := threadCPU(int(l.tid.Load()))
-	l.gen.paused.Store(true)
+	l.gen.pause()
 	if err != nil {
 		return 0, 0, err
 	}
