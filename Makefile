@@ -42,7 +42,7 @@ all: build
 # install registers with its online API unless that credentials file is already there, so
 # one saying it is not used is put there first (the machine may have no way out).
 deps:
-	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || printf '%s ' $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "deps: installing $$missing"; \
 		if [ "$$(id -u)" != 0 ]; then echo "deps: must run as root to install: $$missing" >&2; exit 1; fi; \
