@@ -40,8 +40,13 @@ type Config struct {
 	Max int
 	// Interval is how often the load is sampled. Default 100ms.
 	Interval time.Duration
-	// UpBusy: when the process used more than UpBusy CPUs per P in an interval, the Ps
-	// in use are saturated and their number is doubled (up to Max). Default 0.95:
+	// UpBusy: when the process used more than UpBusy CPUs per P in an interval, and
+	// the machine had at least UpIdle CPUs idle, the Ps in use are saturated and their
+	// number is doubled (up to Max). With the CPUs full, more Ps find no CPU to run
+	// on: they take turns with the threads already running, and the scheduler's
+	// wakeups and spinning cost more than they gain (bench-policy, wrk beside l7d and
+	// its backend: one P served 10-25 % more requests a second than two, at 10-20 %
+	// less CPU each). Default 0.95:
 	// a server whose CPU is mostly the kernel's (a proxy's system calls) uses its P
 	// nearly all the time before its goroutines wait, and a second P for a load one
 	// serves costs the scheduler more than the requests gain (bench-policy: one P
@@ -53,17 +58,21 @@ type Config struct {
 	// machine had at least UpIdle CPUs idle, one P is added. Default 1ms.
 	UpWait time.Duration
 	// UpIdle is the idle CPUs (all processes, /proc/stat) an interval needs for its
-	// waits to add a P: with the CPUs full, goroutines wait because the threads
-	// running them wait for a CPU, and one more P would only add to that. Default 0.5.
+	// load or its waits to add Ps: with the CPUs full, goroutines wait because the
+	// threads running them wait for a CPU, and more Ps would only add to that.
+	// Default 0.5.
 	UpIdle float64
 	// MinWaits is the fewest waits an interval needs for its percentile to count.
 	// Default 50.
 	MinWaits uint64
-	// DownBusy: when, for DownAfter intervals in a row, the load would have kept one
-	// P fewer under DownBusy CPUs per P, and no interval saw goroutines waiting over
-	// UpWait/4 with UpIdle CPUs idle, one P is removed. Default 0.8.
+	// DownBusy: when, over DownAfter intervals in a row in which no goroutines waited
+	// over UpWait/4 with UpIdle CPUs idle, the mean load would have kept one P fewer
+	// under DownBusy CPUs per P, one P is removed. When most of those intervals had
+	// fewer than UpIdle CPUs idle, under UpBusy is enough: no P is added back while
+	// the CPUs are full, so the margin against flapping is not needed, and a P the
+	// load does not fill costs wakeups. Default 0.8.
 	DownBusy float64
-	// DownAfter is how many quiet intervals in a row remove one P. Default 20 (two
+	// DownAfter is how many intervals in a row a removal looks at. Default 20 (two
 	// seconds at the default interval). When a removed P has to be added back within
 	// that many intervals, the next removal waits twice as long, up to 30 times
 	// DownAfter; a removal that holds that long puts it back to DownAfter.
@@ -104,9 +113,12 @@ type Sample struct {
 // Controller resizes GOMAXPROCS; see the package comment.
 type Controller struct {
 	cfg   Config
-	quiet int // quiet intervals in a row
-	hold  int // quiet intervals a removal needs: DownAfter, doubled by each flap
-	since int // intervals since the last removal; -1 when none is recent
+	quiet int // intervals in a row without waits (the down window)
+	// The window's load: the sum of its Busy, and its intervals with the CPUs full.
+	quietBusy float64
+	quietFull int
+	hold      int // quiet intervals a removal needs: DownAfter, doubled by each flap
+	since     int // intervals since the last removal; -1 when none is recent
 
 	procs   prometheus.Gauge
 	changes *prometheus.CounterVec
@@ -252,32 +264,55 @@ func (c *Controller) Next(n int, s Sample) int {
 			c.since, c.hold = -1, cfg.DownAfter
 		}
 	}
-	// Goroutines waiting for a P tell of too few Ps only when there are CPUs to run
-	// more on; with the CPUs full, they wait for a CPU.
-	waited := s.Waits >= cfg.MinWaits && !(s.Idle < cfg.UpIdle)
+	// Busy Ps, or goroutines waiting for one, tell of too few Ps only when there are
+	// CPUs to run more on; with the CPUs full, they wait for a CPU.
+	room := !(s.Idle < cfg.UpIdle)
+	waited := s.Waits >= cfg.MinWaits && room
 	up := 0
 	switch {
-	case s.Busy > cfg.UpBusy*float64(n):
+	case s.Busy > cfg.UpBusy*float64(n) && room:
 		up = min(2*n, cfg.Max)
 	case waited && s.WaitP99 > cfg.UpWait:
 		up = min(n+1, cfg.Max)
-	case n > cfg.Min && s.Busy < cfg.DownBusy*float64(n-1) && !(waited && s.WaitP99 > cfg.UpWait/4):
+	case n > cfg.Min && !(waited && s.WaitP99 > cfg.UpWait/4):
+		// A window of hold intervals without waits decides on its mean load: one
+		// interval's CPU time swings by a tenth of a CPU and more (the threads'
+		// turns on the CPUs), so a load near the threshold is rarely under it many
+		// intervals in a row.
 		c.quiet++
-		if c.quiet >= c.hold {
-			c.quiet, c.since = 0, 0
+		c.quietBusy += s.Busy
+		if !room {
+			c.quietFull++
+		}
+		if c.quiet < c.hold {
+			return n
+		}
+		downBusy := cfg.DownBusy
+		if 2*c.quietFull > c.quiet {
+			// The CPUs were full: no P comes back while they are (the rules above
+			// need room), so the load has only to fit in one fewer below UpBusy.
+			downBusy = cfg.UpBusy
+		}
+		fits := c.quietBusy/float64(c.quiet) < downBusy*float64(n-1)
+		c.resetQuiet()
+		if fits {
+			c.since = 0
 			return n - 1
 		}
 		return n
 	default:
-		c.quiet = 0
+		c.resetQuiet()
 		return n
 	}
-	c.quiet = 0
+	c.resetQuiet()
 	if up > n && c.since >= 0 && c.since < c.hold {
 		c.hold = min(2*c.hold, maxHold) // the last removal did not hold: wait longer
 	}
 	return up
 }
+
+// resetQuiet starts a new down window.
+func (c *Controller) resetQuiet() { c.quiet, c.quietBusy, c.quietFull = 0, 0, 0 }
 
 // waitMetric is the scheduler's distribution of runnable goroutines' waits for a P.
 const waitMetric = "/sched/latencies:seconds"
