@@ -374,7 +374,8 @@ func run(o options, out io.Writer, log *slog.Logger) (*results, error) {
 	if err := waitUntil("the peer to install the flows", o.after+time.Minute, func() bool {
 		return peer.d.SyncStats().Installed >= uint64(o.flows)
 	}); err != nil {
-		return nil, fmt.Errorf("%w (sent %+v, peer %+v)", err, on.d.SyncStats(), peer.d.SyncStats())
+		return nil, fmt.Errorf("%w (sender's datapath %+v, syncer %+v; peer's datapath %+v, syncer %+v)", err,
+			on.d.SyncStats(), on.syncer.Stats(), peer.d.SyncStats(), peer.syncer.Stats())
 	}
 	var offR, onR, offW, onW []float64
 	type row struct {
@@ -440,7 +441,8 @@ func run(o options, out io.Writer, log *slog.Logger) (*results, error) {
 	if err := waitUntil("the peer to install the full sync", time.Minute, func() bool {
 		return dst.d.SyncStats().Installed-installed0 >= uint64(o.full)
 	}); err != nil {
-		return nil, fmt.Errorf("%w (sender %+v, receiver %+v, %+v)", err, src.d.SyncStats(), dst.d.SyncStats(), dst.syncer.Stats())
+		return nil, fmt.Errorf("%w (sender's datapath %+v, syncer %+v; receiver's datapath %+v, syncer %+v)", err,
+			src.d.SyncStats(), src.syncer.Stats(), dst.d.SyncStats(), dst.syncer.Stats())
 	}
 	res.FullSyncS = time.Since(t0).Seconds()
 	st := src.syncer.Stats()
