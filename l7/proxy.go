@@ -319,9 +319,10 @@ func foldEqual(b []byte, s string) bool {
 	return true
 }
 
-// connTokens gathers the names a Connection header lists for removal: up to
-// len(toks) of them without a copy (their bytes stay where the header holds them,
-// which deletions do not move), the rest in more.
+// connTokens gathers header names to remove (those a Connection header lists, or
+// the spellings of hop-by-hop names a response uses): up to len(toks) of them
+// without a copy (their bytes stay where the header holds them, which deletions do
+// not move), the rest in more.
 type connTokens struct {
 	n    int
 	toks [8][]byte
@@ -346,19 +347,23 @@ func (c *connTokens) at(i int) []byte {
 	return c.more[i-c.n]
 }
 
-// addList adds the elements of a Connection value that keep reports, in order.
-func (c *connTokens) addList(v []byte, keep func([]byte) bool) {
-	for len(v) > 0 {
-		var tok []byte
-		if i := bytes.IndexByte(v, ','); i >= 0 {
-			tok, v = v[:i], v[i+1:]
-		} else {
-			tok, v = v, nil
-		}
-		if tok = trimOWS(tok); len(tok) > 0 && keep(tok) {
-			c.add(tok)
+// has reports whether tok is among c's names, byte for byte.
+func (c *connTokens) has(tok []byte) bool {
+	for i := range c.len() {
+		if bytes.Equal(c.at(i), tok) {
+			return true
 		}
 	}
+	return false
+}
+
+// addList adds the elements of a Connection value that keep reports, in order.
+func (c *connTokens) addList(v []byte, keep func([]byte) bool) {
+	listElements(v, func(tok []byte) {
+		if keep(tok) {
+			c.add(tok)
+		}
+	})
 }
 
 // namedByRequest and namedByResponse report Connection tokens that name a header to
@@ -467,26 +472,11 @@ func removeResponseHopHeaders(h *fasthttp.ResponseHeader) {
 		}
 		h.Del("Trailer")
 	}
-	var found [16][]byte // each spelling found of a name to remove
-	nFound := 0
-	var more [][]byte
+	var found connTokens // each spelling found of a name to remove
 	record := func(k []byte) {
-		for _, f := range found[:nFound] {
-			if bytes.Equal(f, k) {
-				return
-			}
+		if !found.has(k) {
+			found.add(k)
 		}
-		for _, f := range more {
-			if bytes.Equal(f, k) {
-				return
-			}
-		}
-		if nFound < len(found) {
-			found[nFound] = k
-			nFound++
-			return
-		}
-		more = append(more, k)
 	}
 	for k, v := range h.All() {
 		b := hopBit(k, foldCase)
@@ -508,11 +498,8 @@ func removeResponseHopHeaders(h *fasthttp.ResponseHeader) {
 			}
 		}
 	}
-	for _, k := range found[:nFound] {
-		h.DelBytes(k)
-	}
-	for _, k := range more {
-		h.DelBytes(k)
+	for i := range found.len() {
+		h.DelBytes(found.at(i))
 	}
 	// What Del("Connection") does besides: the Connection: close flag.
 	h.ResetConnectionClose()
