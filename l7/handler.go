@@ -278,7 +278,7 @@ var keyAltSvc = []byte("Alt-Svc")
 
 // count counts a request answered with code.
 func (l *listener) count(route, code, proto string, start time.Time) {
-	c := l.s.m.requestChildren.get(l.s.m, route, code)
+	c := l.s.m.requestChild(route, code)
 	c.requests.Inc()
 	c.seconds.Observe(time.Since(start).Seconds())
 	switch proto {
@@ -308,8 +308,10 @@ type requestChild struct {
 	seconds  prometheus.Observer
 }
 
-// get returns the children of m's requests and requestSeconds for route and code.
-func (c *requestChildren) get(m *metrics, route, code string) *requestChild {
+// requestChild returns the children of m's requests and requestSeconds for route
+// and code.
+func (m *metrics) requestChild(route, code string) *requestChild {
+	c := &m.requestChildren
 	key := requestLabels{route, code}
 	if p := c.byLabels.Load(); p != nil {
 		if ch := (*p)[key]; ch != nil {

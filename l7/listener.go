@@ -543,8 +543,7 @@ func (w *h1Conn) Read(p []byte) (int, error) {
 // (w.want), which it then arms. An idle connection of a draining server is left to
 // close: its deadline was moved to the past on purpose.
 func (w *h1Conn) extend(err error) bool {
-	if w.want.IsZero() || !w.want.After(w.lazy.read) || !timedOut(err) ||
-		(w.c.idle.Load() && w.c.l.s.draining.Load()) {
+	if w.want.IsZero() || !w.want.After(w.lazy.read) || !timedOut(err) || w.idleDraining() {
 		return false
 	}
 	left := time.Until(w.want)
@@ -554,6 +553,10 @@ func (w *h1Conn) extend(err error) bool {
 	return w.lazy.setReadLeft(w.Conn, w.want, left) == nil
 }
 
+// idleDraining reports a connection with no request in progress on a server that
+// is shutting down: its read deadline is drainDeadline.
+func (w *h1Conn) idleDraining() bool { return w.c.idle.Load() && w.c.l.s.draining.Load() }
+
 func (w *h1Conn) Close() error {
 	if w.readDone {
 		return w.c.raw.Close()
@@ -562,7 +565,7 @@ func (w *h1Conn) Close() error {
 }
 
 func (w *h1Conn) SetReadDeadline(t time.Time) error {
-	if w.c.idle.Load() && w.c.l.s.draining.Load() {
+	if w.idleDraining() {
 		t = drainDeadline
 	}
 	w.want = t
