@@ -127,17 +127,24 @@ func TestPrepareUpstream(t *testing.T) {
 			if line != tc.wantLine {
 				t.Errorf("request line %q, want %q", line, tc.wantLine)
 			}
-			for _, h := range tc.want {
-				if !strings.Contains(wire, "\r\n"+h+"\r\n") {
-					t.Errorf("missing %q in\n%s", h, wire)
-				}
-			}
-			for _, h := range tc.absent {
-				if strings.Contains(strings.ToLower(wire), "\r\n"+strings.ToLower(h)+":") {
-					t.Errorf("%s forwarded in\n%s", h, wire)
-				}
-			}
+			checkHeaderLines(t, wire, tc.want, tc.absent)
 		})
+	}
+}
+
+// checkHeaderLines checks that wire, a request or response head, has each of the
+// header lines want and no header named in absent, in any case.
+func checkHeaderLines(t *testing.T, wire string, want, absent []string) {
+	t.Helper()
+	for _, h := range want {
+		if !strings.Contains(wire, "\r\n"+h+"\r\n") {
+			t.Errorf("missing %q in\n%s", h, wire)
+		}
+	}
+	for _, h := range absent {
+		if strings.Contains(strings.ToLower(wire), "\r\n"+strings.ToLower(h)+":") {
+			t.Errorf("%s forwarded in\n%s", h, wire)
+		}
 	}
 }
 
@@ -477,17 +484,7 @@ func TestRemoveResponseHopHeaders(t *testing.T) {
 			if resp.Header.ConnectionClose() {
 				t.Error("Connection: close kept")
 			}
-			wire := resp.Header.String()
-			for _, h := range tc.want {
-				if !strings.Contains(wire, "\r\n"+h+"\r\n") {
-					t.Errorf("missing %q in\n%s", h, wire)
-				}
-			}
-			for _, h := range tc.absent {
-				if strings.Contains(strings.ToLower(wire), "\r\n"+strings.ToLower(h)+":") {
-					t.Errorf("%s forwarded in\n%s", h, wire)
-				}
-			}
+			checkHeaderLines(t, resp.Header.String(), tc.want, tc.absent)
 		})
 	}
 }
@@ -735,7 +732,7 @@ func TestRequestChildren(t *testing.T) {
 		wg.Go(func() {
 			for i := range 1000 {
 				l := labels[i%len(labels)]
-				c := m.requestChildren.get(m, l.route, l.code)
+				c := m.requestChild(l.route, l.code)
 				c.requests.Inc()
 				c.seconds.Observe(0.001)
 			}

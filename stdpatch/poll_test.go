@@ -50,6 +50,18 @@ func tcpPair(t *testing.T) (client, server *net.TCPConn) {
 }
 
 // readWithin reads into p with a deadline of d from now.
+// shortRead writes the byte b from c and reads it on s into buf: a read shorter
+// than it asked for, after which the patched library waits for readiness first.
+func shortRead(t *testing.T, c, s net.Conn, buf []byte, b byte) {
+	t.Helper()
+	if _, err := c.Write([]byte{b}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := readWithin(t, s, buf, 2*time.Second); n != 1 || err != nil {
+		t.Fatalf("read %d, %v", n, err)
+	}
+}
+
 func readWithin(t *testing.T, c net.Conn, p []byte, d time.Duration) (int, error) {
 	t.Helper()
 	if err := c.SetReadDeadline(time.Now().Add(d)); err != nil {
@@ -150,12 +162,7 @@ func TestStreamInPieces(t *testing.T) {
 func TestShortReadThenDeadline(t *testing.T) {
 	c, s := tcpPair(t)
 	buf := make([]byte, 100)
-	if _, err := c.Write([]byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := readWithin(t, s, buf, 2*time.Second); n != 1 || err != nil {
-		t.Fatalf("read %d, %v", n, err)
-	}
+	shortRead(t, c, s, buf, 'x')
 	start := time.Now()
 	_, err := readWithin(t, s, buf, 50*time.Millisecond)
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -185,12 +192,7 @@ func TestShortReadThenClose(t *testing.T) {
 		t.Run(who, func(t *testing.T) {
 			c, s := tcpPair(t)
 			buf := make([]byte, 100)
-			if _, err := c.Write([]byte("x")); err != nil {
-				t.Fatal(err)
-			}
-			if n, err := readWithin(t, s, buf, 2*time.Second); n != 1 || err != nil {
-				t.Fatalf("read %d, %v", n, err)
-			}
+			shortRead(t, c, s, buf, 'x')
 			done := make(chan error, 1)
 			go func() {
 				_, err := readWithin(t, s, buf, 5*time.Second)
@@ -221,12 +223,7 @@ func TestShortReadThenClose(t *testing.T) {
 func TestRawReadBetween(t *testing.T) {
 	c, s := tcpPair(t)
 	buf := make([]byte, 100)
-	if _, err := c.Write([]byte("a")); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := readWithin(t, s, buf, 2*time.Second); n != 1 || err != nil {
-		t.Fatalf("read %d, %v", n, err)
-	}
+	shortRead(t, c, s, buf, 'a')
 	if _, err := c.Write([]byte("bcd")); err != nil {
 		t.Fatal(err)
 	}
