@@ -2,7 +2,6 @@ package route
 
 import (
 	"errors"
-	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -45,7 +44,8 @@ type Balancer struct {
 
 	rt     *env
 	rr     atomic.Uint64
-	maglev []int32 // hashing policies: slot → member index
+	maglev []int32         // hashing policies: slot → member index
+	draw   func(n int) int // least request's draws in [0, n): rand.IntN (tests: a seeded source)
 
 	mu    sync.Mutex // serialises refresh
 	avail atomic.Pointer[availability]
@@ -135,8 +135,8 @@ func (b *Balancer) pickLeastRequest(a *availability, exclude func(*Member) bool)
 	if n == 1 {
 		m = b.members[a.list[0]]
 	} else {
-		i := rand.IntN(n)
-		j := rand.IntN(n - 1)
+		i := b.draw(n)
+		j := b.draw(n - 1)
 		if j >= i {
 			j++
 		}

@@ -99,6 +99,7 @@ func compilePool(p *Pool, rt *env, prev, next *state, old *Table) *Balancer {
 		maxConnsPerMember: p.MaxConnsPerMember,
 		ejection:          compileEjection(p.PassiveEjection),
 		rt:                rt,
+		draw:              rand.IntN,
 	}
 	setDefault(&b.connectTimeout, DefaultConnectTimeout)
 	setDefault(&b.maxConnsPerMember, DefaultMaxConnsPerMember)
