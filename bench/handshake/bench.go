@@ -36,7 +36,7 @@ type options struct {
 	scrapeMode   string   // -scrape-cost-mode: modeFull or modeResumed
 
 	classic            bool          // -classic: the handshake-only rows at -workers, by version and mode, and the scrape-cost rows
-	floor              bool          // -floor: the floor servers in the sequential shapes
+	floor              bool          // -floor: the floor servers in the shapes with a request and the sequential ones
 	matrix             []shape       // -matrix: the load shapes measured
 	burst              int           // -burst: connections of a burst
 	matrixDuration     time.Duration // -matrix-duration

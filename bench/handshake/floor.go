@@ -28,13 +28,16 @@ import (
 )
 
 // The floor rows: what the Go runtime and crypto/tls alone cost per connection in
-// the sequential shapes, against which l7d's figure there is read. The floor server
+// each shape with a request (and the sequential ones without), against which l7d's
+// figure there is read: where a target is missed, whether the floor misses it as
+// well, and by how much l7d is above the floor. The floor server
 // is this program (serve-floor) as the least Go server that does a connection's work
 // the way l7d does it: standard library only, the site certificate and key and l7d's
 // ticket key, TCP_DEFER_ACCEPT and no TCP keepalive as l7d's defaults, one goroutine
 // per connection, one deadline, the request answered `200 ok` from a fixed buffer,
-// TCP closed without close_notify once the client has closed, the same GOMAXPROCS
-// as l7d's at this load (floorProcs) and the same GODEBUG setting l7d runs with (its
+// TCP closed without close_notify once the client has closed, one P (floorProcs: the
+// least a Go server spends per connection; l7d's autoprocs adds a second only when
+// its load needs it) and the same GODEBUG setting l7d runs with (its
 // sysmon setting, l7/runtime.go). go-floor-local signs with its key; go-floor-offload asks the floor
 // signer (serve-floor-signer, this program again, with the key) for each signature
 // over a plain TCP connection kept open, one request and its answer at a time: the
@@ -57,9 +60,11 @@ const (
 // floorFor is the floor server of an l7d server.
 var floorFor = map[string]string{srvL7Local: srvFloorLocal, srvL7Offload: srvFloorOffload}
 
-// floorShape reports whether the floor servers are measured in sh: the sequential
-// shapes, one connection at a time.
-func floorShape(sh shape) bool { return sh.n == 1 && (sh.kind == kindClosed || sh.kind == kindTimed) }
+// floorShape reports whether the floor servers are measured in sh: every shape with
+// a request (those the targets are read over), and the sequential ones without.
+func floorShape(sh shape) bool {
+	return sh.request || sh.n == 1 && (sh.kind == kindClosed || sh.kind == kindTimed)
+}
 
 // floorResponse is the floor server's answer, as l7d's respond route gives it.
 var floorResponse = []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 3\r\n\r\n" + okBody)
@@ -447,6 +452,12 @@ type floorSum struct {
 	VsNginxNeedsUs     *float64 `json:"vs_nginx_target_needs_l7d_offload_us"`
 	OffloadGainNeedsUs *float64 `json:"offload_gain_target_needs_l7d_offload_us"`
 	VsNginxBound       *float64 `json:"vs_nginx_if_l7d_user_time_were_x25519_only"`
+	// What the floor itself reaches: nginx ÷ go-floor-offload and go-floor-local ÷
+	// go-floor-offload, the targets' figures with the floor in l7d's place; and
+	// l7d-offload ÷ go-floor-offload, how far above the floor l7d is.
+	FloorVsNginx     *float64 `json:"floor_vs_nginx"`
+	FloorOffloadGain *float64 `json:"floor_offload_gain"`
+	L7OverFloor      *float64 `json:"l7d_offload_over_floor"`
 }
 
 // floorServer is one server's CPU per connection in a shape and its parts: user and
@@ -496,7 +507,8 @@ func (c *cryptoCosts) cryptoOf(srv string) *float64 {
 	return nil
 }
 
-// floorReport prints the floor tables of the sequential shapes and returns them by shape.
+// floorReport prints the floor tables of the shapes measured with the floor and
+// returns them by shape.
 func (b *bench) floorReport(w io.Writer) map[string]floorSum {
 	out := map[string]floorSum{}
 	var order []shape
@@ -541,6 +553,8 @@ func (b *bench) floorReport(w io.Writer) map[string]floorSum {
 		if o := fs.Servers[srvL7Offload]; o.Sys != nil && o.Crypto != nil {
 			fs.VsNginxBound = ratio(ngx, ptr(*o.Sys+*o.Crypto))
 		}
+		floc, foff := fs.Servers[srvFloorLocal].CPU, fs.Servers[srvFloorOffload].CPU
+		fs.FloorVsNginx, fs.FloorOffloadGain, fs.L7OverFloor = ratio(ngx, foff), ratio(floc, foff), ratio(off, foff)
 		out[sh.name] = fs
 		order = append(order, sh)
 	}
@@ -548,8 +562,8 @@ func (b *bench) floorReport(w io.Writer) map[string]floorSum {
 		return nil
 	}
 	c := b.crypto
-	fmt.Fprintf(w, "\nThe floor of the sequential shapes (one connection at a time): server CPU µs per connection, medians of the repeats.\n")
-	fmt.Fprintf(w, "%s, %s: crypto/tls alone, l7d's runtime settings, key local or on a least key server (floor.go).\n", srvFloorLocal, srvFloorOffload)
+	fmt.Fprintf(w, "\nThe floor of each shape: server CPU µs per connection, medians of the repeats.\n")
+	fmt.Fprintf(w, "%s, %s: crypto/tls alone, one P, l7d's runtime settings, key local or on a least key server (floor.go).\n", srvFloorLocal, srvFloorOffload)
 	if c != nil {
 		fmt.Fprintf(w, "public-key crypto per connection, one core: Go X25519 keygen + shared %.0f µs, RSA-2048 PSS sign %.0f µs;\n", c.GoX25519Pair, c.GoRSASign)
 		fmt.Fprintf(w, "OpenSSL (%s) X25519 2 × derive %.0f µs, RSA-2048 sign %.0f µs (openssl speed)\n", c.OpenSSLVersion, c.OpenSSLX25519Pair, c.OpenSSLRSASign)
@@ -569,12 +583,16 @@ func (b *bench) floorReport(w io.Writer) map[string]floorSum {
 		}
 	}
 	t.Fprint(w)
-	st := benchkit.Table{Header: []string{"shape", "nginx ÷ l7d off.", "needs l7d off. ≤ µs", "local ÷ off.", "needs l7d off. ≤ µs", "nginx ÷ (l7d off. sys + Go X25519)"}}
+	st := benchkit.Table{Header: []string{"shape", "nginx ÷ l7d off.", "nginx ÷ floor off.", "needs l7d off. ≤ µs", "local ÷ off.", "floor local ÷ off.", "needs l7d off. ≤ µs", "l7d off. ÷ floor off.", "nginx ÷ (l7d off. sys + Go X25519)"}}
 	for _, sh := range order {
 		fs := out[sh.name]
-		st.Row(sh.name, ratioText(fs.VsNginx, nil, nil), num1(fs.VsNginxNeedsUs), ratioText(fs.OffloadGain, nil, nil), num1(fs.OffloadGainNeedsUs), ratioText(fs.VsNginxBound, nil, nil))
+		st.Row(sh.name, ratioText(fs.VsNginx, nil, nil), ratioText(fs.FloorVsNginx, nil, nil), num1(fs.VsNginxNeedsUs),
+			ratioText(fs.OffloadGain, nil, nil), ratioText(fs.FloorOffloadGain, nil, nil), num1(fs.OffloadGainNeedsUs),
+			ratioText(fs.L7OverFloor, nil, nil), ratioText(fs.VsNginxBound, nil, nil))
 	}
 	fmt.Fprintln(w)
+	fmt.Fprintf(w, "The targets' figures with the floor in l7d's place (nginx ÷ floor off., floor local ÷ off.): where the floor misses a target\n")
+	fmt.Fprintf(w, "too, a Go server cannot reach it in that shape on this machine; l7d off. ÷ floor off. is how far above that floor l7d is.\n")
 	st.Fprint(w)
 	return out
 }

@@ -85,6 +85,7 @@ func checkState(st *tls.ConnectionState, version uint16, resumeRow bool) error {
 type record struct {
 	end       int64         // Unix ns
 	handshake time.Duration // from the start of the TCP connect to the handshake's end
+	total     time.Duration // to the connection's end: the response read, or the server's close
 	bytes     int           // bytes the server sent: handshake, ticket, close_notify
 	resumed   bool
 }
@@ -178,8 +179,9 @@ func (c *client) op(ctx context.Context, w int, seq uint64) error {
 		if err := getOK(tc); err != nil {
 			return err
 		}
+		end := time.Now()
 		tc.Close()
-		c.records[w] = append(c.records[w], record{end: time.Now().UnixNano(), handshake: hsDone.Sub(start), bytes: cc.n, resumed: st.DidResume})
+		c.records[w] = append(c.records[w], record{end: end.UnixNano(), handshake: hsDone.Sub(start), total: end.Sub(start), bytes: cc.n, resumed: st.DidResume})
 		return nil
 	}
 	if err := tc.CloseWrite(); err != nil {
@@ -194,7 +196,8 @@ func (c *client) op(ctx context.Context, w int, seq uint64) error {
 	if n > 0 {
 		return fmt.Errorf("the server sent %d bytes of application data", n)
 	}
-	c.records[w] = append(c.records[w], record{end: time.Now().UnixNano(), handshake: hsDone.Sub(start), bytes: cc.n, resumed: st.DidResume})
+	end := time.Now()
+	c.records[w] = append(c.records[w], record{end: end.UnixNano(), handshake: hsDone.Sub(start), total: end.Sub(start), bytes: cc.n, resumed: st.DidResume})
 	return nil
 }
 
@@ -241,12 +244,17 @@ type window struct {
 	ops, resumed int
 	bytes        int // bytes the servers sent
 	handshakes   benchkit.Latencies
+	conns        benchkit.Latencies // each connection's whole time (record.total)
 }
 
 func (c *client) window(res *benchkit.Result) window {
-	t0, t1 := res.Start.UnixNano(), res.Start.Add(res.Elapsed).UnixNano()
+	return c.between(res.Start.UnixNano(), res.Start.Add(res.Elapsed).UnixNano())
+}
+
+// between sums the operations that ended from t0 to t1 (Unix ns).
+func (c *client) between(t0, t1 int64) window {
 	var w window
-	var lat []time.Duration
+	var lat, total []time.Duration
 	for _, rs := range c.records {
 		for _, r := range rs {
 			if r.end < t0 || r.end > t1 {
@@ -258,8 +266,10 @@ func (c *client) window(res *benchkit.Result) window {
 				w.resumed++
 			}
 			lat = append(lat, r.handshake)
+			total = append(total, r.total)
 		}
 	}
 	w.handshakes = benchkit.NewLatencies(slices.Clip(lat))
+	w.conns = benchkit.NewLatencies(slices.Clip(total))
 	return w
 }

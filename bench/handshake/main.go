@@ -10,12 +10,13 @@
 // vs_nginx_by_shape and offload_gain_by_shape; l7d-offload's figure is l7d's CPU,
 // keyserverd's shown beside it.
 //
-// In the sequential shapes (-floor) it measures the floor in the same run: a least
-// crypto/tls server (this program, standard library only, the same key, answer and
-// runtime settings as l7d) with the key local and with a least key-server round trip
-// (floor.go); the public-key operations' cost in Go and OpenSSL; and each server's CPU
-// per connection split into user, system, public-key crypto and the rest, with its
-// threads' context switches, timeslices and run-queue wait per connection (sched.go).
+// In each shape with a request and the sequential ones (-floor) it measures the
+// floor in the same run: a least crypto/tls server (this program, standard library
+// only, the same key, answer and runtime settings as l7d, one P) with the key local
+// and with a least key-server round trip (floor.go); the public-key operations' cost
+// in Go and OpenSSL; and each server's CPU per connection split into user, system,
+// public-key crypto and the rest, with its threads' context switches, timeslices and
+// run-queue wait per connection (sched.go).
 // The last line gains floor_by_shape and public_key_crypto.
 //
 // Then (-classic) it measures the server CPU time of TLS handshakes with an
@@ -115,7 +116,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	l7dEnv := fs.String("l7d-env", "", "comma-separated `NAME=value` environment variables for both l7d (GOMAXPROCS=1, GODEBUG=...: for comparing runtime settings)")
 	fs.BoolVar(&o.classic, "classic", true, "also the handshake-only rows at -workers by -tls and -modes, and the scrape-cost rows")
 	matrix := fs.String("matrix", "all", "load shapes of the matrix: all, none, or comma-separated names (see the report)")
-	fs.BoolVar(&o.floor, "floor", true, "in the sequential shapes, also the floor servers: crypto/tls alone with the key local and with a least key-server round trip (the Go floor l7d's figure is read against)")
+	fs.BoolVar(&o.floor, "floor", true, "in each shape with a request and the sequential ones, also the floor servers: crypto/tls alone with the key local and with a least key-server round trip (the Go floor l7d's figure is read against)")
 	fs.IntVar(&o.burst, "burst", 2000, "connections of the burst shapes")
 	fs.DurationVar(&o.matrixDuration, "matrix-duration", 3*time.Second, "measured time of a matrix row (closed, Poisson, s_time)")
 	fs.DurationVar(&o.matrixWarmup, "matrix-warmup", 500*time.Millisecond, "warm-up of a closed-loop matrix row")

@@ -217,6 +217,9 @@ func TestClientOp(t *testing.T) {
 			if n := len(win.handshakes); n != 6 {
 				t.Errorf("%d latencies, want 6", n)
 			}
+			if len(win.conns) != 6 || win.conns.Percentile(50) < win.handshakes.Percentile(50) || win.conns.Percentile(100) > time.Since(start) {
+				t.Errorf("connection times %v against handshake times %v: want 6, each past its handshake and within the test", win.conns, win.handshakes)
+			}
 			empty := c.window(&benchkit.Result{Start: time.Now().Add(time.Hour), Elapsed: time.Second})
 			if empty.ops != 0 {
 				t.Errorf("%d operations counted in a window after them", empty.ops)
@@ -368,6 +371,11 @@ func TestParseShapes(t *testing.T) {
 	for _, sh := range all {
 		if strings.HasSuffix(sh.name, "_hs") == sh.request {
 			t.Errorf("%s: request %v; the _hs shapes and only they make none", sh.name, sh.request)
+		}
+		// The floor is beside every figure the targets are read over, and the
+		// sequential shapes without a request.
+		if want := sh.request || strings.HasPrefix(sh.name, "sequential"); floorShape(sh) != want {
+			t.Errorf("%s: floorShape %v, want %v", sh.name, floorShape(sh), want)
 		}
 	}
 }

@@ -99,6 +99,9 @@ type mrow struct {
 	l7hs     float64         // l7d's own count of handshakes in the row
 	procs    *benchkit.Procs // l7d's Ps at the row's end and their changes in it
 	note     string
+	// The connections' times, connect to the response read (or the server's close):
+	// the latency the CPU figure was bought with. This program's generator only.
+	latency benchkit.Latencies
 }
 
 // The matrix rows' clocks.
@@ -309,15 +312,20 @@ func (b *bench) runOwn(ctx context.Context, r *mrow, clocks []benchkit.CPUClock)
 		if res.CPUErr != nil {
 			return res.CPUErr
 		}
-		r.conns = cl.window(res).ops
+		win := cl.window(res)
+		r.conns, r.latency = win.ops, win.conns
 		r.errors, r.firstErr, r.elapsed, r.cpu = res.Errors, res.FirstErr, res.Elapsed, res.CPU
 	case kindBurst:
-		return b.timed(ctx, r, clocks, func() { r.conns, r.errors, r.firstErr = burst(ctx, cl, n) })
+		err := b.timed(ctx, r, clocks, func() { r.conns, r.errors, r.firstErr = burst(ctx, cl, n) })
+		r.latency = cl.between(0, math.MaxInt64).conns
+		return err
 	case kindPoisson:
 		r.rate = b.poissonRate()
-		return b.timed(ctx, r, clocks, func() {
+		err := b.timed(ctx, r, clocks, func() {
 			r.conns, r.errors, r.dropped, r.firstErr = poisson(ctx, cl, r.rate, b.o.matrixDuration, n)
 		})
+		r.latency = cl.between(0, math.MaxInt64).conns
+		return err
 	}
 	if bad := cl.bad.Load(); bad > 0 {
 		return fmt.Errorf("%d handshakes negotiated other parameters or failed verification", bad)
@@ -582,6 +590,10 @@ type mrowSum struct {
 	Dropped         int      `json:"arrivals_dropped,omitempty"`
 	Errors          int      `json:"errors"`
 	OtherCores      float64  `json:"other_processes_cores"`
+	// Connect to the response read (or the server's close), this program's
+	// generator only.
+	LatencyP50Ms *float64 `json:"conn_latency_p50_ms,omitempty"`
+	LatencyP99Ms *float64 `json:"conn_latency_p99_ms,omitempty"`
 
 	// The server's threads' scheduler counters per connection (sched.go).
 	VoluntaryPerConn   float64 `json:"voluntary_switches_per_conn"`
@@ -630,7 +642,7 @@ func (b *bench) matrixReport(w io.Writer) *matrixSummary {
 	ms := &matrixSummary{VsNginxByShape: map[string]float64{}, OffloadGainByShape: map[string]float64{},
 		CPUUsByShape: map[string]shapeCPU{}, PoissonRate: round(b.poissonRate(), 1)}
 	t := benchkit.Table{Header: []string{"shape", "generator", "server", "conns", "conns/s", "server CPU µs/conn",
-		"keyserverd µs/conn", "generator µs/conn", "thread sleeps/conn", "errors", "others' cores"}}
+		"keyserverd µs/conn", "generator µs/conn", "thread sleeps/conn", "p50 ms", "p99 ms", "errors", "others' cores"}}
 	last := ""
 	for _, r := range b.mrows {
 		if r.sh.name != last {
@@ -648,9 +660,14 @@ func (b *bench) matrixReport(w io.Writer) *matrixSummary {
 			s.KeyserverUs = ptr(round(us(r.perConn(mclockKeyserver)), 1))
 			ksText = fmt.Sprintf("%.0f", *s.KeyserverUs)
 		}
+		if len(r.latency) > 0 {
+			s.LatencyP50Ms = ptr(round(benchkit.Ms(r.latency.Percentile(50)), 2))
+			s.LatencyP99Ms = ptr(round(benchkit.Ms(r.latency.Percentile(99)), 2))
+		}
 		ms.MatrixRows = append(ms.MatrixRows, s)
 		t.Row(r.sh.name, r.sh.gen, r.srv.label, r.conns, fmt.Sprintf("%.0f", s.ConnsPerS), fmt.Sprintf("%.0f", s.CPUUs),
-			ksText, fmt.Sprintf("%.0f", s.GenUs), fmt.Sprintf("%.1f", s.VoluntaryPerConn), r.errors, fmt.Sprintf("%.2f", s.OtherCores))
+			ksText, fmt.Sprintf("%.0f", s.GenUs), fmt.Sprintf("%.1f", s.VoluntaryPerConn), num2(s.LatencyP50Ms), num2(s.LatencyP99Ms),
+			r.errors, fmt.Sprintf("%.2f", s.OtherCores))
 	}
 	fmt.Fprintf(w, "\nLoad-shape matrix: TLS 1.3 full handshakes (RSA-2048, X25519, AES-128-GCM), each on a new connection, with one\n")
 	fmt.Fprintf(w, "HTTPS request (GET /, answered `200 ok` by the server itself) or none (_hs); server CPU = user + sys of its\n")

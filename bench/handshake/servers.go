@@ -41,7 +41,7 @@ type server struct {
 	pprofURL   string // the profiling variant's /debug/pprof/ (-profile)
 	workers    []int  // nginx's worker processes at start-up
 
-	floor     bool              // a floor server (floor.go): measured in the sequential shapes only
+	floor     bool              // a floor server (floor.go): measured in the shapes floorShape names
 	ks        *benchkit.Process // the key server whose CPU is shown beside: keyserverd, or the floor signer
 	schedPIDs []int             // the processes whose threads' scheduler counters are read
 	userClock benchkit.CPUClock // the server's user-mode CPU

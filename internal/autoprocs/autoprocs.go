@@ -54,9 +54,19 @@ type Config struct {
 	// 12-18 % less CPU per request).
 	UpBusy float64
 	// UpWait: when the 99th percentile of the time runnable goroutines waited for a P
-	// exceeded UpWait in an interval (with at least MinWaits waits seen), and the
-	// machine had at least UpIdle CPUs idle, one P is added. Default 1ms.
+	// exceeded UpWait in an interval (with at least MinWaits waits seen), the Ps were
+	// busy (WaitBusy), and the machine had at least UpIdle CPUs idle, one P is added.
+	// Default 1ms.
 	UpWait time.Duration
+	// WaitBusy is the CPUs per P the process must have used in an interval for its
+	// waits to count, towards adding a P or against removing one. Goroutines that
+	// waited while the Ps were mostly idle waited for the thread holding their P to
+	// get a CPU back from another process (a key server's signature, a load
+	// generator), which one more P does not give: at one connection at a time, l7d
+	// went to two Ps on such waits at 0.3 CPU and spent 40-80 % more CPU per
+	// connection there (bench-handshake's sequential rows), at no gain in latency.
+	// Default 0.5.
+	WaitBusy float64
 	// UpIdle is the idle CPUs (all processes, /proc/stat) an interval needs for its
 	// load or its waits to add Ps: with the CPUs full, goroutines wait because the
 	// threads running them wait for a CPU, and more Ps would only add to that.
@@ -88,6 +98,7 @@ const (
 	DefaultInterval  = 100 * time.Millisecond
 	DefaultUpBusy    = 0.95
 	DefaultUpWait    = time.Millisecond
+	DefaultWaitBusy  = 0.5
 	DefaultUpIdle    = 0.5
 	DefaultMinWaits  = 50
 	DefaultDownBusy  = 0.8
@@ -158,6 +169,9 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.UpIdle == 0 {
 		cfg.UpIdle = DefaultUpIdle
 	}
+	if cfg.WaitBusy == 0 {
+		cfg.WaitBusy = DefaultWaitBusy
+	}
 	if cfg.MinWaits == 0 {
 		cfg.MinWaits = DefaultMinWaits
 	}
@@ -174,8 +188,8 @@ func New(cfg Config) (*Controller, error) {
 		return nil, fmt.Errorf("%w: interval %v: want at least 1ms", ErrConfig, cfg.Interval)
 	case !(cfg.DownBusy > 0 && cfg.DownBusy < cfg.UpBusy && cfg.UpBusy <= 1):
 		return nil, fmt.Errorf("%w: down busy %v, up busy %v: want 0 < down < up ≤ 1", ErrConfig, cfg.DownBusy, cfg.UpBusy)
-	case cfg.UpWait <= 0 || cfg.DownAfter < 1 || cfg.UpIdle < 0:
-		return nil, fmt.Errorf("%w: up wait %v, up idle %v, down after %d: want positive figures", ErrConfig, cfg.UpWait, cfg.UpIdle, cfg.DownAfter)
+	case cfg.UpWait <= 0 || cfg.DownAfter < 1 || cfg.UpIdle < 0 || !(cfg.WaitBusy > 0):
+		return nil, fmt.Errorf("%w: up wait %v, up idle %v, wait busy %v, down after %d: want positive figures", ErrConfig, cfg.UpWait, cfg.UpIdle, cfg.WaitBusy, cfg.DownAfter)
 	}
 	c := &Controller{cfg: cfg, hold: cfg.DownAfter, since: -1, set: runtime.GOMAXPROCS, read: readLoad}
 	c.procs = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -265,9 +279,10 @@ func (c *Controller) Next(n int, s Sample) int {
 		}
 	}
 	// Busy Ps, or goroutines waiting for one, tell of too few Ps only when there are
-	// CPUs to run more on; with the CPUs full, they wait for a CPU.
+	// CPUs to run more on; with the CPUs full, they wait for a CPU. Waits count only
+	// when the Ps were busy: on idle Ps, they were waits for a CPU as well.
 	room := !(s.Idle < cfg.UpIdle)
-	waited := s.Waits >= cfg.MinWaits && room
+	waited := s.Waits >= cfg.MinWaits && room && s.Busy >= cfg.WaitBusy*float64(n)
 	up := 0
 	switch {
 	case s.Busy > cfg.UpBusy*float64(n) && room:
