@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -863,6 +864,41 @@ func BenchmarkSignParallel(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkSignSequential: one signature at a time with a fixed answer, as one
+// client's handshakes after one another: the client's round trip (and the test
+// responder's) in wall time and in the process's CPU time per signature.
+func BenchmarkSignSequential(b *testing.B) {
+	ks := testKeys()
+	r := newResponder(b, ks.p256)
+	sig := make([]byte, 72)
+	r.fixedSig.Store(&sig)
+	c := newClient(b, Config{}, r)
+	waitConns(b, c, 0, 2)
+	k := c.NewKey(keyID(b, ks.p256), ks.p256.Public())
+	digest := sum256(1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour) // as a handshake's deadline
+	defer cancel()
+	b.ReportAllocs()
+	cpu0 := processCPU(b)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := k.SignContext(ctx, digest, crypto.SHA256); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(processCPU(b)-cpu0)/float64(b.N), "cpu-ns/op")
+}
+
+// processCPU is the process's user and system CPU time.
+func processCPU(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // TestCallerDeadlineOutlastsRequestTimeout: a request whose caller gave a deadline
