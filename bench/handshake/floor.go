@@ -35,7 +35,8 @@ import (
 // the way l7d does it: standard library only, the site certificate and key and l7d's
 // ticket key, TCP_DEFER_ACCEPT and no TCP keepalive as l7d's defaults, one goroutine
 // per connection, one deadline, the request answered `200 ok` from a fixed buffer,
-// TCP closed without close_notify once the client has closed, one P (floorProcs: the
+// TCP closed without close_notify once the client has closed (with it when the
+// server closes first, after an HTTP/1.0 request), one P (floorProcs: the
 // least a Go server spends per connection; l7d's autoprocs adds a second only when
 // its load needs it) and the same GODEBUG setting l7d runs with (its
 // sysmon setting, l7/runtime.go). go-floor-local signs with its key; go-floor-offload asks the floor
@@ -269,6 +270,9 @@ func floorConn(c net.Conn, cfg *tls.Config) {
 				return
 			}
 			if !keepAlive(buf[:i]) {
+				// The server closes first: with close_notify, as TLS asks and l7d and
+				// nginx send it.
+				tc.Close()
 				return
 			}
 			n = copy(buf[:], buf[i+len(headerEnd):n])

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rsa"
+	"crypto/tls"
+	"io"
 	"net"
 	"os"
 	"testing"
@@ -61,6 +64,28 @@ func TestFloorServers(t *testing.T) {
 				t.Errorf("%s, request %v: %d bad, %d verified; want 0, 3", tc.name, request, c.bad.Load(), c.verified.Load())
 			}
 		}
+		// An HTTP/1.0 request, as s_time makes: the server answers and closes first,
+		// with close_notify (a clean end of the TLS stream).
+		raw, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		rec := &recordingConn{Conn: raw}
+		tc10 := tls.Client(rec, &tls.Config{RootCAs: site.roots, ServerName: siteName})
+		_ = tc10.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(tc10, "GET / HTTP/1.0\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := io.ReadAll(tc10)
+		tc10.Close()
+		if err != nil || !bytes.Equal(resp, floorResponse) {
+			t.Errorf("%s: HTTP/1.0: read %q, %v; want the response", tc.name, resp, err)
+		}
+		// crypto/tls takes a TCP close at a record's end as a clean end too: the last
+		// record must be the alert, sealed (TLS 1.3: 2 bytes, the inner type, the tag).
+		if n := len(rec.got); n < 24 || !bytes.Equal(rec.got[n-24:n-19], []byte{23, 3, 3, 0, 19}) {
+			t.Errorf("%s: HTTP/1.0: the stream does not end with a sealed alert (close_notify)", tc.name)
+		}
 		stop()
 		if err := <-done; err != nil {
 			t.Errorf("%s: %v", tc.name, err)
@@ -70,6 +95,18 @@ func TestFloorServers(t *testing.T) {
 	if err := <-signed; err != nil {
 		t.Error(err)
 	}
+}
+
+// recordingConn keeps what it reads.
+type recordingConn struct {
+	net.Conn
+	got []byte
+}
+
+func (c *recordingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.got = append(c.got, p[:n]...)
+	return n, err
 }
 
 func TestParseSched(t *testing.T) {
