@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"os"
 	"runtime"
 	"runtime/metrics"
 	"slices"
@@ -354,6 +355,32 @@ func TestParseStatIdle(t *testing.T) {
 	}
 	if d := machineIdle(); d < 0 {
 		t.Errorf("machineIdle() = %v on Linux, want a reading", d)
+	}
+}
+
+// TestMachineIdleRereads: the file kept open is read afresh at each sample, not
+// once.
+func TestMachineIdleRereads(t *testing.T) {
+	first := machineIdle()
+	if first < 0 {
+		t.Fatal("no reading")
+	}
+	fresh := func() time.Duration {
+		b, err := os.ReadFile("/proc/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return parseStatIdle(b)
+	}
+	later := fresh()
+	for deadline := time.Now().Add(5 * time.Second); later <= first; later = fresh() {
+		if time.Now().After(deadline) {
+			t.Skip("the machine had no idle tick in 5s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := machineIdle(); got < later {
+		t.Errorf("machineIdle() = %v after /proc/stat read %v (first reading %v): a stale reading", got, later, first)
 	}
 }
 
