@@ -383,6 +383,10 @@ func (l *listener) serveH1(ctx *fasthttp.RequestCtx) {
 	}
 	if clientClose || l.s.draining.Load() {
 		ctx.SetConnectionClose()
+		if !ctx.Response.IsBodyStream() {
+			// Written whole, then close_notify: in one write.
+			hc.c.hsc.holdNext()
+		}
 	}
 }
 

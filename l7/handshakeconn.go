@@ -3,6 +3,8 @@ package l7
 import (
 	"errors"
 	"net"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,8 +22,8 @@ import (
 // The server's time is added only once it reaches a sixteenth of HandshakeTimeout,
 // so an ordinary handshake sets its deadline once, at accept (the client's budget is
 // then short of HandshakeTimeout by less than that sixteenth). After the handshake
-// the connection passes reads and writes straight through. Its methods run on the
-// goroutine serving the connection.
+// the connection passes reads and writes straight through, but for a held write
+// (holdNext). Its methods run on the goroutine serving the connection.
 type handshakeConn struct {
 	net.Conn
 	l         *listener
@@ -30,7 +32,27 @@ type handshakeConn struct {
 	owed      time.Duration // the server's time since last, not yet added to deadline
 	slack     time.Duration // owed is added to deadline once it reaches this
 	handshake bool
+
+	hold bool    // holdNext: keep the next write back
+	held *[]byte // a write kept back, sent with the next write, or before a read or close
 }
+
+// maxHeld is the largest write kept back: a response sent whole in one write.
+const maxHeld = 16 << 10
+
+var heldPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// heldWrites counts the writes kept back (tests).
+var heldWrites atomic.Int64
+
+// holdNext keeps the next write back until the write after it, a read or Close,
+// and sends both in one write. HTTP/1.1 arms it for a response written whole
+// before the server closes the connection (an HTTP/1.0 request, Connection: close):
+// the response and the close_notify alert crypto/tls sends on Close then leave in
+// one system call and one TCP segment, where they took two of each (a tenth of a
+// system call's and a wakeup of the client's less per such connection). When
+// the connection is kept open after all, the next read sends the response first.
+func (c *handshakeConn) holdNext() { c.hold = true }
 
 // start begins the handshake's clock at accept, at which the connection's deadline
 // is set to accept + timeout.
@@ -79,6 +101,11 @@ func (c *handshakeConn) settle() {
 
 func (c *handshakeConn) Read(p []byte) (int, error) {
 	if !c.handshake {
+		if c.held != nil {
+			if err := c.flush(nil); err != nil {
+				return 0, err
+			}
+		}
 		return c.Conn.Read(p)
 	}
 	c.settle()
@@ -109,10 +136,44 @@ func timedOut(err error) bool {
 
 func (c *handshakeConn) Write(p []byte) (int, error) {
 	if !c.handshake {
+		switch {
+		case c.held != nil:
+			return len(p), c.flush(p)
+		case c.hold && len(p) <= maxHeld:
+			c.hold = false
+			b := heldPool.Get().(*[]byte)
+			*b = append((*b)[:0], p...)
+			c.held = b
+			heldWrites.Add(1)
+			return len(p), nil
+		}
+		c.hold = false
 		return c.Conn.Write(p)
 	}
 	c.settle()
 	n, err := c.Conn.Write(p)
 	c.last = time.Now()
 	return n, err
+}
+
+// flush sends the held write and p after it in one write. An error is that of
+// the held bytes as much as p's: the caller's earlier write reported success,
+// as one the kernel buffers does before the connection fails.
+func (c *handshakeConn) flush(p []byte) error {
+	b := c.held
+	c.held = nil
+	*b = append(*b, p...)
+	_, err := c.Conn.Write(*b)
+	if cap(*b) <= 2*maxHeld {
+		heldPool.Put(b)
+	}
+	return err
+}
+
+// Close sends a held write, then closes the connection.
+func (c *handshakeConn) Close() error {
+	if c.held != nil {
+		_ = c.flush(nil)
+	}
+	return c.Conn.Close()
 }

@@ -559,7 +559,7 @@ func (w *h1Conn) idleDraining() bool { return w.c.idle.Load() && w.c.l.s.drainin
 
 func (w *h1Conn) Close() error {
 	if w.readDone {
-		return w.c.raw.Close()
+		return w.c.hsc.Close() // a held response first (handshakeConn.holdNext)
 	}
 	return w.Conn.Close()
 }
