@@ -31,7 +31,10 @@ func TestCrowdSecSection(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "controld.yaml")
 	yaml := "data_dir: " + dir + "/data\nlisten: 127.0.0.1:0\netcd_listen: http://127.0.0.1:0\n" +
-		"crowdsec:\n  lapi_url: " + lapi.URL + "\n  api_key_file: " + lapi.KeyFile + "\n  list: risk\n  poll_interval: 200ms\n"
+		"crowdsec:\n  lapi_url: " + lapi.URL + "\n  api_key_file: " + lapi.KeyFile + "\n  list: risk\n  poll_interval: 200ms\n" +
+		// The Local API never streams a decision written while a pull runs (about one
+		// in a few hundred, at this poll interval): a resync brings it within the wait.
+		"  resync_interval: 3s\n"
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}

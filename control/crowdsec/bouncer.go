@@ -25,7 +25,7 @@ import (
 const (
 	DefaultList         = "crowdsec"
 	DefaultPollInterval = 10 * time.Second
-	DefaultResync       = 10 * time.Minute
+	DefaultResync       = time.Minute
 	DefaultTimeout      = 30 * time.Second
 )
 
@@ -52,8 +52,11 @@ type Config struct {
 	// (startup=true) instead of the changes, and writes the difference from the
 	// list as one delta (none when there is none): the Local API's stream only
 	// reports the longest decision on an address, so a shorter one left when the
-	// longer is deleted, or a change missed, is caught within this time.
-	// Default 10m.
+	// longer is deleted, or a change missed, is caught within this time. CrowdSec
+	// 1.4's Local API (Debian 12's) misses changes: it answers the decisions
+	// created since the bouncer's last pull, and records the pull's end, not its
+	// query, as that pull, so a decision written while a pull runs is never sent
+	// (one in a few hundred added, at a pull every 200ms). Default 1m.
 	ResyncInterval config.Duration `yaml:"resync_interval,omitempty" json:"resync_interval,omitempty"`
 	// Timeout bounds one pull, the answer's body included. Default 30s.
 	Timeout config.Duration `yaml:"timeout,omitempty" json:"timeout,omitempty"`
