@@ -834,21 +834,28 @@ func gaugeValue(t testing.TB, reg *prometheus.Registry, name string, labelPairs 
 	return -1
 }
 
-func BenchmarkSignParallel(b *testing.B) {
+// benchKey is a P-256 key on a test responder, with the client's two connections
+// up; with fixed, the responder answers every signature with the same 72 bytes
+// instead of signing.
+func benchKey(b *testing.B, fixed bool) *RemoteKey {
 	ks := testKeys()
+	r := newResponder(b, ks.p256)
+	if fixed {
+		sig := make([]byte, 72)
+		r.fixedSig.Store(&sig)
+	}
+	c := newClient(b, Config{}, r)
+	waitConns(b, c, 0, 2)
+	return c.NewKey(keyID(b, ks.p256), ks.p256.Public())
+}
+
+func BenchmarkSignParallel(b *testing.B) {
 	for _, bc := range []struct {
 		name  string
 		fixed bool
 	}{{"fixed-answer", true}, {"ecdsa-p256", false}} {
 		b.Run(bc.name, func(b *testing.B) {
-			r := newResponder(b, ks.p256)
-			if bc.fixed {
-				sig := make([]byte, 72)
-				r.fixedSig.Store(&sig)
-			}
-			c := newClient(b, Config{}, r)
-			waitConns(b, c, 0, 2)
-			k := c.NewKey(keyID(b, ks.p256), ks.p256.Public())
+			k := benchKey(b, bc.fixed)
 			digest := sum256(1)
 			// Many handshakes wait on the keyserver at once, as on a busy L7 node.
 			b.SetParallelism(32)
@@ -870,13 +877,7 @@ func BenchmarkSignParallel(b *testing.B) {
 // client's handshakes after one another: the client's round trip (and the test
 // responder's) in wall time and in the process's CPU time per signature.
 func BenchmarkSignSequential(b *testing.B) {
-	ks := testKeys()
-	r := newResponder(b, ks.p256)
-	sig := make([]byte, 72)
-	r.fixedSig.Store(&sig)
-	c := newClient(b, Config{}, r)
-	waitConns(b, c, 0, 2)
-	k := c.NewKey(keyID(b, ks.p256), ks.p256.Public())
+	k := benchKey(b, true)
 	digest := sum256(1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour) // as a handshake's deadline
 	defer cancel()
