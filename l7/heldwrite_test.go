@@ -3,15 +3,9 @@ package l7
 import (
 	"bufio"
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"strings"
@@ -33,22 +27,6 @@ func (c *writeCounter) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// selfSigned is a TLS certificate for the name "held".
-func selfSigned(t *testing.T) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "held"}, DNSNames: []string{"held"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
 // heldPair is a TLS connection whose server side writes through a handshakeConn
 // over a write counter, handshake done.
 func heldPair(t *testing.T) (srv *tls.Conn, hsc *handshakeConn, wc *writeCounter, cli *tls.Conn) {
@@ -59,8 +37,9 @@ func heldPair(t *testing.T) (srv *tls.Conn, hsc *handshakeConn, wc *writeCounter
 	_ = b.SetDeadline(time.Now().Add(10 * time.Second))
 	wc = &writeCounter{Conn: a}
 	hsc = &handshakeConn{Conn: wc}
-	srv = tls.Server(hsc, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, SessionTicketsDisabled: true})
-	cli = tls.Client(b, &tls.Config{InsecureSkipVerify: true, ServerName: "held"})
+	p := getPKI(t)
+	srv = tls.Server(hsc, &tls.Config{Certificates: []tls.Certificate{p.leaf}, SessionTicketsDisabled: true})
+	cli = tls.Client(b, &tls.Config{RootCAs: p.pool, ServerName: "localhost"})
 	done := make(chan error, 1)
 	go func() { done <- srv.Handshake() }()
 	if err := cli.Handshake(); err != nil {
