@@ -242,6 +242,10 @@ func (c *Client) stateChanged() <-chan struct{} {
 	return c.stateCh
 }
 
+// testHookPickWaiting, when set by a test, runs when exchange finds no connection
+// up but one connecting, before it waits for a slot to change state.
+var testHookPickWaiting func()
+
 // pick states.
 const (
 	pickNone    = iota // every untried server is down
@@ -382,9 +386,16 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 			continue
 
 		case pickWaiting:
+			if testHookPickWaiting != nil {
+				testHookPickWaiting()
+			}
+			// Take the channel before looking again: a slot that changes state after
+			// this closes ch, and one that changed before shows in the second pick.
+			// Whatever the second pick finds other than a slot still connecting (one
+			// came up, or the last one failed its dial) is decided from the top.
 			ch := c.stateChanged()
-			if s, _ := c.pick(tried, now.UnixNano()); s != nil {
-				continue // a connection came up in between
+			if _, st := c.pick(tried, now.UnixNano()); st != pickWaiting {
+				continue
 			}
 			timer.Reset(remaining)
 			select {

@@ -510,6 +510,69 @@ func TestTypedErrors(t *testing.T) {
 	})
 }
 
+// TestUnavailableWhileWaiting makes the last connecting slots fail their dial
+// between exchange's first look for a connection and its wait for a state change:
+// the request must still fail at once as unavailable, not wait out its Timeout for a
+// change that already happened.
+func TestUnavailableWhileWaiting(t *testing.T) {
+	// A listener that accepts and never answers holds every slot in its TLS
+	// handshake, so the request is sure to find them connecting.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, DefaultConnsPerServer)
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- nc
+		}
+	}()
+	c := newClient(t, Config{
+		Servers:      []string{ln.Addr().String()},
+		Timeout:      config.Duration(5 * time.Second),
+		DialTimeout:  config.Duration(10 * time.Second),
+		ReconnectMin: config.Duration(time.Minute),
+		ReconnectMax: config.Duration(time.Minute),
+	})
+	hooked := 0
+	testHookPickWaiting = func() {
+		hooked++
+		if hooked > 1 {
+			return
+		}
+		for range DefaultConnsPerServer {
+			(<-accepted).Close()
+		}
+		ln.Close()
+		waitFor(t, 5*time.Second, "every slot down", func() bool {
+			for _, sl := range c.servers[0].slots {
+				if sl.state.Load() != slotDown {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	t.Cleanup(func() { testHookPickWaiting = nil })
+
+	start := time.Now()
+	err = c.Ping(context.Background())
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("error = %v, want ErrUnavailable", err)
+	}
+	if hooked != 1 {
+		t.Errorf("exchange found a slot connecting %d times, want once", hooked)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("took %s to find that no server is up", el)
+	}
+}
+
 // closedAddr returns a loopback address nothing listens on.
 func closedAddr(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
