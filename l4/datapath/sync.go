@@ -142,6 +142,7 @@ type workerSync struct {
 	members          map[poolAddr]uint16
 	fullGen, fullPos uint64
 	fullDone         atomic.Uint64
+	inApplied        atomic.Uint64 // entries taken off in and installed (or refused)
 	fullFn           func(v *conntrack.View) bool
 	fullSnap         *snapshot
 
@@ -238,6 +239,31 @@ func (d *Distributor) SyncInstall(es []sessionsync.Entry) int {
 	return queued
 }
 
+// SyncInstalled returns a function that reports whether the workers have installed
+// (or refused, and counted) every entry SyncInstall queued before the call. The
+// session sync's warm-up waits on it: a peer's full sync is in this LD's tables, not
+// just on its rings, before the LD announces its VIPs. The function never turns
+// true once the workers have stopped.
+func (d *Distributor) SyncInstalled() func() bool {
+	if d.sync == nil {
+		return func() bool { return true }
+	}
+	d.sync.inMu.Lock()
+	marks := make([]uint64, len(d.workers))
+	for i, w := range d.workers {
+		marks[i] = w.sync.in.tail.Load()
+	}
+	d.sync.inMu.Unlock()
+	return func() bool {
+		for i, w := range d.workers {
+			if w.sync.inApplied.Load() < marks[i] {
+				return false
+			}
+		}
+		return true
+	}
+}
+
 // waitPush retries a push onto a full incoming ring for up to a second, while the
 // worker installs what it holds (a full sync arrives faster than a busy worker takes
 // it; the socket's buffer holds the datagrams meanwhile).
@@ -327,6 +353,7 @@ func (w *worker) syncStep() int {
 		for i := range ws.inBuf {
 			w.install(s, &ws.inBuf[i])
 		}
+		ws.inApplied.Add(uint64(len(ws.inBuf)))
 		work += len(ws.inBuf)
 	}
 	if ws.fullGen == 0 {

@@ -57,6 +57,14 @@ type ld struct {
 
 func startLD(t *testing.T, cfg datapath.Config, after time.Duration) *ld {
 	t.Helper()
+	l, start := newLD(t, cfg, after)
+	start()
+	return l
+}
+
+// newLD makes an LD whose workers run only once start is called.
+func newLD(t *testing.T, cfg datapath.Config, after time.Duration) (l *ld, start func()) {
+	t.Helper()
 	ext := port.NewMem("ext", extMAC, 2, 1024, 2048)
 	in := port.NewMem("int", intMAC, 2, 1024, 2048)
 	d, err := datapath.NewDistributor(cfg, datapath.Options{External: ext, Internal: in, Workers: 2, IdleSleep: 20 * time.Microsecond})
@@ -66,16 +74,18 @@ func startLD(t *testing.T, cfg datapath.Config, after time.Duration) *ld {
 	if err := d.EnableSync(datapath.SyncOptions{After: after, Queue: 1024}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return &ld{d: d, ext: ext, int: in}
+	start = func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	return &ld{d: d, ext: ext, int: in}, start
 }
 
 // startSyncer runs a syncer for l on loopback; peers are set with SetPeers before
@@ -213,6 +223,22 @@ func TestClusterSync(t *testing.T) {
 	}
 }
 
+// longConns opens on a, from client, three connections that a gives memberA, from
+// port from on, and waits until a has marked them sent: long connections its peers
+// must learn of. It returns their ports.
+func longConns(t *testing.T, a *ld, client netip.Addr, from uint16) []uint16 {
+	t.Helper()
+	var ports []uint16
+	for p := from; len(ports) < 3; p++ {
+		if a.send(t, 0, tcp4(t, client, p, true, false)) == memberA {
+			a.send(t, 0, tcp4(t, client, p, false, true))
+			ports = append(ports, p)
+		}
+	}
+	waitFor(t, "A to mark its connections sent", func() bool { return a.d.SyncStats().Emitted >= 3 })
+	return ports
+}
+
 // TestWarmUp: a starting LD is not ready until its peer's full sync has arrived,
 // and then holds the peer's long connections; with no answer it is ready after the
 // warm-up timeout.
@@ -221,14 +247,7 @@ func TestWarmUp(t *testing.T) {
 	sa := newSyncer(t, a, sessionsync.Config{})
 	stopA := run(t, sa) // no peers yet: A keeps its connections to itself
 	client := netip.MustParseAddr("192.0.2.60")
-	var ports []uint16
-	for p := uint16(41000); len(ports) < 3; p++ {
-		if a.send(t, 0, tcp4(t, client, p, true, false)) == memberA {
-			a.send(t, 0, tcp4(t, client, p, false, true))
-			ports = append(ports, p)
-		}
-	}
-	waitFor(t, "A to mark its connections sent", func() bool { return a.d.SyncStats().Emitted >= 3 })
+	ports := longConns(t, a, client, 41000)
 
 	b := startLD(t, ldConfig(true), 50*time.Millisecond)
 	sb := newSyncer(t, b, sessionsync.Config{})
@@ -262,6 +281,54 @@ func TestWarmUp(t *testing.T) {
 	}
 	run(t, sc)
 	waitFor(t, "C's warm-up timeout", sc.WarmedUp)
+}
+
+// TestWarmUpWaitsForInstall: the warm-up is over once the peer's full sync is in
+// the workers' tables, not when its end marker arrives: B's workers start only after
+// A's whole full sync reached B, and B stays not ready until they have installed it,
+// then sends A's connections to A's member from its first packet.
+func TestWarmUpWaitsForInstall(t *testing.T) {
+	a := startLD(t, ldConfig(false), 50*time.Millisecond)
+	sa := newSyncer(t, a, sessionsync.Config{})
+	client := netip.MustParseAddr("192.0.2.61")
+	ports := longConns(t, a, client, 42000)
+
+	b, startB := newLD(t, ldConfig(true), 50*time.Millisecond)
+	if !b.d.SyncInstalled()() {
+		t.Fatal("nothing queued yet, but SyncInstalled says the workers are behind")
+	}
+	sb := newSyncer(t, b, sessionsync.Config{})
+	_ = sa.SetPeers([]string{sb.Addr().String()})
+	_ = sb.SetPeers([]string{sa.Addr().String()})
+	run(t, sa)
+	run(t, sb)
+	const installing = "session sync: installing the peers' full sync"
+	waitFor(t, "A's full sync to reach B", func() bool { _, why := sb.Ready(); return why == installing })
+	// Every datagram of it has been read (SyncInstall returned before the end
+	// marker was seen), and it sits on the rings of workers that do not run.
+	barrier := b.d.SyncInstalled()
+	time.Sleep(100 * time.Millisecond) // 50 send-loop ticks
+	if ok, why := sb.Ready(); ok || sb.WarmedUp() || why != installing {
+		t.Fatalf("B's workers have not run, but Ready = %v %q, WarmedUp = %v", ok, why, sb.WarmedUp())
+	}
+	if barrier() || b.d.SyncStats().Installed != 0 {
+		t.Fatalf("workers stopped, but SyncInstalled = %v with %d installed", barrier(), b.d.SyncStats().Installed)
+	}
+
+	startB()
+	waitFor(t, "B's warm-up", sb.WarmedUp)
+	if !barrier() {
+		t.Fatal("B warmed up before its workers applied the entries queued before the barrier")
+	}
+	// Two workers each hold a copy of A's three connections.
+	if got := b.d.SyncStats().Installed; got < 6 {
+		t.Fatalf("B warmed up with %d entries installed, want A's 3 in each of 2 workers", got)
+	}
+	for _, p := range ports {
+		if got := b.send(t, 1, tcp4(t, client, p, false, true)); got != memberA {
+			t.Fatalf("after warm-up B sent flow %d to %v, want %v", p, got, memberA)
+		}
+	}
 }
 
 // TestForgedChangesNothing: datagrams with the wrong key, of another cluster,

@@ -20,9 +20,10 @@
 //
 // Warm-up: a starting LD asks each peer for a full sync (MsgFullSyncRequest, once a
 // second until answered); a peer answers with a full sync followed by
-// MsgFullSyncDone. Ready, the announce gate, opens when every peer has answered or
-// WarmupTimeout has passed, so an LD that joins does not announce its VIPs before it
-// knows the flows ECMP will move to it.
+// MsgFullSyncDone. Ready, the announce gate, opens when every peer has answered and
+// the workers have installed what came before each answer (Datapath.SyncInstalled),
+// or WarmupTimeout has passed, so an LD that joins does not announce its VIPs before
+// its tables hold the flows ECMP will move to it.
 //
 // A connection the SYN proxy opened (l4/synproxy) carries its translation with it
 // (the sequence and timestamp deltas, the window shift), so the LD that takes it over

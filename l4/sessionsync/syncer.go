@@ -28,6 +28,9 @@ type Datapath interface {
 	SyncDrain(dst []Entry, full bool, max int) []Entry
 	// SyncInstall queues received entries for the workers that own their flows.
 	SyncInstall(es []Entry) int
+	// SyncInstalled returns a function that reports whether the workers have
+	// applied every entry SyncInstall queued before the call.
+	SyncInstalled() func() bool
 	// SyncFullStart starts a full sync and returns its generation.
 	SyncFullStart() uint64
 	// SyncFullDone reports whether full sync gen has been queued and drained.
@@ -229,10 +232,13 @@ type Stats struct {
 
 // peer is one peer: where to send, and its replay window.
 type peer struct {
-	addr    netip.AddrPort
-	window  Window
-	done    atomic.Bool // its full sync for our warm-up arrived
-	wantAns atomic.Bool // it asked us for a full sync
+	addr   netip.AddrPort
+	window Window
+	done   atomic.Bool // its full sync for our warm-up arrived
+	// installed reports whether the workers have applied its full sync; set before
+	// done.
+	installed atomic.Pointer[func() bool]
+	wantAns   atomic.Bool // it asked us for a full sync
 }
 
 // Syncer sends this LD's long connections to its peers and installs theirs.
@@ -330,8 +336,8 @@ func (s *Syncer) Addr() netip.AddrPort {
 	return s.conn.LocalAddr().(*net.UDPAddr).AddrPort()
 }
 
-// WarmedUp reports whether the warm-up is over: every peer's full sync arrived, or
-// the warm-up timeout passed, or there are no peers.
+// WarmedUp reports whether the warm-up is over: every peer's full sync arrived and
+// the workers installed it, or the warm-up timeout passed, or there are no peers.
 func (s *Syncer) WarmedUp() bool { return s.warm.Load() }
 
 // Ready is the announce gate (BGP): ok once warmed up; why says what it waits for.
@@ -441,7 +447,13 @@ func (s *Syncer) receive() {
 			p.wantAns.Store(true)
 			s.FullSync()
 		case MsgFullSyncDone:
-			p.done.Store(true)
+			if !p.done.Load() {
+				// Its entries came before the end marker and are queued to the
+				// workers; the warm-up is over once they are in the tables.
+				installed := s.dp.SyncInstalled()
+				p.installed.Store(&installed)
+				p.done.Store(true)
+			}
 		}
 	}
 }
@@ -503,14 +515,19 @@ func (s *Syncer) send(ctx context.Context) error {
 		case now := <-tick.C:
 			// Warm-up: ask the peers that have not answered, once a second.
 			if !s.warm.Load() {
-				all := true
+				all, arrived := true, true
 				for _, p := range s.peers {
-					all = all && p.done.Load()
+					arrived = arrived && p.done.Load()
+					all = all && p.done.Load() && (*p.installed.Load())()
+				}
+				if arrived && !all {
+					why := "installing the peers' full sync"
+					s.warmWhy.Store(&why)
 				}
 				switch {
 				case all:
 					s.warm.Store(true)
-					s.log.Info("session sync warmed up: every peer sent its full sync", "after", now.Sub(s.started))
+					s.log.Info("session sync warmed up: every peer's full sync is installed", "after", now.Sub(s.started))
 				case now.After(warmDeadline):
 					s.warm.Store(true)
 					s.log.Warn("session sync warm-up timed out; announcing without every peer's full sync",
