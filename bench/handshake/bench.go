@@ -36,6 +36,7 @@ type options struct {
 	scrapeMode   string   // -scrape-cost-mode: modeFull or modeResumed
 
 	classic            bool          // -classic: the handshake-only rows at -workers, by version and mode, and the scrape-cost rows
+	breakdown          bool          // -breakdown: perf's samples of each matrix row's server, by part
 	floor              bool          // -floor: the floor servers in the shapes with a request and the sequential ones
 	matrix             []shape       // -matrix: the load shapes measured
 	burst              int           // -burst: connections of a burst
@@ -77,6 +78,10 @@ type bench struct {
 	mrows                      []*mrow      // the load-shape matrix
 	crypto                     *cryptoCosts // the floor's public-key operations; nil without the floor
 	scrapeCost                 *scrapeCost  // the scrape-cost rows' figures; nil when not run
+	// breakdownOK: perf samples the matrix rows (-breakdown and perf usable here);
+	// breakdownWhy says why not when it was asked for.
+	breakdownOK  bool
+	breakdownWhy string
 }
 
 // row is one server at one TLS version in one mode.
@@ -124,6 +129,11 @@ func run(ctx context.Context, o *options) error {
 	if b.wanted()[srvL7Offload] {
 		if err := b.f.importKey(b.Bin("keyserverd")); err != nil {
 			return err
+		}
+	}
+	if o.breakdown && len(o.matrix) > 0 {
+		if b.breakdownOK, b.breakdownWhy = perfUsable(dir); !b.breakdownOK {
+			b.Progress("no CPU breakdown: %s", b.breakdownWhy)
 		}
 	}
 	b.Progress("starting %s", strings.Join(o.servers, ", "))

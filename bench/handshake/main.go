@@ -117,6 +117,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.classic, "classic", true, "also the handshake-only rows at -workers by -tls and -modes, and the scrape-cost rows")
 	matrix := fs.String("matrix", "all", "load shapes of the matrix: all, none, or comma-separated names (see the report)")
 	fs.BoolVar(&o.floor, "floor", true, "in each shape with a request and the sequential ones, also the floor servers: crypto/tls alone with the key local and with a least key-server round trip (the Go floor l7d's figure is read against)")
+	fs.BoolVar(&o.breakdown, "breakdown", true, "sample each matrix row's server with Linux perf (Debian package linux-perf) and report where its CPU goes: kernel, key exchange, TLS, Go's scheduler, allocator and GC, HTTP")
 	fs.IntVar(&o.burst, "burst", 2000, "connections of the burst shapes")
 	fs.DurationVar(&o.matrixDuration, "matrix-duration", 3*time.Second, "measured time of a matrix row (closed, Poisson, s_time)")
 	fs.DurationVar(&o.matrixWarmup, "matrix-warmup", 500*time.Millisecond, "warm-up of a closed-loop matrix row")

@@ -102,6 +102,9 @@ type mrow struct {
 	// The connections' times, connect to the response read (or the server's close):
 	// the latency the CPU figure was bought with. This program's generator only.
 	latency benchkit.Latencies
+	// breakdown is perf's samples of the server in the row by part (breakdown.go);
+	// nil when not sampled.
+	breakdown *breakdown
 }
 
 // The matrix rows' clocks.
@@ -251,6 +254,13 @@ func (b *bench) measureShape(ctx context.Context, s *server, sh shape) (*mrow, e
 	}
 	before, _ := b.scrape(s)
 	r := &mrow{sh: sh, srv: s, ks: ks}
+	var prof *profiler
+	if b.breakdownOK && len(s.schedPIDs) > 0 {
+		var err error
+		if prof, err = startProfile(b.f.dir, fmt.Sprintf("%s-%s", sh.name, s.id), s.schedPIDs); err != nil {
+			b.Progress("  perf record: %v: no CPU breakdown of this row", err)
+		}
+	}
 	var err error
 	switch sh.gen {
 	case genOwn:
@@ -259,6 +269,12 @@ func (b *bench) measureShape(ctx context.Context, s *server, sh shape) (*mrow, e
 		err = b.runH2load(ctx, r, clocks)
 	case genSTime:
 		err = b.runSTime(ctx, r, clocks)
+	}
+	if prof != nil {
+		var perr error
+		if r.breakdown, perr = prof.stop(ctx); perr != nil {
+			b.Progress("  %v: no CPU breakdown of this row", perr)
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -559,8 +575,11 @@ type matrixSummary struct {
 	// FloorByShape is the floor of each sequential shape (floor.go); absent without.
 	FloorByShape map[string]floorSum `json:"floor_by_shape,omitempty"`
 	// Crypto is the public-key operations' cost the floor is read with.
-	Crypto     *cryptoCosts `json:"public_key_crypto,omitempty"`
-	MatrixRows []mrowSum    `json:"matrix_rows"`
+	Crypto *cryptoCosts `json:"public_key_crypto,omitempty"`
+	// CPUBreakdown is where each server's CPU goes in each shape, µs per connection
+	// by part (breakdown.go); absent without -breakdown.
+	CPUBreakdown map[string]map[string]breakdownSum `json:"cpu_breakdown_by_shape,omitempty"`
+	MatrixRows   []mrowSum                          `json:"matrix_rows"`
 }
 
 // shapeCPU is the CPU per connection of each server in one shape, in µs (the
@@ -729,6 +748,7 @@ func (b *bench) matrixReport(w io.Writer) *matrixSummary {
 	if ms.FloorByShape != nil {
 		ms.Crypto = b.crypto
 	}
+	ms.CPUBreakdown = b.breakdownReport(w)
 	return ms
 }
 
