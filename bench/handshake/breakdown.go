@@ -126,6 +126,7 @@ func parseSamples(r io.Reader) (*breakdown, error) {
 type profiler struct {
 	cmd  *exec.Cmd
 	file string
+	pids string // the processes whose samples are read, comma-separated
 	errb bytes.Buffer
 }
 
@@ -144,20 +145,25 @@ func perfUsable(dir string) (bool, string) {
 	return true, ""
 }
 
-// startProfile starts perf on pids; stop ends it and reads the samples.
+// startProfile starts perf on every CPU; stop ends it and reads the samples of
+// pids. perf samples the whole machine (a timer on each CPU) rather than the
+// processes' threads: following threads puts perf's event switch in each of their
+// context switches, which costs a server that sleeps and wakes several times a
+// connection (one client at a time) a measurable share of the very CPU the row
+// measures; the machine-wide timer costs every process the same small share.
 func startProfile(dir, tag string, pids []int) (*profiler, error) {
 	p := &profiler{file: filepath.Join(dir, "perf-"+tag+".data")}
 	ps := make([]string, len(pids))
 	for i, pid := range pids {
 		ps[i] = strconv.Itoa(pid)
 	}
-	p.cmd = exec.Command("perf", "record", "-q", "-e", "cpu-clock", "-F", strconv.Itoa(breakdownRate),
-		"-p", strings.Join(ps, ","), "-o", p.file)
+	p.pids = strings.Join(ps, ",")
+	p.cmd = exec.Command("perf", "record", "-q", "-a", "-e", "cpu-clock", "-F", strconv.Itoa(breakdownRate), "-o", p.file)
 	p.cmd.Stderr = &p.errb
 	if err := p.cmd.Start(); err != nil {
 		return nil, err
 	}
-	// perf attaches to the threads before it samples: give it a moment, so the row's
+	// perf opens its events before it samples: give it a moment, so the row's
 	// first connections are in the profile.
 	time.Sleep(100 * time.Millisecond)
 	return p, nil
@@ -177,7 +183,7 @@ func (p *profiler) stop(ctx context.Context) (*breakdown, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, "perf", "script", "-i", p.file, "-F", "ip,sym,dso")
+	cmd := exec.CommandContext(cctx, "perf", "script", "-i", p.file, "-F", "ip,sym,dso", "--pid", p.pids)
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
 	out, err := cmd.StdoutPipe()
