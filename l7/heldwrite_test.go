@@ -187,3 +187,31 @@ func TestHTTP10ResponseThenClose(t *testing.T) {
 		t.Errorf("%d responses held for their close_notify, want the 2 answered by l7d itself", n)
 	}
 }
+
+// TestNoWriteAfterReset: a client that resets its connection after the handshake,
+// before any request, gets nothing written after the reset: fasthttp's error
+// response for the failed first read is dropped, not sealed and sent to a reset
+// socket. The server goes on serving.
+func TestNoWriteAfterReset(t *testing.T) {
+	be := startBackend(t, "be")
+	ts := startServer(t, baseConfig(t, be.addr))
+	before := droppedWrites.Load()
+	const n = 3
+	for i := range n {
+		c, err := tls.Dial("tcp", ts.addr, ts.clientTLS())
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the connection to reach HTTP/1.1", func() bool { return ts.conns(connHTTP1) == 1 })
+		tc := c.NetConn().(*net.TCPConn)
+		_ = tc.SetLinger(0) // close sends a reset
+		tc.Close()
+		waitFor(t, "l7d to close the reset connection", func() bool { return ts.conns(connHTTP1) == 0 })
+		if got := droppedWrites.Load() - before; got != int64(i+1) {
+			t.Fatalf("after %d reset connections, %d writes dropped, want one each (the error response)", i+1, got)
+		}
+	}
+	if resp, _ := get(t, ts.client(t, "1.1"), "GET", ts.url("/"), ""); resp.StatusCode == 0 {
+		t.Fatal("no response after the resets")
+	}
+}

@@ -524,6 +524,7 @@ type h1Conn struct {
 	lazy     lazyDeadlines
 	want     time.Time // the read deadline last set; later than lazy.read when extended lazily
 	readDone bool      // a Read failed; fasthttp reads and closes on one goroutine
+	reset    error     // a Read found the connection reset by the client
 }
 
 func (w *h1Conn) Read(p []byte) (int, error) {
@@ -534,9 +535,30 @@ func (w *h1Conn) Read(p []byte) (int, error) {
 		}
 		if err != nil {
 			w.readDone = true
+			if errors.Is(err, syscall.ECONNRESET) {
+				w.reset = err
+			}
 		}
 		return n, err
 	}
+}
+
+// droppedWrites counts the writes dropped after a reset (tests).
+var droppedWrites atomic.Int64
+
+// Write fails at once, writing nothing, once a read has found the connection reset:
+// the client is gone and nothing can reach it. fasthttp answers a connection whose
+// first request failed to arrive with an error response; a client that resets the
+// connection after its handshake (one that closes with the session tickets unread,
+// as openssl s_time does) would otherwise have the response sealed and written to
+// the reset socket, refused with EPIPE and a SIGPIPE delivered to l7d, on each such
+// connection.
+func (w *h1Conn) Write(p []byte) (int, error) {
+	if w.reset != nil {
+		droppedWrites.Add(1)
+		return 0, w.reset
+	}
+	return w.Conn.Write(p)
 }
 
 // extend reports whether err is the armed read deadline firing before the one set
