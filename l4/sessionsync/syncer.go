@@ -234,12 +234,17 @@ type Stats struct {
 type peer struct {
 	addr   netip.AddrPort
 	window Window
-	done   atomic.Bool // its full sync for our warm-up arrived
-	// installed reports whether the workers have applied its full sync; set before
-	// done.
+	// installed, once its full sync for our warm-up has arrived, reports whether
+	// the workers have applied it; nil before.
 	installed atomic.Pointer[func() bool]
 	wantAns   atomic.Bool // it asked us for a full sync
 }
+
+// arrived reports whether its full sync for our warm-up has arrived.
+func (p *peer) arrived() bool { return p.installed.Load() != nil }
+
+// whyInstalling is Ready's reason while the peers' full syncs are being installed.
+var whyInstalling = "installing the peers' full sync"
 
 // Syncer sends this LD's long connections to its peers and installs theirs.
 type Syncer struct {
@@ -447,12 +452,11 @@ func (s *Syncer) receive() {
 			p.wantAns.Store(true)
 			s.FullSync()
 		case MsgFullSyncDone:
-			if !p.done.Load() {
+			if !p.arrived() {
 				// Its entries came before the end marker and are queued to the
 				// workers; the warm-up is over once they are in the tables.
 				installed := s.dp.SyncInstalled()
 				p.installed.Store(&installed)
-				p.done.Store(true)
 			}
 		}
 	}
@@ -517,12 +521,12 @@ func (s *Syncer) send(ctx context.Context) error {
 			if !s.warm.Load() {
 				all, arrived := true, true
 				for _, p := range s.peers {
-					arrived = arrived && p.done.Load()
-					all = all && p.done.Load() && (*p.installed.Load())()
+					installed := p.installed.Load()
+					arrived = arrived && installed != nil
+					all = all && installed != nil && (*installed)()
 				}
 				if arrived && !all {
-					why := "installing the peers' full sync"
-					s.warmWhy.Store(&why)
+					s.warmWhy.Store(&whyInstalling)
 				}
 				switch {
 				case all:
@@ -535,7 +539,7 @@ func (s *Syncer) send(ctx context.Context) error {
 				case now.Sub(lastAsk) >= time.Second:
 					lastAsk = now
 					for _, p := range s.peers {
-						if !p.done.Load() {
+						if !p.arrived() {
 							sd.control(MsgFullSyncRequest, p)
 						}
 					}
