@@ -21,8 +21,8 @@ import (
 )
 
 // The CPU breakdown: where each server's CPU goes in each matrix row, from Linux
-// perf's samples of the server's processes (perf record -e cpu-clock, every thread,
-// no call graphs), sorted into parts by the sampled function and the object it is
+// perf's samples of the server's processes (perf record -a -e cpu-clock, every CPU,
+// no call graphs; see startProfile), sorted into parts by the sampled function and the object it is
 // in. Read with the floor rows, it says where a floor comes from (the kernel's TCP,
 // the key exchange, the runtime) and what l7d adds to it, shape by shape, and what
 // the same parts cost nginx. A part's µs per connection is its share of the samples
@@ -51,11 +51,11 @@ var breakdownParts = []string{partKernel, partPK, partCrypto, partTLS, partSched
 
 var (
 	rePK      = regexp.MustCompile(`fips140/(rsa|bigmod|edwards25519|nistec|ecdh)|^crypto/(rsa|ecdh|ecdsa|ed25519|internal/fips140/ecdh)|^math/big|curve25519|x25519`)
-	reCrypto  = regexp.MustCompile(`^crypto/(internal/fips140/(aes|sha|hmac|hkdf|tls13|tls12|subtle|drbg|sha3|sha256|sha512)|aes|sha|hmac|hkdf|cipher|subtle|internal/(boring|sysrand|randutil|entropy)|rand)|^vendor/golang.org/x/crypto|^golang.org/x/crypto`)
+	reCrypto  = regexp.MustCompile(`^crypto/(internal/fips140/(aes|sha|hmac|hkdf|tls13|tls12|subtle|drbg)|aes|sha|hmac|hkdf|cipher|subtle|internal/(boring|sysrand|randutil|entropy)|rand)|^vendor/golang.org/x/crypto|^golang.org/x/crypto`)
 	reTLS     = regexp.MustCompile(`^crypto/(tls|x509)|^encoding/asn1|cryptobyte`)
-	reGC      = regexp.MustCompile(`^runtime\.(gc|scan|mark|greyobject|findObject|sweep|bgsweep|bgscavenge|wbBuf|tryDeferToSpanScan|.*[Ss]tackMap|findfunc|step|funcdata|pcvalue|.*unwinder|spanInlineMarkBits|.*moveInlineMarks|.*spanSet|typePointers|heapSetType|.*[Ss]cavenge)|^internal/runtime/gc|^runtime\.\(\*(gcWork|gcControllerState|gcBits|mspan\)\.(sweep|refill|moveInlineMarks|initHeapBits|typePointers))`)
+	reGC      = regexp.MustCompile(`^runtime\.(gc|scan|mark|greyobject|findObject|sweep|bgsweep|wbBuf|tryDeferToSpanScan|.*[Ss]tackMap|findfunc|step|funcdata|pcvalue|.*unwinder|spanInlineMarkBits|.*moveInlineMarks|.*spanSet|typePointers|heapSetType|.*[Ss]cavenge)|^internal/runtime/gc|^runtime\.\(\*(gcWork|gcControllerState|gcBits|mspan\)\.(sweep|refill|moveInlineMarks|initHeapBits|typePointers))`)
 	reAlloc   = regexp.MustCompile(`^runtime\.(mallocgc|malloc|newobject|newarray|makeslice|growslice|makemap|rawstring|rawbyteslice|slicebytetostring|concatstring|memclr|nextFree|.*mcache|.*mcentral|.*mheap|.*mspan|.*fixalloc|.*pageAlloc|heapBits|.*allocSpan|deductAssistCredit|persistentalloc)|^runtime\.\(\*(mcache|mcentral|mheap|mspan|fixalloc|pageAlloc|pageCache)\)`)
-	reSched   = regexp.MustCompile(`^runtime\.(schedule|findRunnable|park_m|goready|ready|runq|globrunq|netpoll|notesleep|notewakeup|futex|mPark|stopm|startm|wakep|gopark|goexit|casgstatus|resetspinning|checkTimers|runtimer|runOneTimer|stealWork|mcall|gogo|execute|lock|unlock|usleep|osyield|sysmon|nanotime|exitsyscall|entersyscall|reentersyscall|handoffp|acquirep|releasep|sem|chan|select|sellock|selunlock|timer|.*[Tt]imer|newproc|malg|gfget|gfput|systemstack|goschedIfBusy|gosched|mstart|procyield|poll_runtime|netpollblock|netpollready|pollWork|injectglist|readyWithTime|send|recv|closechan|getempty|mput|mget|pidle|entersyscallblock)|^runtime\.\(\*(timer|timers|waitq|pollDesc|pollCache|lfstack)\)|^internal/runtime/syscall|^syscall\.|^internal/poll|^runtime/internal/syscall|^os\.|^net\.`)
+	reSched   = regexp.MustCompile(`^runtime\.(schedule|findRunnable|park_m|goready|ready|runq|globrunq|netpoll|notesleep|notewakeup|futex|mPark|stopm|startm|wakep|gopark|goexit|casgstatus|resetspinning|checkTimers|runtimer|runOneTimer|stealWork|mcall|gogo|execute|lock|unlock|usleep|osyield|sysmon|nanotime|exitsyscall|entersyscall|reentersyscall|handoffp|acquirep|releasep|sem|chan|select|sellock|selunlock|.*[Tt]imer|newproc|malg|gfget|gfput|systemstack|goschedIfBusy|gosched|mstart|procyield|poll_runtime|pollWork|injectglist|readyWithTime|send|recv|closechan|getempty|mput|mget|pidle)|^runtime\.\(\*(timer|timers|waitq|pollDesc|pollCache|lfstack)\)|^internal/runtime/syscall|^syscall\.|^internal/poll|^runtime/internal/syscall|^os\.|^net\.`)
 	reServer  = regexp.MustCompile(`fasthttp|tiergate|^net/http|^main\.|^bufio|^net/textproto|^github\.com/prometheus`)
 	reRuntime = regexp.MustCompile(`^runtime|^aeshash|^internal/|^sync|^memeqbody|^indexbyte|^strings|^bytes|^strconv|^unicode|^fmt|^sort|^slices|^maps|^reflect|^context|^time\.|^log|^errors|^io|^encoding/binary`)
 )
@@ -130,7 +130,14 @@ type profiler struct {
 	errb bytes.Buffer
 }
 
-// perfUsable reports whether perf can sample here, and if not, why.
+// perfRecord is perf record's command line up to the output file, as the rows
+// run it (startProfile) and perfUsable tries it.
+func perfRecord() []string {
+	return []string{"record", "-q", "-a", "-e", "cpu-clock", "-F", strconv.Itoa(breakdownRate), "-o"}
+}
+
+// perfUsable reports whether perf can sample here as the rows do (every CPU), and
+// if not, why.
 func perfUsable(dir string) (bool, string) {
 	path, err := exec.LookPath("perf")
 	if err != nil {
@@ -138,7 +145,7 @@ func perfUsable(dir string) (bool, string) {
 	}
 	f := filepath.Join(dir, "perf-probe.data")
 	defer os.Remove(f)
-	out, err := exec.Command(path, "record", "-q", "-e", "cpu-clock", "-o", f, "--", "true").CombinedOutput()
+	out, err := exec.Command(path, append(perfRecord(), f, "--", "true")...).CombinedOutput()
 	if err != nil {
 		return false, fmt.Sprintf("perf record: %v: %s", err, tail(string(out), 200))
 	}
@@ -158,7 +165,7 @@ func startProfile(dir, tag string, pids []int) (*profiler, error) {
 		ps[i] = strconv.Itoa(pid)
 	}
 	p.pids = strings.Join(ps, ",")
-	p.cmd = exec.Command("perf", "record", "-q", "-a", "-e", "cpu-clock", "-F", strconv.Itoa(breakdownRate), "-o", p.file)
+	p.cmd = exec.Command("perf", append(perfRecord(), p.file)...)
 	p.cmd.Stderr = &p.errb
 	if err := p.cmd.Start(); err != nil {
 		return nil, err
