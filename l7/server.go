@@ -266,6 +266,16 @@ func (s *Server) Addrs() map[string]net.Addr {
 	return out
 }
 
+// Connections is the client connections the server holds, TCP and QUIC, in their
+// TLS handshake and past it: the load its live heap grows with. It takes no lock.
+func (s *Server) Connections() int64 {
+	var n int64
+	for _, l := range s.listeners {
+		n += l.nconns.Load() + l.tcpHS.Load() + l.quicHS.Load()
+	}
+	return n
+}
+
 // Healthy reports whether the server is serving.
 func (s *Server) Healthy() error {
 	s.mu.Lock()

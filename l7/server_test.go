@@ -663,3 +663,31 @@ func TestListenerModel(t *testing.T) {
 		t.Errorf("pool Validate: %v", err)
 	}
 }
+
+// TestConnections counts a server's client connections, in their handshake and
+// past it: the load l7d's heap goal follows (internal/gcgoal).
+func TestConnections(t *testing.T) {
+	b := startBackend(t, "b1")
+	ts := startServer(t, baseConfig(t, b.addr))
+	if n := ts.Connections(); n != 0 {
+		t.Fatalf("%d connections before any, want 0", n)
+	}
+	raw, err := net.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Write([]byte{0x16}); err != nil { // a record's first byte: in its handshake
+		t.Fatal(err)
+	}
+	waitFor(t, "one connection in its handshake", func() bool { return ts.Connections() == 1 })
+	tc, err := tls.Dial("tcp", ts.addr, ts.clientTLS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	waitFor(t, "a second connection, past its handshake", func() bool { return ts.Connections() == 2 })
+	raw.Close()
+	tc.Close()
+	waitFor(t, "none", func() bool { return ts.Connections() == 0 })
+}

@@ -171,7 +171,9 @@ type FileConfig struct {
 	// percent over live data before a collection. l7d's live heap is small and every
 	// handshake allocates tens of KB inside crypto/tls, so the runtime's default of 100
 	// collects every few dozen handshakes; 400 trades a few MB for ~10% less CPU per
-	// handshake. A GOGC environment variable wins over this. Default 400.
+	// handshake. A GOGC environment variable wins over this. Default 400. When the
+	// connections fall far below their number at the last collection, l7d collects
+	// at once, so the goal follows the load down (internal/gcgoal).
 	GCPercent int `yaml:"gc_percent" json:"gc_percent,omitempty"`
 
 	// GOMAXPROCS is how many Ps (threads running Go code at once) l7d uses. 0, the

@@ -25,6 +25,7 @@ import (
 	"github.com/tiergate/tiergate/control/model"
 	"github.com/tiergate/tiergate/internal/autoprocs"
 	"github.com/tiergate/tiergate/internal/daemon"
+	"github.com/tiergate/tiergate/internal/gcgoal"
 	"github.com/tiergate/tiergate/keyserver/client"
 	"github.com/tiergate/tiergate/l7"
 	"github.com/tiergate/tiergate/l7/tunnel"
@@ -366,6 +367,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		procsDone := make(chan struct{})
 		go func() { d.procs.Run(pctx); close(procsDone) }()
 		defer func() { stopProcs(); <-procsDone }()
+	}
+	if gov, err := gcgoal.New(gcgoal.Config{Load: srv.Connections, Registerer: d.Reg, Logger: d.Log}); err != nil {
+		d.Log.Warn("heap goal not kept in step with the load", "err", err)
+	} else {
+		gctx, stopGov := context.WithCancel(context.Background())
+		govDone := make(chan struct{})
+		go func() { gov.Run(gctx); close(govDone) }()
+		defer func() { stopGov(); <-govDone }()
 	}
 	for name, a := range srv.Addrs() {
 		d.Log.Info("listening", "listener", name, "addr", a.String())
