@@ -263,8 +263,10 @@ func TestMaxConns(t *testing.T) {
 		resp.Body.Close()
 		t.Errorf("HTTP/3 request beyond MaxConns answered %d", resp.StatusCode)
 	}
-	if n := counter(ts.m.connsRejected.WithLabelValues("web", "max_conns")); n != 2 {
-		t.Errorf("rejections counted after the QUIC connection: %v", n)
+	// The HTTP/3 client may dial again within its timeout when the first connection
+	// is closed before its request is answered: each is refused and counted.
+	if n := counter(ts.m.connsRejected.WithLabelValues("web", "max_conns")); n < 2 {
+		t.Errorf("rejections counted after the QUIC connection: %v, want the TCP one and at least one QUIC", n)
 	}
 	if n := ts.l().quicHS.Load(); n != 0 {
 		t.Errorf("the refused QUIC connection kept its handshake place: %d", n)
