@@ -179,10 +179,8 @@ func (g *Governor) Next(r Reading) bool {
 	if !g.started || r.Cycles != g.cycles {
 		// A collection ended since the last reading, at a load between that
 		// reading's and this one's: the higher is the one its live heap may hold.
+		// (Before the first reading, prevLoad is 0: the load as of the first.)
 		g.cycles, g.atGC = r.Cycles, max(r.Load, g.prevLoad)
-		if !g.started {
-			g.atGC = r.Load
-		}
 		g.started = true
 	}
 	g.prevLoad = r.Load
