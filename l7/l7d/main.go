@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -362,19 +363,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 		cfg = d.current()
 	}
 	srv := d.srv
+	// The runtime's controllers run until Run returns.
+	rctx, stopRuntime := context.WithCancel(context.Background())
+	var runtimeWG sync.WaitGroup
+	defer func() { stopRuntime(); runtimeWG.Wait() }()
 	if d.procs != nil {
-		pctx, stopProcs := context.WithCancel(context.Background())
-		procsDone := make(chan struct{})
-		go func() { d.procs.Run(pctx); close(procsDone) }()
-		defer func() { stopProcs(); <-procsDone }()
+		runtimeWG.Go(func() { d.procs.Run(rctx) })
 	}
 	if gov, err := gcgoal.New(gcgoal.Config{Load: srv.Connections, Registerer: d.Reg, Logger: d.Log}); err != nil {
 		d.Log.Warn("heap goal not kept in step with the load", "err", err)
 	} else {
-		gctx, stopGov := context.WithCancel(context.Background())
-		govDone := make(chan struct{})
-		go func() { gov.Run(gctx); close(govDone) }()
-		defer func() { stopGov(); <-govDone }()
+		runtimeWG.Go(func() { gov.Run(rctx) })
 	}
 	for name, a := range srv.Addrs() {
 		d.Log.Info("listening", "listener", name, "addr", a.String())
