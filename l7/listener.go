@@ -48,6 +48,7 @@ type listener struct {
 	nconns  atomic.Int64  // TCP and QUIC connections past their handshake, against MaxConns
 	tcpHS   atomic.Int64  // TCP connections in their TLS handshake, against MaxHandshakes
 	quicHS  atomic.Int64  // QUIC handshakes in progress, against MaxHandshakes
+	hsDone  atomic.Uint64 // TLS handshakes completed, TCP and QUIC (Server.Served)
 	sources *sourceCounts // handshakes in progress by source, against MaxHandshakesPerSource
 
 	mu     sync.Mutex
@@ -471,6 +472,7 @@ func (l *listener) handshakeOK(hs *handshake, transport string, st *tls.Connecti
 	if st.DidResume {
 		sig = "none" // no signature in a resumed handshake
 	}
+	l.hsDone.Add(1)
 	resumed := boolLabel(st.DidResume)
 	l.s.m.handshakes.WithLabelValues(l.cfg.Name, transport, versionLabel(st.Version), resumed, sig, resultOK).Inc()
 	l.s.m.handshakeSeconds.WithLabelValues(l.cfg.Name, transport, resumed).Observe(time.Since(hs.start).Seconds())

@@ -38,6 +38,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/tiergate/tiergate/policy/route"
 )
 
@@ -272,6 +275,25 @@ func (s *Server) Connections() int64 {
 	var n int64
 	for _, l := range s.listeners {
 		n += l.nconns.Load() + l.tcpHS.Load() + l.quicHS.Load()
+	}
+	return n
+}
+
+// Served is the work the server has done since it started: the HTTP requests it
+// answered and the TLS handshakes it completed, over all listeners. It reads the
+// counters the requests and handshakes keep anyway, and takes no lock; l7d's
+// GOMAXPROCS sizing asks it whether a P it added served more (internal/autoprocs).
+func (s *Server) Served() uint64 {
+	var n uint64
+	var m dto.Metric
+	for _, l := range s.listeners {
+		n += l.hsDone.Load()
+		for _, c := range []prometheus.Counter{l.reqH1, l.reqH2, l.reqH3} {
+			m.Reset()
+			if c != nil && c.Write(&m) == nil {
+				n += uint64(m.GetCounter().GetValue())
+			}
+		}
 	}
 	return n
 }

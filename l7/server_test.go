@@ -693,3 +693,28 @@ func TestConnections(t *testing.T) {
 	tc.Close()
 	waitFor(t, "none", func() bool { return ts.Connections() == 0 })
 }
+
+// TestServed counts the work a server has done, for each protocol: one handshake
+// per connection and each request answered (l7d's GOMAXPROCS sizing keeps a P only
+// when this grows with it).
+func TestServed(t *testing.T) {
+	b := startBackend(t, "b1")
+	ts := startServer(t, baseConfig(t, b.addr))
+	want := ts.Served()
+	if want != 0 {
+		t.Fatalf("served %d before any request, want 0", want)
+	}
+	for _, proto := range []string{"1.1", "2", "3"} {
+		c := ts.client(t, proto)
+		for range 3 {
+			if resp, _ := get(t, c, "GET", ts.url("/"), ""); resp.StatusCode != http.StatusOK {
+				t.Fatalf("HTTP/%s: status %d", proto, resp.StatusCode)
+			}
+		}
+		want += 1 + 3 // one connection's handshake and its three requests
+		waitFor(t, fmt.Sprintf("served %d after HTTP/%s", want, proto), func() bool { return ts.Served() >= want })
+		if got := ts.Served(); got != want {
+			t.Fatalf("served %d after HTTP/%s, want %d", got, proto, want)
+		}
+	}
+}

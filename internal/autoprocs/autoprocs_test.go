@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"reflect"
 	"runtime"
 	"runtime/metrics"
 	"slices"
@@ -34,6 +35,7 @@ func TestNewValidates(t *testing.T) {
 		{"negative wait busy", Config{Max: 2, WaitBusy: -0.5}, "wait busy -0.5"},
 		{"NaN wait busy", Config{Max: 2, WaitBusy: math.NaN()}, "wait busy NaN"},
 		{"negative trial gain", Config{Max: 2, TrialGain: -0.1}, "trial gain -0.1"},
+		{"negative trial work", Config{Max: 2, TrialWork: -0.1}, "trial work -0.1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := New(tc.cfg)
@@ -48,8 +50,8 @@ func TestNewValidates(t *testing.T) {
 	}
 	want := Config{Min: 1, Max: 4, Interval: DefaultInterval, UpBusy: DefaultUpBusy, UpWait: DefaultUpWait, UpIdle: DefaultUpIdle,
 		WaitBusy: DefaultWaitBusy, MinWaits: DefaultMinWaits, DownBusy: DefaultDownBusy, DownAfter: DefaultDownAfter,
-		TrialGain: DefaultTrialGain}
-	if c.cfg != want {
+		TrialGain: DefaultTrialGain, TrialWork: DefaultTrialWork}
+	if !reflect.DeepEqual(c.cfg, want) {
 		t.Fatalf("defaults %+v, want %+v", c.cfg, want)
 	}
 }
@@ -63,15 +65,16 @@ func TestNext(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name  string
+		work  bool // the Controller counts work: its trials ask for more of it
 		steps []step
 	}{
-		{"saturated doubles", []step{
+		{"saturated doubles", false, []step{
 			{1, Sample{Busy: 0.98, Idle: 1}, 2},
 			{2, Sample{Busy: 1.95, Idle: 0.5}, 4},
 			{4, Sample{Busy: 3.9, Idle: math.NaN()}, 6}, // capped at Max; idle unknown
 			{6, Sample{Busy: 5.9, Idle: 1}, 6},
 		}},
-		{"saturated with the CPUs full holds", []step{
+		{"saturated with the CPUs full holds", false, []step{
 			// wrk, l7d and its backend on two CPUs: one P at 0.91 CPU served 10-25 %
 			// more requests a second than two (bench-policy's proxy rows).
 			{1, Sample{Busy: 0.98, Idle: 0.2}, 1},
@@ -79,12 +82,12 @@ func TestNext(t *testing.T) {
 			{2, Sample{Busy: 1.95, Idle: 0}, 2},
 			{1, Sample{Busy: 0.98, Idle: 0.5}, 2},
 		}},
-		{"waits add one", []step{
+		{"waits add one", false, []step{
 			{1, Sample{Busy: 0.5, Idle: 1, WaitP99: 2 * ms, Waits: 100}, 2},
 			{2, Sample{Busy: 1.1, Idle: 0.5, WaitP99: 2 * ms, Waits: 100}, 3},
 			{3, Sample{Busy: 1.5, Idle: math.NaN(), WaitP99: 2 * ms, Waits: 100}, 4}, // idle unknown
 		}},
-		{"waits on idle Ps do not count", []step{
+		{"waits on idle Ps do not count", false, []step{
 			// One client at a time, key offloaded: l7d at 0.3 CPU, its thread
 			// preempted by the key server's signatures (bench-handshake).
 			{1, Sample{Busy: 0.3, Idle: 1, WaitP99: 2 * ms, Waits: 100}, 1},
@@ -92,14 +95,14 @@ func TestNext(t *testing.T) {
 			{2, Sample{Busy: 0.3, Idle: 1, WaitP99: 2 * ms, Waits: 100}, 2},
 			{2, Sample{Busy: 0.3, Idle: 1, WaitP99: 2 * ms, Waits: 100}, 1}, // the window: 0.5 < 0.8
 		}},
-		{"waits with the CPUs full hold", []step{
+		{"waits with the CPUs full hold", false, []step{
 			{1, Sample{Busy: 0.8, Idle: 0.3, WaitP99: 3 * ms, Waits: 1000}, 1},
 			{1, Sample{Busy: 0.8, Idle: 0, WaitP99: 9 * ms, Waits: 1000}, 1},
 		}},
-		{"too few waits do not count", []step{
+		{"too few waits do not count", false, []step{
 			{1, Sample{Busy: 0.5, Idle: 1, WaitP99: 50 * ms, Waits: 10}, 1},
 		}},
-		{"a proxy's load within one P stays on one", []step{
+		{"a proxy's load within one P stays on one", false, []step{
 			// A TLS proxy at 0.77-0.91 of a CPU, most of it in the kernel: one P
 			// served it at the same rate and latency as two, for 15 % less CPU per
 			// request (bench-policy's proxy rows).
@@ -109,7 +112,7 @@ func TestNext(t *testing.T) {
 			{1, Sample{Busy: 0.92}, 1},
 			{1, Sample{Busy: 0.92, Idle: 0.3, WaitP99: 2 * ms, Waits: 1000}, 1},
 		}},
-		{"with the CPUs full, a P the load does not need goes", []step{
+		{"with the CPUs full, a P the load does not need goes", false, []step{
 			// Two Ps from a burst of handshakes, then a proxied load of 0.9 CPU with
 			// the CPUs full: one fewer at under 0.95 each. With room, 0.9 holds two.
 			{2, Sample{Busy: 0.9, Idle: 1}, 2},
@@ -122,7 +125,7 @@ func TestNext(t *testing.T) {
 			{3, Sample{Busy: 1.92, Idle: 0.1}, 3},
 			{3, Sample{Busy: 1.92, Idle: 0.1}, 3},
 		}},
-		{"a P that finds no CPU goes back, and the next one waits", []step{
+		{"a P that finds no CPU goes back, and the next one waits", false, []step{
 			// bench-policy's own generator, l7d and the backend on two CPUs: a
 			// moment of idle CPUs added a P, and l7d stayed at 0.96 CPU on two.
 			{1, Sample{Busy: 0.98, Idle: 0.6}, 2},
@@ -160,18 +163,52 @@ func TestNext(t *testing.T) {
 			{1, Sample{Busy: 0.98, Idle: 0.6}, 1},
 			{1, Sample{Busy: 0.98, Idle: 0.6}, 2},
 		}},
-		{"a trial whose load fell leaves it to the removal rules", []step{
+		{"a P that serves no more goes back", true, []step{
+			// bench-policy's own generator, l7d and the backend on two CPUs: the
+			// second P finds CPU time (0.92 → 1.02) but the requests a second stay
+			// where one P served them.
+			{1, Sample{Busy: 0.96, Idle: 0.6, Work: 17000}, 2},
+			{2, Sample{Busy: 1.02, Idle: 0.1, Work: 16000}, 2},
+			{2, Sample{Busy: 1.02, Idle: 0.1, Work: 17500}, 2},
+			{2, Sample{Busy: 1.02, Idle: 0.1, Work: 18000}, 1}, // mean 17170: 1 % more
+			{1, Sample{Busy: 0.96, Idle: 0.6, Work: 17000}, 1}, // no P added for 3 intervals
+			{1, Sample{Busy: 0.96, Idle: 0.6, Work: 17000}, 1},
+			{1, Sample{Busy: 0.96, Idle: 0.6, Work: 17000}, 1},
+			{1, Sample{Busy: 0.96, Idle: 0.6, Work: 17000}, 2}, // the next trial
+			// The other processes quiet down: the P serves a third more, and stays.
+			{2, Sample{Busy: 1.4, Idle: 0.5, Work: 22000}, 2},
+			{2, Sample{Busy: 1.4, Idle: 0.5, Work: 23000}, 2},
+			{2, Sample{Busy: 1.4, Idle: 0.5, Work: 23000}, 2},
+			{2, Sample{Busy: 1.4, Idle: 0.5, Work: 23000}, 2},
+		}},
+		{"with work counted, more CPU is not enough", true, []step{
+			// The CPU criterion alone would keep this P: 0.5 CPU more.
+			{1, Sample{Busy: 0.98, Idle: 1, Work: 1000}, 2},
+			{2, Sample{Busy: 1.5, Idle: 0.5, Work: 1050}, 2},
+			{2, Sample{Busy: 1.5, Idle: 0.5, Work: 1050}, 2},
+			{2, Sample{Busy: 1.5, Idle: 0.5, Work: 1050}, 1},
+		}},
+		{"an interval without work falls back to the CPU", true, []step{
+			// Handshakes longer than an interval: none completed in the one that
+			// added the P.
+			{1, Sample{Busy: 0.98, Idle: 1}, 2},
+			{2, Sample{Busy: 1.5, Idle: 0.5}, 2},
+			{2, Sample{Busy: 1.5, Idle: 0.5}, 2},
+			{2, Sample{Busy: 1.5, Idle: 0.5}, 2},
+			{2, Sample{Busy: 1.0, Idle: 1}, 2},
+		}},
+		{"a trial whose load fell leaves it to the removal rules", false, []step{
 			{1, Sample{Busy: 0.98, Idle: 1}, 2},
 			{2, Sample{Busy: 0.3, Idle: 1}, 2},
 			{2, Sample{Busy: 0.3, Idle: 1}, 2},
 			{2, Sample{Busy: 0.3, Idle: 1}, 1},  // the quiet window, not the trial
 			{1, Sample{Busy: 0.98, Idle: 1}, 2}, // no wait after it
 		}},
-		{"busy but not saturated holds", []step{
+		{"busy but not saturated holds", false, []step{
 			{2, Sample{Busy: 1.2}, 2},
 			{2, Sample{Busy: 1.7}, 2},
 		}},
-		{"quiet intervals remove one after DownAfter", []step{
+		{"quiet intervals remove one after DownAfter", false, []step{
 			{3, Sample{Busy: 0.5}, 3},
 			{3, Sample{Busy: 0.5}, 3},
 			{3, Sample{Busy: 0.5}, 2},
@@ -180,7 +217,7 @@ func TestNext(t *testing.T) {
 			{2, Sample{Busy: 0.5}, 1},
 			{1, Sample{Busy: 0.1}, 1}, // at Min
 		}},
-		{"a busy window holds, whatever its quiet intervals", []step{
+		{"a busy window holds, whatever its quiet intervals", false, []step{
 			{2, Sample{Busy: 0.3, Idle: 1}, 2},
 			{2, Sample{Busy: 1.2, Idle: 1}, 2},
 			{2, Sample{Busy: 1.2, Idle: 1}, 2}, // mean 0.9 ≥ 0.8
@@ -188,12 +225,12 @@ func TestNext(t *testing.T) {
 			{2, Sample{Busy: 0.3, Idle: 1}, 2},
 			{2, Sample{Busy: 0.3, Idle: 1}, 1},
 		}},
-		{"one interval over the threshold does not hold a window under it", []step{
+		{"one interval over the threshold does not hold a window under it", false, []step{
 			{2, Sample{Busy: 0.5, Idle: 1}, 2},
 			{2, Sample{Busy: 0.95, Idle: 1}, 2},
 			{2, Sample{Busy: 0.5, Idle: 1}, 1},
 		}},
-		{"waits over a quarter of UpWait hold", []step{
+		{"waits over a quarter of UpWait hold", false, []step{
 			// 1.5 CPUs fits in two Ps under 0.8 each, but on three it is busy enough for
 			// its waits to count.
 			{3, Sample{Busy: 1.5, Idle: 1, WaitP99: ms / 2, Waits: 100}, 3},
@@ -204,12 +241,12 @@ func TestNext(t *testing.T) {
 			{3, Sample{Busy: 1.5, Idle: 1}, 3},
 			{3, Sample{Busy: 1.5, Idle: 1}, 2},
 		}},
-		{"waits with the CPUs full do not hold", []step{
+		{"waits with the CPUs full do not hold", false, []step{
 			{2, Sample{Busy: 0.2, Idle: 0.1, WaitP99: 5 * ms, Waits: 100}, 2},
 			{2, Sample{Busy: 0.2, Idle: 0.1, WaitP99: 5 * ms, Waits: 100}, 2},
 			{2, Sample{Busy: 0.2, Idle: 0.1, WaitP99: 5 * ms, Waits: 100}, 1},
 		}},
-		{"a removal undone at once makes the next wait twice as long", []step{
+		{"a removal undone at once makes the next wait twice as long", false, []step{
 			{2, Sample{Busy: 0.2}, 2},
 			{2, Sample{Busy: 0.2}, 2},
 			{2, Sample{Busy: 0.2}, 1},
@@ -236,7 +273,11 @@ func TestNext(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := New(Config{Max: 6, DownAfter: 3})
+			cfg := Config{Max: 6, DownAfter: 3}
+			if tc.work {
+				cfg.Work = func() uint64 { return 0 } // Next reads the samples' Work
+			}
+			c, err := New(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -270,6 +311,12 @@ func TestMakeSample(t *testing.T) {
 	inf := &metrics.Float64Histogram{Buckets: []float64{0, 1e-3, posInf()}, Counts: []uint64{0, 4}}
 	if s := makeSample(reading{at: t0}, reading{at: t0.Add(time.Second), waits: inf}); s.WaitP99 != time.Millisecond {
 		t.Errorf("p99 in the open last bucket %v, want its lower bound 1ms", s.WaitP99)
+	}
+	if s := makeSample(reading{at: t0, work: 100}, reading{at: t0.Add(time.Second / 2), work: 600}); s.Work != 1000 {
+		t.Errorf("work %v a second, want 1000", s.Work)
+	}
+	if s := makeSample(reading{at: t0, work: 600}, reading{at: t0.Add(time.Second), work: 100}); s.Work != 0 {
+		t.Errorf("work %v a second from a count that went back, want 0", s.Work)
 	}
 	if s := makeSample(reading{}, reading{}); s.Busy != 0 || s.Waits != 0 || s.WaitP99 != 0 || !math.IsNaN(s.Idle) {
 		t.Errorf("empty sample %+v", s)
@@ -343,7 +390,7 @@ func TestRunRealLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.read = func() reading {
-		r := readLoad()
+		r := readLoad(nil)
 		r.idle = -1
 		return r
 	}

@@ -197,18 +197,18 @@ func TestSetProcs(t *testing.T) {
 	orig := runtime.GOMAXPROCS(0)
 	defer runtime.GOMAXPROCS(orig)
 	reg := prometheus.NewRegistry()
-	c, err := setProcs(0, reg, nil)
+	c, err := setProcs(0, reg, nil, nil)
 	if err != nil || c == nil {
 		t.Fatalf("gomaxprocs 0: %v, %v; want a controller", c, err)
 	}
-	if c, err := setProcs(-1, reg, nil); c != nil || err != nil || runtime.GOMAXPROCS(0) != orig {
+	if c, err := setProcs(-1, reg, nil, nil); c != nil || err != nil || runtime.GOMAXPROCS(0) != orig {
 		t.Fatalf("gomaxprocs -1: %v, %v, GOMAXPROCS %d; want the runtime's %d left alone", c, err, runtime.GOMAXPROCS(0), orig)
 	}
-	if c, err := setProcs(3, reg, nil); c != nil || err != nil || runtime.GOMAXPROCS(0) != 3 {
+	if c, err := setProcs(3, reg, nil, nil); c != nil || err != nil || runtime.GOMAXPROCS(0) != 3 {
 		t.Fatalf("gomaxprocs 3: %v, %v, GOMAXPROCS %d; want 3 fixed", c, err, runtime.GOMAXPROCS(0))
 	}
 	t.Setenv("GOMAXPROCS", "2")
-	if c, err := setProcs(0, reg, nil); c != nil || err != nil || runtime.GOMAXPROCS(0) != 3 {
+	if c, err := setProcs(0, reg, nil, nil); c != nil || err != nil || runtime.GOMAXPROCS(0) != 3 {
 		t.Fatalf("GOMAXPROCS set: %v, %v; want the environment to win", c, err)
 	}
 }

@@ -115,7 +115,7 @@ func (c *FileConfig) admin() daemon.AdminConfig {
 
 // setProcs applies the gomaxprocs setting: a Controller to run for 0, nil otherwise.
 // A GOMAXPROCS environment variable wins.
-func setProcs(n int, reg prometheus.Registerer, log *slog.Logger) (*autoprocs.Controller, error) {
+func setProcs(n int, reg prometheus.Registerer, log *slog.Logger, work func() uint64) (*autoprocs.Controller, error) {
 	switch {
 	case os.Getenv("GOMAXPROCS") != "" || n == -1:
 		return nil, nil
@@ -123,7 +123,7 @@ func setProcs(n int, reg prometheus.Registerer, log *slog.Logger) (*autoprocs.Co
 		runtime.GOMAXPROCS(n)
 		return nil, nil
 	}
-	return autoprocs.New(autoprocs.Config{Registerer: reg, Logger: log})
+	return autoprocs.New(autoprocs.Config{Work: work, Registerer: reg, Logger: log})
 }
 
 // setup builds the daemon from its configuration file, without serving: Run's first
@@ -150,7 +150,10 @@ func (d *Daemon) setup(check bool) error {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(cfg.GCPercent)
 	}
-	if d.procs, err = setProcs(cfg.GOMAXPROCS, d.Reg, d.Log); err != nil {
+	// The controller runs once d.srv is set (Run), and keeps a P it adds only when
+	// the server answers more for it.
+	served := func() uint64 { return d.srv.Served() }
+	if d.procs, err = setProcs(cfg.GOMAXPROCS, d.Reg, d.Log, served); err != nil {
 		return err
 	}
 	d.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
