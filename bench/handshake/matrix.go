@@ -523,7 +523,8 @@ func (b *bench) runH2load(ctx context.Context, r *mrow, clocks []benchkit.CPUClo
 	}
 	r.conns, r.errors = ok, failed
 	if failed > 0 {
-		r.firstErr = fmt.Errorf("h2load: %s", tail(out, 12))
+		// h2load names no error per connection: its count of them says what kind.
+		r.firstErr = fmt.Errorf("h2load: %s", h2loadRequestsRE.FindString(out))
 	}
 	return nil
 }
