@@ -38,7 +38,7 @@ type conn struct {
 	writeTimeout time.Duration
 	deadlines    bool // the connection negotiated ALPNDeadline: requests carry their deadline
 	inflight     atomic.Int64
-	frames       atomic.Uint64 // answers read: a late ping's answer is late behind these
+	frames       atomic.Uint64  // answers read: a late ping's answer is late behind these
 	wg           sync.WaitGroup // reader and writer
 
 	mu      sync.Mutex
