@@ -107,8 +107,10 @@ type Config struct {
 	// processes that send the requests or answer them; the CPU criterion keeps
 	// it. A P kept (bench-policy, its own generator, l7d and the backend on two
 	// CPUs): added at 0.81 CPU and 16,700 requests a second, it served 20,600 a
-	// second on two at 1.05 CPU. An interval that added Ps with no work done falls
-	// back to the CPU criterion.
+	// second on two at 1.05 CPU. An interval that added Ps with no work done, or
+	// with the Ps it had less than DownBusy busy (a load starting up: bench-policy's
+	// wrk added a P in its first interval, at 1,800 requests a second of the
+	// 12,000 it then ran at), falls back to the CPU criterion.
 	Work func() uint64
 	// TrialWork is the gain in work done per second that keeps the Ps a trial
 	// added, when Work is set. Default 0.1.
@@ -351,7 +353,10 @@ func (c *Controller) trial(n int, s Sample) (from int, undo bool) {
 		return 0, false // the load fell: the removal rules decide
 	}
 	failed := mean-c.trialBase < c.cfg.TrialGain*float64(n-from)
-	if c.cfg.Work != nil && c.trialBaseWork > 0 {
+	// The work rate that added the Ps is what they must beat only when the Ps before
+	// were busy then: a load starting up adds Ps in its first interval, at a
+	// fraction of its rate (and mostly handshakes, each worth a request here).
+	if c.cfg.Work != nil && c.trialBaseWork > 0 && c.trialBase >= c.cfg.DownBusy*float64(from) {
 		failed = c.trialWork/float64(c.trialN) < (1+c.cfg.TrialWork)*c.trialBaseWork
 	}
 	if c.cfg.Logger != nil {

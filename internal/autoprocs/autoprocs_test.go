@@ -188,6 +188,14 @@ func TestNext(t *testing.T) {
 			{2, Sample{Busy: 1.5, Idle: 0.5, Work: 1050}, 2},
 			{2, Sample{Busy: 1.5, Idle: 0.5, Work: 1050}, 1},
 		}},
+		{"a load starting up is judged by the CPU", true, []step{
+			// wrk's first interval: waits added a P at 0.6 CPU and 1,800 requests a
+			// second, a fraction of the load's rate; no measure of what one P serves.
+			{1, Sample{Busy: 0.6, Idle: 0.8, WaitP99: 16 * ms, Waits: 51, Work: 1800}, 2},
+			{2, Sample{Busy: 0.82, Idle: 1, Work: 12000}, 2},
+			{2, Sample{Busy: 0.82, Idle: 1, Work: 12000}, 2},
+			{2, Sample{Busy: 0.82, Idle: 1, Work: 12000}, 1}, // 0.22 more CPU: under 0.25
+		}},
 		{"an interval without work falls back to the CPU", true, []step{
 			// Handshakes longer than an interval: none completed in the one that
 			// added the P.
