@@ -321,13 +321,7 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 		return nil, outClosed, 0, ErrClosed
 	}
 	start := time.Now()
-	// Timeout bounds a request whose caller gave no deadline; a caller's deadline (a
-	// TLS handshake's) is the caller's to give, longer or shorter.
 	deadline := start.Add(c.cfg.Timeout.D())
-	d, callerDeadline := ctx.Deadline()
-	if callerDeadline {
-		deadline = d
-	}
 	timer := getTimer(c.cfg.Timeout.D())
 	defer putTimer(timer)
 
@@ -339,20 +333,16 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 	var answer error
 	var answerOut outcome
 	for {
-		if ctx.Err() != nil {
-			return nil, outCanceled, attempts, ctx.Err()
-		}
 		now := time.Now()
 		remaining := deadline.Sub(now)
 		if remaining <= 0 {
-			if callerDeadline {
-				// The caller's deadline, reached before its context says so.
-				return nil, outCanceled, attempts, context.DeadlineExceeded
-			}
 			if err == nil {
 				err, out = ErrTimeout, outTimeout
 			}
 			return nil, out, attempts, err
+		}
+		if ctx.Err() != nil {
+			return nil, outCanceled, attempts, ctx.Err()
 		}
 		s, state := c.pick(tried, now.UnixNano())
 		switch state {

@@ -993,15 +993,6 @@ func TestCallerDeadlineOutlastsRequestTimeout(t *testing.T) {
 	if _, err := k.Sign(nil, sum256(2), crypto.SHA256); !errors.Is(err, ErrTimeout) {
 		t.Errorf("without a deadline: %v, want ErrTimeout after RequestTimeout", err)
 	}
-	// A deadline past Timeout is the caller's to give: an answer after Timeout (1s)
-	// still comes.
-	a.delay.Store(int64(1500 * time.Millisecond))
-	long, cancelLong := context.WithTimeout(context.Background(), 4*time.Second)
-	defer cancelLong()
-	if _, err := k.SignContext(long, sum256(4), crypto.SHA256); err != nil {
-		t.Errorf("with a deadline of 4s, a server answering after 1.5s, past Timeout 1s: %v", err)
-	}
-	a.delay.Store(int64(3 * reqTimeout))
 	// A deadline shorter than the answer's delay is kept.
 	short, cancelShort := context.WithTimeout(context.Background(), 2*reqTimeout)
 	defer cancelShort()

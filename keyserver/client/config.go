@@ -64,11 +64,7 @@ type Config struct {
 	// answering a burst late is waited for, a stalled one failed over. Default 1s.
 	RequestTimeout config.Duration `yaml:"request_timeout" json:"request_timeout,omitempty"`
 
-	// Timeout bounds a whole request across fail-over attempts when its caller gave
-	// no deadline; a caller's deadline (SignContext, DecryptContext) bounds it
-	// instead, later or earlier. l7d gives a handshake's (handshake_timeout, 5s): in
-	// a burst of new connections larger than the keyservers sign in 3s, the tail of
-	// the handshakes failed at 3s with their deadline still ahead. Default 3s.
+	// Timeout bounds a whole request across fail-over attempts. Default 3s.
 	Timeout config.Duration `yaml:"timeout" json:"timeout,omitempty"`
 
 	// DialTimeout bounds the TCP connect and TLS handshake to a server. Default 2s.
