@@ -348,7 +348,7 @@ func (c *Controller) trial(n int, s Sample) (from int, undo bool) {
 	}
 	from = c.trialFrom
 	c.trialFrom = 0
-	mean := c.trialSum / float64(c.trialN)
+	mean, work := c.trialSum/float64(c.trialN), c.trialWork/float64(c.trialN)
 	if mean < c.cfg.DownBusy*float64(from) {
 		return 0, false // the load fell: the removal rules decide
 	}
@@ -357,12 +357,12 @@ func (c *Controller) trial(n int, s Sample) (from int, undo bool) {
 	// were busy then: a load starting up adds Ps in its first interval, at a
 	// fraction of its rate (and mostly handshakes, each worth a request here).
 	if c.cfg.Work != nil && c.trialBaseWork > 0 && c.trialBase >= c.cfg.DownBusy*float64(from) {
-		failed = c.trialWork/float64(c.trialN) < (1+c.cfg.TrialWork)*c.trialBaseWork
+		failed = work < (1+c.cfg.TrialWork)*c.trialBaseWork
 	}
 	if c.cfg.Logger != nil {
 		c.cfg.Logger.Debug("gomaxprocs trial", "from", from, "to", n, "kept", !failed,
 			"busy_cpus_before", c.trialBase, "busy_cpus", mean,
-			"work_per_s_before", c.trialBaseWork, "work_per_s", c.trialWork/float64(c.trialN))
+			"work_per_s_before", c.trialBaseWork, "work_per_s", work)
 	}
 	if failed {
 		c.noUpUntil = c.tick + c.backoff + 1

@@ -440,11 +440,11 @@ func (cn *conn) unread() bool {
 	if err != nil {
 		return false
 	}
-	n := 0
-	if err := rc.Control(func(fd uintptr) { n, err = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); err != nil {
+	n, ioctlErr := 0, error(nil)
+	if err := rc.Control(func(fd uintptr) { n, ioctlErr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); err != nil {
 		return false
 	}
-	return err == nil && n > 0
+	return ioctlErr == nil && n > 0
 }
 
 func (c *Client) dial(srv *server) (*conn, error) {
