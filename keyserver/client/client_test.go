@@ -20,7 +20,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -1025,93 +1024,3 @@ func TestCallerDeadlineOutlastsRequestTimeout(t *testing.T) {
 		}
 	}
 }
-
-// TestLatePingOnAnsweringConn: a health ping answered after RequestTimeout does not
-// fail a connection on which other answers keep coming, so the requests in flight on
-// it are not lost. In a burst of 2,000 handshakes, l7d's reader of the keyserver's
-// answers waited for a P behind the handshakes' goroutines for over a second; the
-// ping timed out, the connection was closed, and every handshake waiting on it
-// failed (bench-handshake's burst rows, with signatures at 3-4 ms of CPU each). A
-// connection on which nothing comes still fails (TestStalledServerFailsOver).
-func TestLatePingOnAnsweringConn(t *testing.T) {
-	ks := testKeys()
-	a := newResponder(t, ks.p256)
-	const reqTimeout = 100 * time.Millisecond
-	c := newClient(t, Config{RequestTimeout: config.Duration(reqTimeout), Timeout: config.Duration(2 * time.Second),
-		PingInterval: config.Duration(150 * time.Millisecond)}, a)
-	waitConns(t, c, 0, 2)
-	k := c.NewKey(keyID(t, ks.p256), ks.p256.Public())
-	dials := c.Stats()[0].Dials
-	a.pingDelay.Store(int64(3 * reqTimeout))
-	pings := a.pings.Load()
-
-	var (
-		wg    sync.WaitGroup
-		nerr  atomic.Int64
-		first atomic.Pointer[error]
-		n     atomic.Int64
-	)
-	end := time.Now().Add(1500 * time.Millisecond)
-	for w := range 4 {
-		wg.Go(func() {
-			for i := 0; time.Now().Before(end); i++ {
-				if _, err := k.Sign(nil, sum256(w<<16|i), crypto.SHA256); err != nil {
-					nerr.Add(1)
-					first.CompareAndSwap(nil, &err)
-				}
-				n.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	if p := a.pings.Load() - pings; p < 4 {
-		t.Fatalf("%d pings during the load, each answered %v late: the test proves nothing", p, 3*reqTimeout)
-	}
-	if e := nerr.Load(); e > 0 {
-		t.Errorf("%d of %d signatures failed, the first: %v", e, n.Load(), *first.Load())
-	}
-	if got := c.Stats()[0].Dials; got != dials {
-		t.Errorf("%d redials while the server answered every request at once and only its pings late", got-dials)
-	}
-}
-
-// TestUnread: bytes waiting in a connection's receive queue are seen, and none are
-// before any come or once read.
-func TestUnread(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	server, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer server.Close()
-	cn := &conn{raw: client}
-	if cn.unread() {
-		t.Fatal("unread bytes before any were sent")
-	}
-	if _, err := server.Write([]byte("answer")); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 2*time.Second, "the bytes in the receive queue", cn.unread)
-	buf := make([]byte, 16)
-	if _, err := io.ReadFull(client, buf[:6]); err != nil {
-		t.Fatal(err)
-	}
-	if cn.unread() {
-		t.Error("unread bytes after reading them all")
-	}
-	if (&conn{raw: pipeConn{}}).unread() {
-		t.Error("a connection without a file descriptor has unread bytes")
-	}
-}
-
-// pipeConn is a net.Conn with no file descriptor under it.
-type pipeConn struct{ net.Conn }

@@ -10,10 +10,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/tiergate/tiergate/keyserver/protocol"
 )
@@ -38,7 +35,6 @@ type conn struct {
 	writeTimeout time.Duration
 	deadlines    bool // the connection negotiated ALPNDeadline: requests carry their deadline
 	inflight     atomic.Int64
-	frames       atomic.Uint64  // answers read: a late ping's answer is late behind these
 	wg           sync.WaitGroup // reader and writer
 
 	mu      sync.Mutex
@@ -137,7 +133,6 @@ func (cn *conn) readLoop() {
 			return
 		}
 		cn.srv.answered()
-		cn.frames.Add(1)
 		cn.mu.Lock()
 		c, ok := cn.pending[h.ID]
 		if ok {
@@ -402,17 +397,9 @@ func (c *Client) supervise(cn *conn) {
 		binary.BigEndian.PutUint64(payload[:], seq)
 		timer.Reset(c.cfg.RequestTimeout.D())
 		req := protocol.Request{Op: protocol.OpPing, Payload: payload[:]}
-		frames := cn.frames.Load()
 		body, err := cn.roundTrip(context.Background(), &req, 0, timer, c.closing, true, 0)
 		var pe *protocol.Error
 		switch {
-		case errors.Is(err, ErrTimeout) && (cn.frames.Load() != frames || cn.unread()):
-			// Late, but the connection works: answers came meanwhile, or wait
-			// in the socket for a reader that has not had a CPU (l7d in a burst of
-			// handshakes, its goroutines queued for a P before the reader). Ask
-			// again rather than fail the requests in flight on it.
-			c.log.Debug("keyserver ping answer late behind others", "server", cn.srv.addr, "answers", cn.frames.Load()-frames)
-			cn.requestPing()
 		case err == nil && string(body) != string(payload[:]):
 			cn.fail(errors.New("health ping: answer does not echo the request"))
 			return
@@ -427,24 +414,6 @@ func (c *Client) supervise(cn *conn) {
 			return
 		}
 	}
-}
-
-// unread reports whether bytes from the server wait in the TCP connection's receive
-// queue (SIOCINQ), not yet read.
-func (cn *conn) unread() bool {
-	sc, ok := cn.raw.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	n, ioctlErr := 0, error(nil)
-	if err := rc.Control(func(fd uintptr) { n, ioctlErr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); err != nil {
-		return false
-	}
-	return ioctlErr == nil && n > 0
 }
 
 func (c *Client) dial(srv *server) (*conn, error) {
