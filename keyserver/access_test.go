@@ -267,8 +267,9 @@ func (b gatedBackend) Keys() ([]*backend.Key, error) {
 }
 
 // TestDeadlineDropsWork: a request whose deadline passes while it waits for the
-// backend is dropped (deadline_exceeded) without reaching it, and one without a
-// deadline waits no longer than backend_wait (overloaded).
+// backend is dropped (deadline_exceeded) without reaching it, one without a
+// deadline waits no longer than backend_wait (overloaded), and one whose deadline is
+// later than backend_wait is waited for and done.
 func TestDeadlineDropsWork(t *testing.T) {
 	var reached atomic.Int64
 	f := newFixture(t, func(c *Config) {
@@ -282,9 +283,9 @@ func TestDeadlineDropsWork(t *testing.T) {
 	}
 	c.tc.Write(req(1, 0))
 	time.Sleep(50 * time.Millisecond) // request 1 holds the backend
-	c.tc.Write(append(req(2, 30*time.Millisecond), req(3, 0)...))
+	c.tc.Write(append(append(req(2, 30*time.Millisecond), req(3, 0)...), req(4, 2*time.Second)...))
 	got := map[uint64]error{}
-	for range 3 {
+	for range 4 {
 		h, _, err := c.recv()
 		got[h.ID] = err
 	}
@@ -297,8 +298,11 @@ func TestDeadlineDropsWork(t *testing.T) {
 	if !errors.Is(got[3], protocol.ErrOverloaded) || !strings.Contains(got[3].Error(), "backend_wait") {
 		t.Errorf("request 3 (no deadline): %v, want overloaded past backend_wait", got[3])
 	}
-	if n := reached.Load(); n != 1 {
-		t.Errorf("%d signatures reached the backend, want 1", n)
+	if got[4] != nil {
+		t.Errorf("request 4 (2s deadline, past backend_wait 150ms, the backend free after 400ms): %v", got[4])
+	}
+	if n := reached.Load(); n != 2 {
+		t.Errorf("%d signatures reached the backend, want 2 (requests 1 and 4)", n)
 	}
 	if testutil.ToFloat64(f.srv.m.rejections.WithLabelValues(rejectDeadline)) != 1 ||
 		testutil.ToFloat64(f.srv.m.rejections.WithLabelValues(rejectBackendBusy)) != 1 {

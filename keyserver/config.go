@@ -92,10 +92,11 @@ type Limits struct {
 	HandshakeTimeout config.Duration `yaml:"handshake_timeout,omitempty" json:"handshake_timeout,omitempty"`
 
 	// BackendWait bounds how long a request waits for its backend to take it (a
-	// free PKCS#11 session) when its client gave no earlier deadline: past it the
-	// request is answered overloaded without being done, and counted as
-	// rejections{reason="backend_busy"}. A request whose own deadline (sent by
-	// keyserver/client) passes first is dropped and counted as
+	// free PKCS#11 session) when its client gave no deadline: past it the request
+	// is answered overloaded without being done, and counted as
+	// rejections{reason="backend_busy"}. A request that carries its own deadline
+	// (keyserver/client sends it) waits until that deadline instead, and is then
+	// dropped without being done and counted as
 	// rejections{reason="deadline_exceeded"}. Default 1s.
 	BackendWait config.Duration `yaml:"backend_wait,omitempty" json:"backend_wait,omitempty"`
 

@@ -715,16 +715,16 @@ func (s *Server) serve(g *grant, req *protocol.Request, start time.Time) ([]byte
 }
 
 // backendDeadline is when a request read at start must have been taken by its
-// backend: the earlier of its client's deadline and the server's backend_wait. clients
-// reports the first.
+// backend: its client's deadline when it sent one, the server's backend_wait
+// otherwise. clients reports the first. A client that says how long it waits is
+// waited for: a burst of handshakes that the backend serves within their deadline is
+// served whole, where backend_wait shed its tail to be sent again at the back of the
+// queue. The work of a request whose client gave up is still never done.
 func (s *Server) backendDeadline(req *protocol.Request, start time.Time) (deadline time.Time, clients bool) {
-	deadline = start.Add(s.cfg.Limits.BackendWait.D())
 	if req.Timeout > 0 {
-		if d := start.Add(req.Timeout); d.Before(deadline) {
-			return d, true
-		}
+		return start.Add(req.Timeout), true
 	}
-	return deadline, false
+	return start.Add(s.cfg.Limits.BackendWait.D()), false
 }
 
 // lateError answers a request the backend could not take before its deadline: the

@@ -351,12 +351,14 @@ func (c *Client) exchange(ctx context.Context, req *protocol.Request) (body []by
 				c.m.failover()
 			}
 			attempts++
-			// A caller's deadline (a TLS handshake's own) bounds the attempt in place of
-			// RequestTimeout: a server busy with a burst answers late but answers, and
-			// giving up at RequestTimeout failed requests whose caller still waited. The
-			// connection is then checked by a ping after RequestTimeout, and a stalled
-			// server's failed ping fails the attempt over.
-			budget := min(c.cfg.RequestTimeout.D(), remaining)
+			// The attempt waits as long as its caller does: until the caller's deadline
+			// (a TLS handshake's own) or Timeout, whichever comes first. A server busy
+			// with a burst answers late but answers; giving up on it at RequestTimeout
+			// sent the request to the back of another queue, or of the same one, and
+			// failed requests whose caller still waited. The connection is instead
+			// checked by a ping after RequestTimeout, and a stalled server's failed ping
+			// fails the attempt over.
+			budget := remaining
 			if d, ok := ctx.Deadline(); ok {
 				budget = min(remaining, max(time.Until(d), time.Millisecond))
 			}

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -989,13 +990,23 @@ func TestCallerDeadlineOutlastsRequestTimeout(t *testing.T) {
 	if !ecdsa.VerifyASN1(&ks.p256.PublicKey, sum256(1), sig) {
 		t.Error("the signature does not verify")
 	}
-	if _, err := k.Sign(nil, sum256(2), crypto.SHA256); !errors.Is(err, ErrTimeout) {
-		t.Errorf("without a deadline: %v, want ErrTimeout after RequestTimeout", err)
+	// Without a deadline, Timeout is the caller's: an answer after RequestTimeout
+	// but within Timeout comes, one after Timeout does not.
+	if _, err := k.Sign(nil, sum256(2), crypto.SHA256); err != nil {
+		t.Errorf("without a deadline, a server answering after %v (Timeout 1s): %v", 3*reqTimeout, err)
 	}
+	a.delay.Store(int64(1500 * time.Millisecond))
+	start := time.Now()
+	if _, err := k.Sign(nil, sum256(2), crypto.SHA256); !errors.Is(err, ErrTimeout) {
+		t.Errorf("without a deadline, a server answering after 1.5s: %v, want ErrTimeout after Timeout 1s", err)
+	} else if el := time.Since(start); el < 900*time.Millisecond || el > 1400*time.Millisecond {
+		t.Errorf("without a deadline: gave up after %v, want Timeout 1s", el)
+	}
+	a.delay.Store(int64(3 * reqTimeout))
 	// A deadline shorter than the answer's delay is kept.
 	short, cancelShort := context.WithTimeout(context.Background(), 2*reqTimeout)
 	defer cancelShort()
-	start := time.Now()
+	start = time.Now()
 	if _, err := k.SignContext(short, sum256(3), crypto.SHA256); err == nil {
 		t.Error("a deadline before the answer: signed anyway")
 	} else if el := time.Since(start); el > 2*reqTimeout+time.Second {
@@ -1024,3 +1035,93 @@ func TestCallerDeadlineOutlastsRequestTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestLatePingOnAnsweringConn: a health ping answered after RequestTimeout does not
+// fail a connection on which other answers keep coming, so the requests in flight on
+// it are not lost. In a burst of 2,000 handshakes, l7d's reader of the keyserver's
+// answers waited for a P behind the handshakes' goroutines for over a second; the
+// ping timed out, the connection was closed, and every handshake waiting on it
+// failed (bench-handshake's burst rows, with signatures at 3-4 ms of CPU each). A
+// connection on which nothing comes still fails (TestStalledServerFailsOver).
+func TestLatePingOnAnsweringConn(t *testing.T) {
+	ks := testKeys()
+	a := newResponder(t, ks.p256)
+	const reqTimeout = 100 * time.Millisecond
+	c := newClient(t, Config{RequestTimeout: config.Duration(reqTimeout), Timeout: config.Duration(2 * time.Second),
+		PingInterval: config.Duration(150 * time.Millisecond)}, a)
+	waitConns(t, c, 0, 2)
+	k := c.NewKey(keyID(t, ks.p256), ks.p256.Public())
+	dials := c.Stats()[0].Dials
+	a.pingDelay.Store(int64(3 * reqTimeout))
+	pings := a.pings.Load()
+
+	var (
+		wg    sync.WaitGroup
+		nerr  atomic.Int64
+		first atomic.Pointer[error]
+		n     atomic.Int64
+	)
+	end := time.Now().Add(1500 * time.Millisecond)
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(end); i++ {
+				if _, err := k.Sign(nil, sum256(w<<16|i), crypto.SHA256); err != nil {
+					nerr.Add(1)
+					first.CompareAndSwap(nil, &err)
+				}
+				n.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if p := a.pings.Load() - pings; p < 4 {
+		t.Fatalf("%d pings during the load, each answered %v late: the test proves nothing", p, 3*reqTimeout)
+	}
+	if e := nerr.Load(); e > 0 {
+		t.Errorf("%d of %d signatures failed, the first: %v", e, n.Load(), *first.Load())
+	}
+	if got := c.Stats()[0].Dials; got != dials {
+		t.Errorf("%d redials while the server answered every request at once and only its pings late", got-dials)
+	}
+}
+
+// TestUnread: bytes waiting in a connection's receive queue are seen, and none are
+// before any come or once read.
+func TestUnread(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	cn := &conn{raw: client}
+	if cn.unread() {
+		t.Fatal("unread bytes before any were sent")
+	}
+	if _, err := server.Write([]byte("answer")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "the bytes in the receive queue", cn.unread)
+	buf := make([]byte, 16)
+	if _, err := io.ReadFull(client, buf[:6]); err != nil {
+		t.Fatal(err)
+	}
+	if cn.unread() {
+		t.Error("unread bytes after reading them all")
+	}
+	if (&conn{raw: pipeConn{}}).unread() {
+		t.Error("a connection without a file descriptor has unread bytes")
+	}
+}
+
+// pipeConn is a net.Conn with no file descriptor under it.
+type pipeConn struct{ net.Conn }

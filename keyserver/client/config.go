@@ -52,19 +52,23 @@ type Config struct {
 	ConnsPerServer int `yaml:"conns_per_server" json:"conns_per_server,omitempty"`
 
 	// MaxInFlightPerConn bounds the requests in flight on one connection. Beyond it a
-	// request waits for a free slot (within its RequestTimeout) unless another
+	// request waits for a free slot (within its deadline) unless another
 	// connection has room. Keep it at or below the server's per-connection limit.
 	// Default 1024, the server's default.
 	MaxInFlightPerConn int `yaml:"max_in_flight_per_conn" json:"max_in_flight_per_conn,omitempty"`
 
-	// RequestTimeout bounds one attempt on one server, and a health ping. A request
-	// whose caller gave a deadline (SignContext, DecryptContext; l7d gives a TLS
-	// handshake's) waits for its answer until that deadline instead, within Timeout, and
-	// its connection is checked by a ping once RequestTimeout has passed: a busy server
-	// answering a burst late is waited for, a stalled one failed over. Default 1s.
+	// RequestTimeout is how long a request waits for its answer before its
+	// connection is checked by a health ping, and how long that ping may take. A ping
+	// unanswered within it, while nothing else came on the connection nor waits unread
+	// in its socket, fails the connection: its requests fail over to another server,
+	// and the server comes last in the choice until it answers again. A request
+	// otherwise waits for its answer as long as its caller does (its deadline, within
+	// Timeout): a server busy with a burst is waited for, a stalled one failed over.
+	// Default 1s.
 	RequestTimeout config.Duration `yaml:"request_timeout" json:"request_timeout,omitempty"`
 
-	// Timeout bounds a whole request across fail-over attempts. Default 3s.
+	// Timeout bounds a whole request across fail-over attempts, and is the deadline
+	// of a caller that gave none. Default 3s.
 	Timeout config.Duration `yaml:"timeout" json:"timeout,omitempty"`
 
 	// DialTimeout bounds the TCP connect and TLS handshake to a server. Default 2s.

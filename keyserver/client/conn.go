@@ -10,7 +10,10 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tiergate/tiergate/keyserver/protocol"
 )
@@ -35,6 +38,7 @@ type conn struct {
 	writeTimeout time.Duration
 	deadlines    bool // the connection negotiated ALPNDeadline: requests carry their deadline
 	inflight     atomic.Int64
+	frames       atomic.Uint64  // answers read: a late ping's answer may be late behind these
 	wg           sync.WaitGroup // reader and writer
 
 	mu      sync.Mutex
@@ -133,6 +137,7 @@ func (cn *conn) readLoop() {
 			return
 		}
 		cn.srv.answered()
+		cn.frames.Add(1)
 		cn.mu.Lock()
 		c, ok := cn.pending[h.ID]
 		if ok {
@@ -397,9 +402,17 @@ func (c *Client) supervise(cn *conn) {
 		binary.BigEndian.PutUint64(payload[:], seq)
 		timer.Reset(c.cfg.RequestTimeout.D())
 		req := protocol.Request{Op: protocol.OpPing, Payload: payload[:]}
+		frames := cn.frames.Load()
 		body, err := cn.roundTrip(context.Background(), &req, 0, timer, c.closing, true, 0)
 		var pe *protocol.Error
 		switch {
+		case errors.Is(err, ErrTimeout) && (cn.frames.Load() != frames || cn.unread()):
+			// Late, but the connection works: answers came meanwhile, or wait in the
+			// socket for a reader that has not had a CPU (l7d in a burst of handshakes,
+			// its goroutines queued for a P before the reader). Ask again rather than
+			// fail the requests in flight on it, whose answers are on their way.
+			c.log.Debug("keyserver ping answer late behind others", "server", cn.srv.addr, "answers", cn.frames.Load()-frames)
+			cn.requestPing()
 		case err == nil && string(body) != string(payload[:]):
 			cn.fail(errors.New("health ping: answer does not echo the request"))
 			return
@@ -410,10 +423,33 @@ func (c *Client) supervise(cn *conn) {
 			// The server answered: the connection works.
 			c.log.Debug("keyserver ping refused", "server", cn.srv.addr, "err", err)
 		case err != nil:
+			if errors.Is(err, ErrTimeout) {
+				// Nothing came from the server for the ping's whole wait: it comes last
+				// in the choice of servers until it answers again, redialled or not.
+				cn.srv.timedOut(c.cfg.RequestTimeout.D(), max(c.cfg.RequestTimeout.D(), c.cfg.PingInterval.D()))
+			}
 			cn.fail(fmt.Errorf("health ping: %w", err))
 			return
 		}
 	}
+}
+
+// unread reports whether bytes from the server wait in the TCP connection's receive
+// queue (SIOCINQ), not yet read.
+func (cn *conn) unread() bool {
+	sc, ok := cn.raw.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n, ierr := 0, error(nil)
+	if err := rc.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); err != nil {
+		return false
+	}
+	return ierr == nil && n > 0
 }
 
 func (c *Client) dial(srv *server) (*conn, error) {

@@ -105,6 +105,7 @@ type responder struct {
 	maxDelay   atomic.Int64  // each key operation waits a random time up to this (ns)
 	delay      atomic.Int64  // and this long besides (ns)
 	stall      atomic.Bool   // read requests and never answer (pings included)
+	pingDelay  atomic.Int64  // answer pings this late (ns), other requests as they come
 	code       atomic.Uint32 // answer key operations with this code when not zero
 	wrongPub   atomic.Bool   // answer PublicKey with another key
 	fixedSig   atomic.Pointer[[]byte]
@@ -279,9 +280,21 @@ func (r *responder) serveConn(nc net.Conn) {
 		}
 		if req.Op == protocol.OpPing {
 			r.pings.Add(1)
-			if !r.stall.Load() {
-				send(protocol.AppendResponse(nil, req.Op, req.ID, req.Payload))
+			if r.stall.Load() {
+				continue
 			}
+			f := protocol.AppendResponse(nil, req.Op, req.ID, req.Payload)
+			if d := time.Duration(r.pingDelay.Load()); d > 0 {
+				handlers.Go(func() {
+					select {
+					case <-time.After(d):
+						send(f)
+					case <-done:
+					}
+				})
+				continue
+			}
+			send(f)
 			continue
 		}
 		r.requests.Add(1)
