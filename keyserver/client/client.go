@@ -16,10 +16,12 @@
 // A request that fails on one server for a reason another server may not share (a
 // broken connection, a timeout, overload, an internal error, a missing key) is retried
 // on another server: among those with a connection up, the one with the fewest
-// requests in flight, ties broken round-robin, and a server where a request just
-// timed out comes last until it answers again. When every server has been tried, and
-// at least one failure was transient, the client pauses ReconnectMin and tries them
-// all again, until Config.Timeout. A refusal (not authorized, bad request, crypto
+// requests in flight, ties broken round-robin, and a server whose health ping went
+// unanswered (or where a request's last moments ran out) comes last until it answers
+// again. An attempt waits as long as the caller does (its deadline, within Timeout);
+// after RequestTimeout its connection is checked by a ping. When every server has been
+// tried, and at least one failure was transient, the client pauses ReconnectMin and
+// tries them all again, until Config.Timeout. A refusal (not authorized, bad request, crypto
 // failure) is returned at once as a *protocol.Error. When every server failed, a
 // Config.Fallback key for the operation's key, if any, serves it locally.
 //

@@ -75,8 +75,9 @@ type Config struct {
 	DialTimeout config.Duration `yaml:"dial_timeout" json:"dial_timeout,omitempty"`
 
 	// PingInterval is the period of the health ping on each connection. A ping that
-	// fails or takes longer than RequestTimeout closes the connection, which is then
-	// redialled. A request that times out triggers an early ping. Default 5s.
+	// fails, or takes longer than RequestTimeout while nothing else comes on the
+	// connection, closes it, and it is redialled. A request unanswered after
+	// RequestTimeout triggers an early ping. Default 5s.
 	PingInterval config.Duration `yaml:"ping_interval" json:"ping_interval,omitempty"`
 
 	// ReconnectMin and ReconnectMax bound the exponential backoff, with jitter,
