@@ -16,6 +16,8 @@
 //     loop of keep-alive connections: server CPU time per request from /proc, beside
 //     requests per second, latency and the load generator's CPU. Each proxy is driven
 //     by this program's own generator and by wrk (Debian), each row saying which.
+//     The floor (go-floor, floor.go), the least Go proxy on net and crypto/tls, is
+//     measured beside them, for what the runtime, TLS and the kernel cost alone.
 //
 // It runs bin/l7d, nginx and haproxy (and the backend) as child processes on
 // 127.0.0.1, with certificates and configurations in a temporary directory, all
@@ -53,6 +55,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			return benchkit.ServeL7d("bench-policy", args[1:], stdout, stderr)
 		case serveBackendCommand:
 			return serveBackend(args[1:], stderr)
+		case serveFloorCommand:
+			return serveFloor(args[1:], stderr)
 		}
 	}
 	o := options{out: stdout, log: stderr}

@@ -82,6 +82,12 @@ type summary struct {
 	CPUByGenerator map[string]map[string]float64 `json:"cpu_us_per_req_by_generator"`
 	// nginx's CPU per request ÷ l7d's, by generator.
 	NginxOverL7ByGenerator map[string]float64 `json:"nginx_over_l7_cpu_by_generator"`
+	// The floor (Go net and crypto/tls alone, floor.go): its CPU per request with
+	// each generator, and l7d's and nginx's over it.
+	FloorCPUUs             *float64           `json:"floor_cpu_us_per_req"`
+	FloorCPUUsWrk          *float64           `json:"floor_cpu_us_per_req_wrk"`
+	L7OverFloorByGenerator map[string]float64 `json:"l7_over_floor_cpu_by_generator,omitempty"`
+	NginxOverFloorByGen    map[string]float64 `json:"nginx_over_floor_cpu_by_generator,omitempty"`
 
 	Conns          int     `json:"conns"`
 	Rounds         int     `json:"rounds"`
@@ -452,6 +458,7 @@ func (b *bench) proxyTable(w io.Writer, s *summary) float64 {
 		{srvL7d, &s.L7CPUUs, &s.L7ReqPerS, &s.L7UserUs, &s.L7CPUUsWrk},
 		{srvNginx, &s.NginxCPUUs, &s.NginxReqPerS, &s.NginxUserUs, &s.NginxCPUUsWrk},
 		{srvHAProxy, &s.HAProxyCPUUs, &s.HAProxyReqPer, &s.HAProxyUserUs, &s.HAProxyCPUUsWrk},
+		{srvFloor, &s.FloorCPUUs, new(*float64), new(*float64), &s.FloorCPUUsWrk},
 	} {
 		for _, gen := range generatorNames {
 			t := p.totals(c.id, gen)
@@ -485,8 +492,35 @@ func (b *bench) proxyTable(w io.Writer, s *summary) float64 {
 			s.NginxOverL7ByGenerator[gen] = round(ng/l7, 3)
 		}
 	}
+	var floorParts []string
+	for _, gen := range generatorNames {
+		m := s.CPUByGenerator[gen]
+		fl, ok := m[srvFloor]
+		if !ok || fl <= 0 {
+			continue
+		}
+		part := gen + ":"
+		if l7, ok := m[srvL7d]; ok {
+			if s.L7OverFloorByGenerator == nil {
+				s.L7OverFloorByGenerator = map[string]float64{}
+			}
+			s.L7OverFloorByGenerator[gen] = round(l7/fl, 3)
+			part += fmt.Sprintf(" l7d ÷ floor = %.2f", l7/fl)
+		}
+		if ng, ok := m[srvNginx]; ok {
+			if s.NginxOverFloorByGen == nil {
+				s.NginxOverFloorByGen = map[string]float64{}
+			}
+			s.NginxOverFloorByGen[gen] = round(ng/fl, 3)
+			part += fmt.Sprintf(" nginx ÷ floor = %.2f", ng/fl)
+		}
+		floorParts = append(floorParts, part)
+	}
 	if len(parts) > 0 {
 		fmt.Fprintf(w, "server CPU per request over all rounds: %s\n", strings.Join(parts, "; "))
+	}
+	if len(floorParts) > 0 {
+		fmt.Fprintf(w, "against the floor (Go net and crypto/tls alone, one P: what any Go proxy on them pays here): %s\n", strings.Join(floorParts, "; "))
 	}
 	if s.L7VsNginx != nil || s.L7VsHAProxy != nil {
 		fmt.Fprintf(w, "relative to l7d (%s's rows): nginx ÷ l7d = %s, haproxy ÷ l7d = %s (above 1: l7d uses less CPU per request)\n", genOwn, num(s.L7VsNginx, "%.2f"), num(s.L7VsHAProxy, "%.2f"))
