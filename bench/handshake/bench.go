@@ -42,6 +42,7 @@ type options struct {
 	burst              int           // -burst: connections of a burst
 	matrixDuration     time.Duration // -matrix-duration
 	matrixWarmup       time.Duration // -matrix-warmup
+	matrixServerWarmup time.Duration // -matrix-server-warmup
 	matrixRepeat       int           // -matrix-repeat: rows per shape and server
 	matrixQuiet        time.Duration // -matrix-quiet-wait
 	poissonRate        float64       // -poisson-rate; 0: half of nginx's best closed-loop rate
