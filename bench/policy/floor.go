@@ -18,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/tiergate/tiergate/bench/benchkit"
 )
 
@@ -36,8 +38,16 @@ import (
 // one write. Nothing is parsed, checked or rewritten besides: no header is added,
 // removed or normalized. It runs with one P and the GODEBUG setting l7d runs with
 // (its sysmon setting, l7/runtime.go).
+//
+// The second floor (go-floor-fasthttp, serve-floor -fasthttp) is the same with
+// fasthttp's Server and HostClient in place of the hand-written loop, as l7d's
+// HTTP/1.1 side uses them: each request parsed and written again both ways, and
+// nothing else (no policy, routing, header rewriting, deadlines or metrics). Read
+// between the two floors and l7d, it says how much of l7d's cost is fasthttp's and
+// how much its own.
 const (
 	srvFloor          = "go-floor"
+	srvFloorFasthttp  = "go-floor-fasthttp"
 	serveFloorCommand = "serve-floor"
 
 	floorGODEBUG = "GODEBUG=schedtrace=2147483647" // as l7.ExecWithRuntimeSettings sets it
@@ -46,7 +56,8 @@ const (
 	floorMaxHead = 16 << 10
 )
 
-func (b *bench) startFloor(ctx context.Context, fx *fixture, backend string) (*endpoint, error) {
+// startFloor starts the floor server id (srvFloor or srvFloorFasthttp).
+func (b *bench) startFloor(ctx context.Context, fx *fixture, backend, id string) (*endpoint, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -55,9 +66,13 @@ func (b *bench) startFloor(ctx context.Context, fx *fixture, backend string) (*e
 	if err != nil {
 		return nil, err
 	}
-	e := &endpoint{id: srvFloor, label: "floor: Go net and crypto/tls alone, 1 P", addr: addr}
+	e := &endpoint{id: id, label: "floor: Go net and crypto/tls alone, 1 P", addr: addr}
 	args := []string{serveFloorCommand, "-addr", addr, "-cert", fx.cert, "-key", fx.key, "-backend", backend}
-	if e.proc, err = benchkit.StartProcess(srvFloor, self, args, []string{floorGODEBUG, floorProcs}, filepath.Join(b.dir, "floor.log")); err != nil {
+	if id == srvFloorFasthttp {
+		e.label = "floor: fasthttp's server and client alone, 1 P"
+		args = append(args, "-fasthttp")
+	}
+	if e.proc, err = benchkit.StartProcess(id, self, args, []string{floorGODEBUG, floorProcs}, filepath.Join(b.dir, id+".log")); err != nil {
 		return nil, err
 	}
 	e.clock, e.user = e.proc.CPU(), benchkit.ProcessUserCPU(e.proc.PID(), false)
@@ -71,6 +86,7 @@ func serveFloor(args []string, stderr io.Writer) int {
 	certFile := fs.String("cert", "", "certificate `file`")
 	keyFile := fs.String("key", "", "private key `file`")
 	backend := fs.String("backend", "", "backend's HTTP/1.1 `address`")
+	withFasthttp := fs.Bool("fasthttp", false, "proxy with fasthttp's Server and HostClient")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -86,6 +102,9 @@ func serveFloor(args []string, stderr io.Writer) int {
 		cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
+		if *withFasthttp {
+			return floorServeFasthttp(ctx, ln, cfg, *backend)
+		}
 		return floorServe(ctx, ln, cfg, *backend)
 	}()
 	if err != nil {
@@ -129,6 +148,32 @@ func floorServe(ctx context.Context, ln net.Listener, cfg *tls.Config, backend s
 			nc.Close()
 		})
 	}
+}
+
+// floorServeFasthttp proxies the connections ln accepts to backend with fasthttp's
+// Server and HostClient, set as l7d sets them where it matters to the cost (names
+// and paths not normalized, no default headers added), until ctx ends.
+func floorServeFasthttp(ctx context.Context, ln net.Listener, cfg *tls.Config, backend string) error {
+	hc := &fasthttp.HostClient{Addr: backend, NoDefaultUserAgentHeader: true,
+		DisableHeaderNamesNormalizing: true, DisablePathNormalizing: true}
+	srv := &fasthttp.Server{
+		Handler: func(c *fasthttp.RequestCtx) {
+			c.Request.URI().SetScheme("http") // the backend's, not the client's https
+			if err := hc.Do(&c.Request, &c.Response); err != nil {
+				c.Error(err.Error(), fasthttp.StatusBadGateway)
+			}
+		},
+		NoDefaultServerHeader: true, NoDefaultDate: true, NoDefaultContentType: true,
+	}
+	go func() {
+		<-ctx.Done()
+		srv.Shutdown()
+	}()
+	err := srv.Serve(tls.NewListener(ln, cfg))
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // floorConn serves one client connection's requests until it closes or one fails.

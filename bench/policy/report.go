@@ -86,6 +86,8 @@ type summary struct {
 	// each generator, and l7d's and nginx's over it.
 	FloorCPUUs             *float64           `json:"floor_cpu_us_per_req"`
 	FloorCPUUsWrk          *float64           `json:"floor_cpu_us_per_req_wrk"`
+	FloorFasthttpCPUUs     *float64           `json:"floor_fasthttp_cpu_us_per_req"`
+	FloorFasthttpCPUUsWrk  *float64           `json:"floor_fasthttp_cpu_us_per_req_wrk"`
 	L7OverFloorByGenerator map[string]float64 `json:"l7_over_floor_cpu_by_generator,omitempty"`
 	NginxOverFloorByGen    map[string]float64 `json:"nginx_over_floor_cpu_by_generator,omitempty"`
 
@@ -459,6 +461,7 @@ func (b *bench) proxyTable(w io.Writer, s *summary) float64 {
 		{srvNginx, &s.NginxCPUUs, &s.NginxReqPerS, &s.NginxUserUs, &s.NginxCPUUsWrk},
 		{srvHAProxy, &s.HAProxyCPUUs, &s.HAProxyReqPer, &s.HAProxyUserUs, &s.HAProxyCPUUsWrk},
 		{srvFloor, &s.FloorCPUUs, new(*float64), new(*float64), &s.FloorCPUUsWrk},
+		{srvFloorFasthttp, &s.FloorFasthttpCPUUs, new(*float64), new(*float64), &s.FloorFasthttpCPUUsWrk},
 	} {
 		for _, gen := range generatorNames {
 			t := p.totals(c.id, gen)
@@ -506,6 +509,12 @@ func (b *bench) proxyTable(w io.Writer, s *summary) float64 {
 			}
 			s.L7OverFloorByGenerator[gen] = round(l7/fl, 3)
 			part += fmt.Sprintf(" l7d ÷ floor = %.2f", l7/fl)
+		}
+		if fh, ok := m[srvFloorFasthttp]; ok {
+			part += fmt.Sprintf(" fasthttp alone ÷ floor = %.2f", fh/fl)
+			if l7, ok := m[srvL7d]; ok && fh > 0 {
+				part += fmt.Sprintf(" l7d ÷ fasthttp alone = %.2f", l7/fh)
+			}
 		}
 		if ng, ok := m[srvNginx]; ok {
 			if s.NginxOverFloorByGen == nil {

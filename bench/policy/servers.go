@@ -25,7 +25,7 @@ const (
 	srvHAProxy = "haproxy"
 )
 
-var serverNames = []string{srvL7d, srvNginx, srvHAProxy, srvFloor}
+var serverNames = []string{srvL7d, srvNginx, srvHAProxy, srvFloor, srvFloorFasthttp}
 
 // Backends.
 const (
@@ -142,8 +142,8 @@ func (b *bench) startFleet(ctx context.Context, fx *fixture) (*fleet, error) {
 			s, err = b.startNginxProxy(ctx, fx, fl.backend.addr)
 		case srvHAProxy:
 			s, err = b.startHAProxy(ctx, fx, fl.backend.addr)
-		case srvFloor:
-			s, err = b.startFloor(ctx, fx, fl.backend.addr)
+		case srvFloor, srvFloorFasthttp:
+			s, err = b.startFloor(ctx, fx, fl.backend.addr, id)
 		}
 		if s != nil {
 			fl.servers = append(fl.servers, s)
