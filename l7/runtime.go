@@ -6,7 +6,7 @@ import (
 	"syscall"
 )
 
-// sysmonGODEBUG keeps the Go runtime's monitor thread (sysmon) out of its deep
+// SysmonGODEBUG (a GODEBUG setting, without the name) keeps the Go runtime's monitor thread (sysmon) out of its deep
 // sleep. sysmon polls every 20 µs, backing off to 10 ms after 1 ms with nothing to
 // do; but when every P is idle it sleeps on a note instead, and the next system
 // call made wakes it (a futex wake and two context switches) and puts it back to
@@ -19,10 +19,10 @@ import (
 // whatever the load). The runtime offers no other way to say so than a schedtrace
 // period (GODEBUG), whose trace line is printed once that period has passed since
 // the machine booted: 2^31-1 ms, so once every 24.8 days at most.
-const sysmonGODEBUG = "schedtrace=2147483647"
+const SysmonGODEBUG = "schedtrace=2147483647"
 
 // ExecWithRuntimeSettings re-executes the running program with GODEBUG carrying
-// sysmonGODEBUG, unless GODEBUG already sets schedtrace (an operator's choice, or
+// SysmonGODEBUG, unless GODEBUG already sets schedtrace (an operator's choice, or
 // this re-execution) or TIERGATE_RUNTIME_DEFAULTS=1 asks for the runtime's own
 // behaviour. It returns only when it does not re-execute or the exec failed; the
 // process keeps its PID either way. Call it first thing in main, before any
@@ -39,7 +39,7 @@ func ExecWithRuntimeSettings() {
 	_ = syscall.Exec(exe, os.Args, env) // on failure, run as is
 }
 
-// runtimeEnv returns env with sysmonGODEBUG added to GODEBUG, and whether it
+// runtimeEnv returns env with SysmonGODEBUG added to GODEBUG, and whether it
 // should be used.
 func runtimeEnv(env []string) ([]string, bool) {
 	out := make([]string, 0, len(env)+1)
@@ -58,13 +58,13 @@ func runtimeEnv(env []string) ([]string, bool) {
 			if v != "" {
 				v += ","
 			}
-			kv = "GODEBUG=" + v + sysmonGODEBUG
+			kv = "GODEBUG=" + v + SysmonGODEBUG
 			found = true
 		}
 		out = append(out, kv)
 	}
 	if !found {
-		out = append(out, "GODEBUG="+sysmonGODEBUG)
+		out = append(out, "GODEBUG="+SysmonGODEBUG)
 	}
 	return out, true
 }

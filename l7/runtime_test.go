@@ -17,11 +17,11 @@ func TestRuntimeEnv(t *testing.T) {
 		in   []string
 		want []string // nil: no re-execution
 	}{
-		{[]string{"PATH=/bin"}, []string{"PATH=/bin", "GODEBUG=" + sysmonGODEBUG}},
-		{[]string{"GODEBUG=madvdontneed=1", "HOME=/"}, []string{"GODEBUG=madvdontneed=1," + sysmonGODEBUG, "HOME=/"}},
-		{[]string{"GODEBUG="}, []string{"GODEBUG=" + sysmonGODEBUG}},
+		{[]string{"PATH=/bin"}, []string{"PATH=/bin", "GODEBUG=" + SysmonGODEBUG}},
+		{[]string{"GODEBUG=madvdontneed=1", "HOME=/"}, []string{"GODEBUG=madvdontneed=1," + SysmonGODEBUG, "HOME=/"}},
+		{[]string{"GODEBUG="}, []string{"GODEBUG=" + SysmonGODEBUG}},
 		{[]string{"GODEBUG=gctrace=1,schedtrace=1000"}, nil}, // the operator's own
-		{[]string{"GODEBUG=" + sysmonGODEBUG}, nil},          // re-executed already
+		{[]string{"GODEBUG=" + SysmonGODEBUG}, nil},          // re-executed already
 		{[]string{"TIERGATE_RUNTIME_DEFAULTS=1", "PATH=/bin"}, nil},
 	} {
 		got, ok := runtimeEnv(tc.in)

@@ -14,8 +14,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tiergate/tiergate/l7"
 	"github.com/tiergate/tiergate/l7/l7d"
 )
+
+// FloorEnv is the environment of the benchmarks' floor servers (the least Go
+// servers l7d's figures are read against): the GODEBUG setting l7d re-executes
+// itself with (l7.SysmonGODEBUG, see l7.ExecWithRuntimeSettings) and one P, as
+// l7d's GOMAXPROCS controller starts with.
+var FloorEnv = []string{"GODEBUG=" + l7.SysmonGODEBUG, "GOMAXPROCS=1"}
 
 // ServeL7dCommand is the hidden first argument that turns a benchmark program into the
 // profiling variant of l7d (-profile): l7d's own Main in a process of its own, which the

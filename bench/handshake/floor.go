@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -36,7 +37,7 @@ import (
 // ticket key, TCP_DEFER_ACCEPT and no TCP keepalive as l7d's defaults, one goroutine
 // per connection, one deadline, the request answered `200 ok` from a fixed buffer,
 // TCP closed without close_notify once the client has closed (with it when the
-// server closes first, after an HTTP/1.0 request), one P (floorProcs: the
+// server closes first, after an HTTP/1.0 request), one P (benchkit.FloorEnv: the
 // least a Go server spends per connection; l7d's autoprocs adds a second only when
 // its load needs it) and the same GODEBUG setting l7d runs with (its
 // sysmon setting, l7/runtime.go). go-floor-local signs with its key; go-floor-offload asks the floor
@@ -51,11 +52,6 @@ const (
 
 	serveFloorCommand       = "serve-floor"
 	serveFloorSignerCommand = "serve-floor-signer"
-
-	floorGODEBUG = "GODEBUG=schedtrace=2147483647" // as l7.ExecWithRuntimeSettings sets it
-	// floorProcs is the floor's GOMAXPROCS: one P, as l7d's autoprocs runs with at the
-	// load of one connection at a time (its rows show its Ps at their end).
-	floorProcs = "GOMAXPROCS=1"
 )
 
 // floorFor is the floor server of an l7d server.
@@ -101,7 +97,7 @@ func (b *bench) startFloor(ctx context.Context, id string) (*server, error) {
 		}
 		args = append(args, "-signer", saddr)
 	}
-	env := append([]string{floorGODEBUG, floorProcs}, b.o.l7dEnv...)
+	env := append(slices.Clone(benchkit.FloorEnv), b.o.l7dEnv...)
 	if s.proc, err = benchkit.StartProcess(id, self, args, env, filepath.Join(b.f.dir, id+".log")); err != nil {
 		if s.ks != nil {
 			s.ks.Stop(5 * time.Second)

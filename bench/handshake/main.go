@@ -121,7 +121,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.burst, "burst", 2000, "connections of the burst shapes")
 	fs.DurationVar(&o.matrixDuration, "matrix-duration", 3*time.Second, "measured time of a matrix row (closed, Poisson, s_time)")
 	fs.DurationVar(&o.matrixWarmup, "matrix-warmup", 500*time.Millisecond, "warm-up of a closed-loop matrix row")
-	fs.DurationVar(&o.matrixServerWarmup, "matrix-server-warmup", time.Second, "before the matrix, each server's warm-up, not measured: 8 clients making full handshakes with a request (0: none)")
+	fs.DurationVar(&o.matrixServerWarmup, "matrix-server-warmup", time.Second, fmt.Sprintf("before the matrix, each server's warm-up, not measured: %d clients making full handshakes with a request (0: none)", serverWarmupClients))
 	fs.IntVar(&o.matrixRepeat, "matrix-repeat", 2, "rows per shape and server (the figures are their median)")
 	fs.DurationVar(&o.matrixQuiet, "matrix-quiet-wait", 3*time.Second, "before each matrix row, wait up to this for a quiet machine (0: do not wait)")
 	fs.Float64Var(&o.poissonRate, "poisson-rate", 0, "arrival `rate` of the Poisson shapes; 0: half of nginx's best closed-loop rate with a request in this run")

@@ -190,16 +190,18 @@ func (b *bench) runMatrix(ctx context.Context) error {
 	return nil
 }
 
+// serverWarmupClients are the clients of a server's warm-up (-matrix-server-warmup).
+const serverWarmupClients = 8
+
 // warmServer gives s, before its first measured row, the work of the rows to come
 // for -matrix-server-warmup, unmeasured: its heap, pools, threads and (offloaded)
 // keyserver sessions grown, as they are in every later row. Without it, the first
 // shape's first row carried them: l7d offloaded cost 1,320 µs a connection with
 // keyserverd 4,000 in the first sequential row of a run, 905 and 3,000 in the second.
 func (b *bench) warmServer(ctx context.Context, s *server) error {
-	const workers = 8
-	cl := newClient(s.addr, tls.VersionTLS13, false, workers, b.o.opTimeout, b.o.verifyEvery, b.f.siteCA.Pool())
+	cl := newClient(s.addr, tls.VersionTLS13, false, serverWarmupClients, b.o.opTimeout, b.o.verifyEvery, b.f.siteCA.Pool())
 	cl.request = true
-	res, err := benchkit.Run(ctx, benchkit.Load{Workers: workers, Duration: b.o.matrixServerWarmup, MaxOps: b.o.maxOps, Op: cl.op})
+	res, err := benchkit.Run(ctx, benchkit.Load{Workers: serverWarmupClients, Duration: b.o.matrixServerWarmup, MaxOps: b.o.maxOps, Op: cl.op})
 	if err != nil {
 		return err
 	}
@@ -695,7 +697,7 @@ func (b *bench) matrixReport(w io.Writer) *matrixSummary {
 	ms := &matrixSummary{VsNginxByShape: map[string]float64{}, OffloadGainByShape: map[string]float64{},
 		CPUUsByShape: map[string]shapeCPU{}, PoissonRate: round(b.poissonRate(), 1)}
 	if b.o.matrixServerWarmup > 0 {
-		fmt.Fprintf(w, "\nbefore the matrix, each server was warmed up for %v (8 clients, full handshakes with a request), not measured\n", b.o.matrixServerWarmup)
+		fmt.Fprintf(w, "\nbefore the matrix, each server was warmed up for %v (%d clients, full handshakes with a request), not measured\n", b.o.matrixServerWarmup, serverWarmupClients)
 	}
 	t := benchkit.Table{Header: []string{"shape", "generator", "server", "conns", "conns/s", "server CPU µs/conn",
 		"keyserverd µs/conn", "generator µs/conn", "thread sleeps/conn", "p50 ms", "p99 ms", "errors", "others' cores"}}

@@ -50,8 +50,6 @@ const (
 	srvFloorFasthttp  = "go-floor-fasthttp"
 	serveFloorCommand = "serve-floor"
 
-	floorGODEBUG = "GODEBUG=schedtrace=2147483647" // as l7.ExecWithRuntimeSettings sets it
-	floorProcs   = "GOMAXPROCS=1"
 	// floorMaxHead bounds a request or response head the floor reads.
 	floorMaxHead = 16 << 10
 )
@@ -72,7 +70,7 @@ func (b *bench) startFloor(ctx context.Context, fx *fixture, backend, id string)
 		e.label = "floor: fasthttp's server and client alone, 1 P"
 		args = append(args, "-fasthttp")
 	}
-	if e.proc, err = benchkit.StartProcess(id, self, args, []string{floorGODEBUG, floorProcs}, filepath.Join(b.dir, id+".log")); err != nil {
+	if e.proc, err = benchkit.StartProcess(id, self, args, benchkit.FloorEnv, filepath.Join(b.dir, id+".log")); err != nil {
 		return nil, err
 	}
 	e.clock, e.user = e.proc.CPU(), benchkit.ProcessUserCPU(e.proc.PID(), false)
@@ -285,7 +283,7 @@ func contentLength(head []byte) (int, error) {
 		line := head[:i]
 		head = head[i+1:]
 		const name = "content-length:"
-		if len(line) > len(name) && bytes.EqualFold(line[:len(name)], []byte(name)) {
+		if len(line) > len(name) && equalFold(line[:len(name)], name) {
 			n, err := strconv.Atoi(string(bytes.TrimSpace(line[len(name):])))
 			if err != nil || n < 0 || n > 1<<20 {
 				return 0, fmt.Errorf("bad Content-Length %q", line)

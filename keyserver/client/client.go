@@ -458,11 +458,17 @@ func (c *Client) attempt(ctx context.Context, s *server, req *protocol.Request, 
 	if err != nil {
 		s.failures.Add(1)
 		if o == outTimeout && check == 0 {
-			s.timedOut(c.cfg.RequestTimeout.D(), max(c.cfg.RequestTimeout.D(), c.cfg.PingInterval.D()))
+			c.penalize(s)
 			cn.requestPing()
 		}
 	}
 	return body, err
+}
+
+// penalize puts s last in the choice of servers (server.timedOut) for
+// RequestTimeout, doubling with each timeout in a row up to PingInterval.
+func (c *Client) penalize(s *server) {
+	s.timedOut(c.cfg.RequestTimeout.D(), max(c.cfg.RequestTimeout.D(), c.cfg.PingInterval.D()))
 }
 
 // fallbackOp is the local operation request may run when every server failed.

@@ -426,7 +426,7 @@ func (c *Client) supervise(cn *conn) {
 			if errors.Is(err, ErrTimeout) {
 				// Nothing came from the server for the ping's whole wait: it comes last
 				// in the choice of servers until it answers again, redialled or not.
-				cn.srv.timedOut(c.cfg.RequestTimeout.D(), max(c.cfg.RequestTimeout.D(), c.cfg.PingInterval.D()))
+				c.penalize(cn.srv)
 			}
 			cn.fail(fmt.Errorf("health ping: %w", err))
 			return
