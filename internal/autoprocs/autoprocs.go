@@ -101,16 +101,19 @@ type Config struct {
 	// requests answered and TLS handshakes completed). The trial of the Ps added
 	// then asks whether they did more work rather than whether they used more CPU:
 	// when the work done per second over the trial grew by less than TrialWork
-	// (a fraction) over the rate of the interval that added them, the Ps are
-	// removed at once, with the same wait before the next trial. A P can find CPU
+	// (a fraction) over the rate the Ps before served (that of the interval that
+	// added them, or the mean of the last DownAfter intervals on as many Ps when it
+	// is higher), the Ps are removed at once, with the same wait before the next
+	// trial. A P can find CPU
 	// time and still serve nothing more, when the CPU it takes is that of the
 	// processes that send the requests or answer them; the CPU criterion keeps
 	// it. A P kept (bench-policy, its own generator, l7d and the backend on two
 	// CPUs): added at 0.81 CPU and 16,700 requests a second, it served 20,600 a
 	// second on two at 1.05 CPU. An interval that added Ps with no work done, or
-	// with the Ps it had less than DownBusy busy (a load starting up: bench-policy's
-	// wrk added a P in its first interval, at 1,800 requests a second of the
-	// 12,000 it then ran at), falls back to the CPU criterion.
+	// with the Ps it had less than DownBusy busy, in it and over the last
+	// DownAfter intervals (a load starting up: bench-policy's wrk added a P in its
+	// first interval, at 1,800 requests a second of the 12,000 it then ran at),
+	// falls back to the CPU criterion.
 	Work func() uint64
 	// TrialWork is the gain in work done per second that keeps the Ps a trial
 	// added, when Work is set. Default 0.1.
@@ -158,19 +161,31 @@ type Controller struct {
 	cfg   Config
 	quiet int // intervals in a row without waits (the down window)
 	// The window's load: the sum of its Busy, and its intervals with the CPUs full.
-	quietBusy float64
-	quietFull int
-	hold      int // quiet intervals a removal needs: DownAfter, doubled by each flap
-	since     int // intervals since the last removal; -1 when none is recent
+	quietBusy, quietWork float64
+	quietFull            int
+	hold                 int // quiet intervals a removal needs: DownAfter, doubled by each flap
+	since                int // intervals since the last removal; -1 when none is recent
 
 	// The trial of the last Ps added (trialFrom 0: none): the Ps before, the load
 	// that added them, and the load seen since.
 	trialFrom, trialTo, trialN int
 	trialBase, trialSum        float64
 	trialBaseWork, trialWork   float64 // the work rate that added them, and the sum since
-	tick                       int     // intervals seen
-	noUpUntil                  int     // no P is added before this tick: a trial failed
-	backoff                    int     // intervals the next failed trial holds additions off
+	trialBaseBusy              float64 // the load that added them, over recent too (with Work)
+	// The back trial of Ps kept for their CPU alone (backFrom 0: none): the Ps to
+	// return to, the Ps tried, the intervals and work seen, and the work rate on
+	// backFrom Ps. noTrial: the Ps Next adds are a back trial's return.
+	backFrom, backTo, backN int
+	backWork, backBase      float64
+	noTrial                 bool
+	noBackUntil             int // no back trial of a full window before this tick
+	backBackoff             int // intervals the next failed back trial holds them off
+	// The samples of the last DownAfter intervals on recentN Ps, the latest last.
+	recent    []Sample
+	recentN   int
+	tick      int // intervals seen
+	noUpUntil int // no P is added before this tick: a trial failed
+	backoff   int // intervals the next failed trial holds additions off
 
 	procs   prometheus.Gauge
 	changes *prometheus.CounterVec
@@ -239,7 +254,7 @@ func New(cfg Config) (*Controller, error) {
 	case cfg.UpWait <= 0 || cfg.DownAfter < 1 || cfg.UpIdle < 0 || !(cfg.WaitBusy > 0) || !(cfg.TrialGain > 0) || !(cfg.TrialWork > 0):
 		return nil, fmt.Errorf("%w: up wait %v, up idle %v, wait busy %v, down after %d, trial gain %v, trial work %v: want positive figures", ErrConfig, cfg.UpWait, cfg.UpIdle, cfg.WaitBusy, cfg.DownAfter, cfg.TrialGain, cfg.TrialWork)
 	}
-	c := &Controller{cfg: cfg, hold: cfg.DownAfter, since: -1, backoff: cfg.DownAfter, set: runtime.GOMAXPROCS}
+	c := &Controller{cfg: cfg, hold: cfg.DownAfter, since: -1, backoff: cfg.DownAfter, backBackoff: cfg.DownAfter, set: runtime.GOMAXPROCS}
 	c.read = func() reading { return readLoad(cfg.Work) }
 	c.procs = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "tiergate_runtime_gomaxprocs",
@@ -320,10 +335,34 @@ func (c *Controller) Run(ctx context.Context) {
 // the quiet intervals and flaps that the next decisions depend on, so one goroutine
 // calls it, once per interval: Run, or a test in its place.
 func (c *Controller) Next(n int, s Sample) int {
+	if n != c.recentN {
+		c.recent, c.recentN = c.recent[:0], n
+	}
+	if len(c.recent) == c.cfg.DownAfter {
+		c.recent = append(c.recent[:0], c.recent[1:]...)
+	}
+	c.recent = append(c.recent, s)
+	c.noTrial = false
 	next := c.next(n, s)
-	if next > n {
+	if next > n && !c.noTrial {
 		c.trialFrom, c.trialTo, c.trialN, c.trialBase, c.trialSum = n, next, 0, s.Busy, 0
 		c.trialBaseWork, c.trialWork = s.Work, 0
+		c.trialBaseBusy = s.Busy
+		if c.cfg.Work != nil {
+			// The interval that adds Ps is picked for looking strained, and is often
+			// one in which the process got less CPU than usual: its work rate
+			// understates what the Ps served before it. The Ps added must beat the
+			// mean rate of the intervals on n Ps before it as well (bench-policy, wrk:
+			// a P added on an interval of 0.66 CPU and 21,600 requests a second, after
+			// two seconds at 0.9 and 29,000, was kept for serving 29,300 on two).
+			var busy, work float64
+			for _, r := range c.recent {
+				busy += r.Busy
+				work += r.Work
+			}
+			c.trialBaseBusy = max(s.Busy, busy/float64(len(c.recent)))
+			c.trialBaseWork = max(s.Work, work/float64(len(c.recent)))
+		}
 	} else if next < n {
 		c.trialFrom = 0
 	}
@@ -353,15 +392,16 @@ func (c *Controller) trial(n int, s Sample) (from int, undo bool) {
 		return 0, false // the load fell: the removal rules decide
 	}
 	failed := mean-c.trialBase < c.cfg.TrialGain*float64(n-from)
-	// The work rate that added the Ps is what they must beat only when the Ps before
-	// were busy then: a load starting up adds Ps in its first interval, at a
-	// fraction of its rate (and mostly handshakes, each worth a request here).
-	if c.cfg.Work != nil && c.trialBaseWork > 0 && c.trialBase >= c.cfg.DownBusy*float64(from) {
+	// The work rate the Ps before served is what the Ps added must beat only when
+	// the Ps before were busy: a load starting up adds Ps in its first interval,
+	// at a fraction of its rate (and mostly handshakes, each worth a request here).
+	byWork := c.cfg.Work != nil && c.trialBaseWork > 0 && c.trialBaseBusy >= c.cfg.DownBusy*float64(from)
+	if byWork {
 		failed = work < (1+c.cfg.TrialWork)*c.trialBaseWork
 	}
 	if c.cfg.Logger != nil {
 		c.cfg.Logger.Debug("gomaxprocs trial", "from", from, "to", n, "kept", !failed,
-			"busy_cpus_before", c.trialBase, "busy_cpus", mean,
+			"busy_cpus_before", c.trialBase, "busy_cpus_recent", c.trialBaseBusy, "busy_cpus", mean,
 			"work_per_s_before", c.trialBaseWork, "work_per_s", work)
 	}
 	if failed {
@@ -369,8 +409,75 @@ func (c *Controller) trial(n int, s Sample) (from int, undo bool) {
 		c.backoff = min(2*c.backoff, 30*c.cfg.DownAfter)
 		return from, true
 	}
+	if c.cfg.Work != nil && !byWork && work > 0 {
+		// Kept for the CPU they found, with no rate of the Ps before to judge them
+		// by (a load starting up): the Ps before are tried again on the load now
+		// running, and the Ps added come back only if the work done falls without
+		// them (backTrial). At more Ps a proxy's CPU per request grows with the
+		// scheduler's wakeups, which keeps its load over the removal threshold: in
+		// bench-policy, l7d kept on two Ps from a row's start used 0.95 CPU and
+		// 39-40 µs a request where one P served more at 0.85 and 33.
+		c.startBack(n, from, work)
+		return from, true
+	}
 	c.backoff = c.cfg.DownAfter
 	return 0, false
+}
+
+// startBack starts a back trial of to Ps, from n Ps that did work a second.
+func (c *Controller) startBack(n, to int, work float64) {
+	c.backFrom, c.backTo, c.backN, c.backWork, c.backBase = n, to, 0, 0, work
+	if c.cfg.Logger != nil {
+		c.cfg.Logger.Debug("gomaxprocs trial back", "from", n, "to", to, "work_per_s", work)
+	}
+}
+
+// backTrial judges the Ps a trial kept for their CPU alone, once the Ps before them
+// have run the load for DownAfter intervals (see trial): it returns the Ps to run
+// and whether the trial is over. It ends at once, going back up, when the Ps are
+// saturated, or goroutines wait long for one, while CPUs are idle.
+func (c *Controller) backTrial(n int, s Sample) (next int, over bool) {
+	if c.backFrom == 0 {
+		return n, false
+	}
+	if n != c.backTo {
+		c.backFrom = 0 // set elsewhere: not this trial's
+		return n, false
+	}
+	cfg := &c.cfg
+	up, work := c.backFrom, 0.0
+	// Saturated, or waits four times those that add a P, with CPUs idle: a dip of
+	// the CPU the process got (waits of 1-2 ms at 0.66 CPU) does not count.
+	room := !(s.Idle < cfg.UpIdle)
+	waited := s.Waits >= cfg.MinWaits && s.Busy >= cfg.WaitBusy*float64(n) && s.WaitP99 > 4*cfg.UpWait
+	starved := room && (s.Busy > cfg.UpBusy*float64(n) || waited)
+	if !starved {
+		c.backN++
+		c.backWork += s.Work
+		if c.backN < cfg.DownAfter {
+			return n, false
+		}
+		work = c.backWork / float64(c.backN)
+	}
+	c.backFrom = 0
+	kept := !starved && work >= (1-cfg.TrialWork)*c.backBase
+	if cfg.Logger != nil {
+		cfg.Logger.Debug("gomaxprocs trial back over", "ps", n, "kept", kept, "starved", starved,
+			"work_per_s_more_ps", c.backBase, "work_per_s", work)
+	}
+	if kept {
+		// The Ps added served nothing the Ps before do not: as a failed trial.
+		c.noUpUntil = c.tick + c.backoff + 1
+		c.backoff = min(2*c.backoff, 30*cfg.DownAfter)
+		c.backBackoff = cfg.DownAfter
+		return n, true
+	}
+	c.backoff = cfg.DownAfter
+	// The Ps are needed: the next back trial waits, twice as long after each
+	// that failed, up to 30 times DownAfter.
+	c.noBackUntil = c.tick + c.backBackoff + 1
+	c.backBackoff = min(2*c.backBackoff, 30*cfg.DownAfter)
+	return up, true
 }
 
 func (c *Controller) next(n int, s Sample) int {
@@ -382,6 +489,12 @@ func (c *Controller) next(n int, s Sample) int {
 		if c.since >= maxHold {
 			c.since, c.hold = -1, cfg.DownAfter
 		}
+	}
+	if next, over := c.backTrial(n, s); next != n || (!over && c.backFrom != 0) {
+		// Going back up ends the back trial, and no other rule runs in it.
+		c.resetQuiet()
+		c.noTrial = next > n
+		return next
 	}
 	if from, undo := c.trial(n, s); undo {
 		c.resetQuiet()
@@ -408,6 +521,7 @@ func (c *Controller) next(n int, s Sample) int {
 		// intervals in a row.
 		c.quiet++
 		c.quietBusy += s.Busy
+		c.quietWork += s.Work
 		if !room {
 			c.quietFull++
 		}
@@ -421,9 +535,20 @@ func (c *Controller) next(n int, s Sample) int {
 			downBusy = cfg.UpBusy
 		}
 		fits := c.quietBusy/float64(c.quiet) < downBusy*float64(n-1)
+		full, work := 2*c.quietFull > c.quiet, c.quietWork/float64(c.quiet)
 		c.resetQuiet()
 		if fits {
 			c.since = 0
+			return n - 1
+		}
+		if full && cfg.Work != nil && work > 0 && c.tick >= c.noBackUntil {
+			// The CPUs are full, so more Ps find none to run on, but the load does
+			// not fit in fewer by its CPU: at more Ps, a proxy's CPU per request
+			// grows with the scheduler's wakeups, which keeps its load over the
+			// threshold (bench-policy: l7d on two Ps at 0.95-0.97 CPU and 35-41 µs
+			// a request, where one P served as many at 0.85 and 29-33). One P fewer
+			// is tried on the work it does.
+			c.startBack(n, n-1, work)
 			return n - 1
 		}
 		return n
@@ -439,7 +564,7 @@ func (c *Controller) next(n int, s Sample) int {
 }
 
 // resetQuiet starts a new down window.
-func (c *Controller) resetQuiet() { c.quiet, c.quietBusy, c.quietFull = 0, 0, 0 }
+func (c *Controller) resetQuiet() { c.quiet, c.quietBusy, c.quietWork, c.quietFull = 0, 0, 0, 0 }
 
 // waitMetric is the scheduler's distribution of runnable goroutines' waits for a P.
 const waitMetric = "/sched/latencies:seconds"

@@ -181,6 +181,100 @@ func TestNext(t *testing.T) {
 			{2, Sample{Busy: 1.4, Idle: 0.5, Work: 23000}, 2},
 			{2, Sample{Busy: 1.4, Idle: 0.5, Work: 23000}, 2},
 		}},
+		{"the Ps added must beat the recent rate, not only the interval's", true, []step{
+			// bench-policy, wrk: l7d on one P at 0.9 CPU, then an interval in which
+			// its thread got less of a CPU (0.66), whose waits add a P. That interval's
+			// rate (21,600) and CPU understate what one P served: the second P serves
+			// no more than the recent mean, and goes back.
+			{1, Sample{Busy: 0.9, Idle: 0.1, Work: 29000}, 1},
+			{1, Sample{Busy: 0.9, Idle: 0.1, Work: 29000}, 1},
+			{1, Sample{Busy: 0.9, Idle: 0.1, Work: 29000}, 1},
+			{1, Sample{Busy: 0.66, Idle: 0.6, WaitP99: 1100 * time.Microsecond, Waits: 538, Work: 21600}, 2},
+			{2, Sample{Busy: 0.92, Idle: 0.1, Work: 28000}, 2},
+			{2, Sample{Busy: 0.92, Idle: 0.1, Work: 28000}, 2},
+			{2, Sample{Busy: 0.92, Idle: 0.1, Work: 28000}, 1}, // under 1.1 × 26,533
+			// A failed trial: the next dip adds no P for a while. (A P kept would have
+			// gone by the removal rule just as well, CPUs full, and come back at once.)
+			{1, Sample{Busy: 0.66, Idle: 0.6, WaitP99: 1100 * time.Microsecond, Waits: 538, Work: 21600}, 1},
+		}},
+		{"a P kept for its CPU alone is tried back", true, []step{
+			// A row of bench-policy starting: one interval adds a P at a fraction of
+			// the load, which the CPU criterion keeps (0.95 - 0.6 ≥ 0.25); one P
+			// serves the load as well, and stays.
+			{1, Sample{Busy: 0.6, Idle: 0.8, WaitP99: 16 * ms, Waits: 51, Work: 1800}, 2},
+			{2, Sample{Busy: 0.95, Idle: 0.1, Work: 26000}, 2},
+			{2, Sample{Busy: 0.95, Idle: 0.1, Work: 26000}, 2},
+			{2, Sample{Busy: 0.95, Idle: 0.1, Work: 26000}, 1},
+			{1, Sample{Busy: 0.85, Idle: 0.1, Work: 27000}, 1},
+			{1, Sample{Busy: 0.85, Idle: 0.6, WaitP99: 2 * ms, Waits: 500, Work: 25000}, 1}, // waits of a dip: not starved
+			{1, Sample{Busy: 0.85, Idle: 0.1, Work: 27000}, 1},                              // mean 26,333 ≥ 0.9 × 26,000
+			{1, Sample{Busy: 0.66, Idle: 0.6, WaitP99: 2 * ms, Waits: 500, Work: 21600}, 1}, // as a failed trial: no P for a while
+		}},
+		{"the Ps a back trial misses come back, for good", true, []step{
+			{1, Sample{Busy: 0.6, Idle: 0.8, WaitP99: 16 * ms, Waits: 51, Work: 1800}, 2},
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 2},
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 2},
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 1},
+			{1, Sample{Busy: 0.98, Idle: 0.3, Work: 15000}, 1},
+			{1, Sample{Busy: 0.98, Idle: 0.3, Work: 15000}, 1},
+			{1, Sample{Busy: 0.98, Idle: 0.3, Work: 15000}, 2}, // 15,000 < 0.9 × 26,000
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 2},  // no new trial
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 2},
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 2},
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 2},
+		}},
+		{"a back trial whose goroutines starve with CPUs idle ends at once", true, []step{
+			{1, Sample{Busy: 0.6, Idle: 0.8, WaitP99: 16 * ms, Waits: 51, Work: 1800}, 2},
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 2},
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 2},
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 1},
+			{1, Sample{Busy: 0.98, Idle: 0.9, WaitP99: 5 * ms, Waits: 500, Work: 15000}, 2},
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 2},
+		}},
+		{"a back trial's long waits with CPUs idle end it too", true, []step{
+			{1, Sample{Busy: 0.6, Idle: 0.8, WaitP99: 16 * ms, Waits: 51, Work: 1800}, 2},
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 2},
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 2},
+			{2, Sample{Busy: 1.6, Idle: 0.3, Work: 26000}, 1},
+			{1, Sample{Busy: 0.7, Idle: 0.9, WaitP99: 8 * ms, Waits: 500, Work: 15000}, 2},
+		}},
+		{"with the CPUs full, one P fewer is tried on the work done", true, []step{
+			// bench-policy: l7d on two Ps at 0.96 CPU, which one P would serve under
+			// UpBusy only by the CPU it used on one (0.85).
+			{2, Sample{Busy: 0.96, Idle: 0.1, Work: 26000}, 2},
+			{2, Sample{Busy: 0.96, Idle: 0.1, Work: 26000}, 2},
+			{2, Sample{Busy: 0.96, Idle: 0.1, Work: 26000}, 1},
+			{1, Sample{Busy: 0.85, Idle: 0.1, Work: 27000}, 1},
+			{1, Sample{Busy: 0.85, Idle: 0.1, Work: 27000}, 1},
+			{1, Sample{Busy: 0.85, Idle: 0.1, Work: 27000}, 1},
+			{1, Sample{Busy: 0.85, Idle: 0.1, Work: 27000}, 1},
+		}},
+		{"a back trial that serves less comes back, and the next waits longer", true, []step{
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 1},
+			{1, Sample{Busy: 0.99, Idle: 0.1, Work: 22000}, 1},
+			{1, Sample{Busy: 0.99, Idle: 0.1, Work: 22000}, 1},
+			{1, Sample{Busy: 0.99, Idle: 0.1, Work: 22000}, 2}, // 22,000 < 0.9 × 40,000
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2}, // a window, but held off
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 1}, // the next try
+			{1, Sample{Busy: 0.99, Idle: 0.1, Work: 22000}, 1},
+			{1, Sample{Busy: 0.99, Idle: 0.1, Work: 22000}, 1},
+			{1, Sample{Busy: 0.99, Idle: 0.1, Work: 22000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2}, // held off for 6 now
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 2},
+			{2, Sample{Busy: 1.9, Idle: 0.1, Work: 40000}, 1},
+		}},
 		{"with work counted, more CPU is not enough", true, []step{
 			// The CPU criterion alone would keep this P: 0.5 CPU more.
 			{1, Sample{Busy: 0.98, Idle: 1, Work: 1000}, 2},
