@@ -169,11 +169,11 @@ tiergate_runtime_gomaxprocs_changes_total{direction="up"} 2
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.ok != 1500 || c.other != 3 || c.allocBytes != 1<<20 || c.gcCycles != 7 || c.procs != (benchkit.Procs{N: 2, Changes: 3}) {
+	if c.ok != 1500 || c.other != 3 || c.allocBytes != 1<<20 || c.gcCycles != 7 || c.procs.N != 2 || c.procs.Changes != 3 {
 		t.Errorf("got %+v", *c)
 	}
 	d := c.minus(&l7Counters{ok: 500, allocBytes: 1 << 19, gcCycles: 2, procs: benchkit.Procs{N: 1, Changes: 1}})
-	if d.procs != (benchkit.Procs{N: 2, Changes: 2}) {
+	if d.procs.N != 2 || d.procs.Changes != 2 {
 		t.Errorf("GOMAXPROCS over the row: %+v, want 2 Ps at the end and 2 changes", d.procs)
 	}
 	if kb, gc, ok := d.perRequest(); !ok || kb != 0.512 || gc != 5 {

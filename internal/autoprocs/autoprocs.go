@@ -187,10 +187,11 @@ type Controller struct {
 	noUpUntil int // no P is added before this tick: a trial failed
 	backoff   int // intervals the next failed trial holds additions off
 
-	procs   prometheus.Gauge
-	changes *prometheus.CounterVec
-	busy    prometheus.Gauge
-	wait    prometheus.Gauge
+	procs    prometheus.Gauge
+	pSeconds prometheus.Counter
+	changes  *prometheus.CounterVec
+	busy     prometheus.Gauge
+	wait     prometheus.Gauge
 
 	// set and read are runtime.GOMAXPROCS and readLoad outside tests.
 	set  func(int) int
@@ -260,6 +261,10 @@ func New(cfg Config) (*Controller, error) {
 		Name: "tiergate_runtime_gomaxprocs",
 		Help: "Ps the Go scheduler runs goroutines on (GOMAXPROCS), as sized to the load.",
 	})
+	c.pSeconds = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tiergate_runtime_gomaxprocs_seconds_total",
+		Help: "Ps in use times the seconds they were in use, counted at each sampling interval: its rate is the mean GOMAXPROCS over a window.",
+	})
 	c.changes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tiergate_runtime_gomaxprocs_changes_total",
 		Help: "Changes of GOMAXPROCS, by direction (up, down).",
@@ -277,6 +282,9 @@ func New(cfg Config) (*Controller, error) {
 	}
 	var err error
 	if c.procs, err = promreg.Register(cfg.Registerer, c.procs); err != nil {
+		return nil, fmt.Errorf("autoprocs: registering metrics: %w", err)
+	}
+	if c.pSeconds, err = promreg.Register(cfg.Registerer, c.pSeconds); err != nil {
 		return nil, fmt.Errorf("autoprocs: registering metrics: %w", err)
 	}
 	if c.changes, err = promreg.Register(cfg.Registerer, c.changes); err != nil {
@@ -310,6 +318,9 @@ func (c *Controller) Run(ctx context.Context) {
 		case <-t.C:
 			r := c.read()
 			s := makeSample(last, r)
+			if d := r.at.Sub(last.at); d > 0 {
+				c.pSeconds.Add(float64(n) * d.Seconds())
+			}
 			last = r
 			c.busy.Set(s.Busy)
 			c.wait.Set(s.WaitP99.Seconds())

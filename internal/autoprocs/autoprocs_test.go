@@ -443,7 +443,13 @@ func TestRunFollowsLoad(t *testing.T) {
 		i    int
 	)
 	ctx, cancel := context.WithCancel(context.Background())
-	c.set = func(n int) int { mu.Lock(); sets = append(sets, n); mu.Unlock(); return 0 }
+	var setAt []int // the readings made before each set
+	c.set = func(n int) int {
+		mu.Lock()
+		sets, setAt = append(sets, n), append(setAt, i)
+		mu.Unlock()
+		return 0
+	}
 	c.read = func() reading {
 		// Each reading is a second after the last, with the CPU time the script says,
 		// on a machine of 8 CPUs that nothing else uses.
@@ -474,6 +480,21 @@ func TestRunFollowsLoad(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(c.procs); v != 4 {
 		t.Errorf("gauge after Run %v, want Max 4", v)
+	}
+	// Each interval is a second on the Ps set before its reading (the first reading,
+	// 0, is Run's start).
+	var want float64
+	for k := 1; k <= len(busy); k++ {
+		n := 0
+		for j, at := range setAt {
+			if at <= k {
+				n = sets[j]
+			}
+		}
+		want += float64(n)
+	}
+	if v := testutil.ToFloat64(c.pSeconds); math.Abs(v-want) > 1e-9 || want == 0 {
+		t.Errorf("P-seconds %v, want %v", v, want)
 	}
 }
 
