@@ -444,10 +444,11 @@ func (c *Controller) startBack(n, to int, work float64) {
 }
 
 // backTrial judges the Ps a trial kept for their CPU alone, once the Ps before them
-// have run the load for DownAfter intervals (see trial): it returns the Ps to run
-// and whether the trial is over. It ends at once, going back up, when the Ps are
-// saturated, or goroutines wait long for one, while CPUs are idle.
-func (c *Controller) backTrial(n int, s Sample) (next int, over bool) {
+// have run the load for DownAfter intervals (see trial). It returns the Ps to run,
+// and whether that decides the interval: while the back trial runs, and when it
+// ends going back up, no other rule runs. It ends at once, going back up, when the
+// Ps are saturated, or goroutines wait long for one, while CPUs are idle.
+func (c *Controller) backTrial(n int, s Sample) (next int, decided bool) {
 	if c.backFrom == 0 {
 		return n, false
 	}
@@ -459,14 +460,13 @@ func (c *Controller) backTrial(n int, s Sample) (next int, over bool) {
 	up, work := c.backFrom, 0.0
 	// Saturated, or waits four times those that add a P, with CPUs idle: a dip of
 	// the CPU the process got (waits of 1-2 ms at 0.66 CPU) does not count.
-	room := !(s.Idle < cfg.UpIdle)
-	waited := s.Waits >= cfg.MinWaits && s.Busy >= cfg.WaitBusy*float64(n) && s.WaitP99 > 4*cfg.UpWait
-	starved := room && (s.Busy > cfg.UpBusy*float64(n) || waited)
+	room, waited := c.pressure(n, s)
+	starved := room && (s.Busy > cfg.UpBusy*float64(n) || waited && s.WaitP99 > 4*cfg.UpWait)
 	if !starved {
 		c.backN++
 		c.backWork += s.Work
 		if c.backN < cfg.DownAfter {
-			return n, false
+			return n, true
 		}
 		work = c.backWork / float64(c.backN)
 	}
@@ -481,7 +481,7 @@ func (c *Controller) backTrial(n int, s Sample) (next int, over bool) {
 		c.noUpUntil = c.tick + c.backoff + 1
 		c.backoff = min(2*c.backoff, 30*cfg.DownAfter)
 		c.backBackoff = cfg.DownAfter
-		return n, true
+		return n, false
 	}
 	c.backoff = cfg.DownAfter
 	// The Ps are needed: the next back trial waits, twice as long after each
@@ -501,8 +501,7 @@ func (c *Controller) next(n int, s Sample) int {
 			c.since, c.hold = -1, cfg.DownAfter
 		}
 	}
-	if next, over := c.backTrial(n, s); next != n || (!over && c.backFrom != 0) {
-		// Going back up ends the back trial, and no other rule runs in it.
+	if next, decided := c.backTrial(n, s); decided {
 		c.resetQuiet()
 		c.noTrial = next > n
 		return next
@@ -511,11 +510,7 @@ func (c *Controller) next(n int, s Sample) int {
 		c.resetQuiet()
 		return from
 	}
-	// Busy Ps, or goroutines waiting for one, tell of too few Ps only when there are
-	// CPUs to run more on; with the CPUs full, they wait for a CPU. Waits count only
-	// when the Ps were busy: on idle Ps, they were waits for a CPU as well.
-	room := !(s.Idle < cfg.UpIdle)
-	waited := s.Waits >= cfg.MinWaits && room && s.Busy >= cfg.WaitBusy*float64(n)
+	room, waited := c.pressure(n, s)
 	// After a failed trial, no P is added for a while: the CPUs that looked idle
 	// were not the process's to take.
 	mayAdd := c.tick >= c.noUpUntil
@@ -572,6 +567,19 @@ func (c *Controller) next(n int, s Sample) int {
 		c.hold = min(2*c.hold, maxHold) // the last removal did not hold: wait longer
 	}
 	return up
+}
+
+// pressure reports whether the machine had CPUs to run more Ps on in an interval
+// (room), and whether its waits for a P count (waited: enough of them, with room,
+// on Ps busy enough). Busy Ps, or goroutines waiting for one, tell of too few Ps
+// only when there are CPUs to run more on; with the CPUs full, they wait for a
+// CPU. Waits count only when the Ps were busy: on idle Ps, they were waits for a
+// CPU as well.
+func (c *Controller) pressure(n int, s Sample) (room, waited bool) {
+	cfg := &c.cfg
+	room = !(s.Idle < cfg.UpIdle)
+	waited = s.Waits >= cfg.MinWaits && room && s.Busy >= cfg.WaitBusy*float64(n)
+	return room, waited
 }
 
 // resetQuiet starts a new down window.
