@@ -82,10 +82,23 @@ func TestNext(t *testing.T) {
 			{2, Sample{Busy: 1.95, Idle: 0}, 2},
 			{1, Sample{Busy: 0.98, Idle: 0.5}, 2},
 		}},
-		{"waits add one", false, []step{
+		{"waits that last add one", false, []step{
+			{1, Sample{Busy: 0.5, Idle: 1, WaitP99: 2 * ms, Waits: 100}, 1},
 			{1, Sample{Busy: 0.5, Idle: 1, WaitP99: 2 * ms, Waits: 100}, 2},
+			{2, Sample{Busy: 1.1, Idle: 0.5, WaitP99: 2 * ms, Waits: 100}, 2}, // the last were on one P
 			{2, Sample{Busy: 1.1, Idle: 0.5, WaitP99: 2 * ms, Waits: 100}, 3},
-			{3, Sample{Busy: 1.5, Idle: math.NaN(), WaitP99: 2 * ms, Waits: 100}, 4}, // idle unknown
+			{3, Sample{Busy: 1.5, Idle: math.NaN(), WaitP99: 2 * ms, Waits: 100}, 3}, // idle unknown
+			{3, Sample{Busy: 1.5, Idle: math.NaN(), WaitP99: 2 * ms, Waits: 100}, 4},
+		}},
+		{"one interval's waits add one only when long", false, []step{
+			// bench-policy: a row's 32 handshakes in its first 100 ms leave waits of
+			// 1-2 ms with half a CPU idle, and are over.
+			{1, Sample{Busy: 0.66, Idle: 0.6, WaitP99: 1500 * time.Microsecond, Waits: 500}, 1},
+			{1, Sample{Busy: 0.85, Idle: 0.1}, 1},
+			{1, Sample{Busy: 0.66, Idle: 0.6, WaitP99: 2 * ms, Waits: 500}, 1},
+			{1, Sample{Busy: 0.6, Idle: 0.6, WaitP99: 200 * time.Microsecond, Waits: 500}, 1}, // a short wait between
+			{1, Sample{Busy: 0.66, Idle: 0.6, WaitP99: 2 * ms, Waits: 500}, 1},
+			{1, Sample{Busy: 0.66, Idle: 0.6, WaitP99: 5 * ms, Waits: 500}, 2}, // over 4 × UpWait
 		}},
 		{"waits on idle Ps do not count", false, []step{
 			// One client at a time, key offloaded: l7d at 0.3 CPU, its thread
@@ -183,18 +196,21 @@ func TestNext(t *testing.T) {
 		}},
 		{"the Ps added must beat the recent rate, not only the interval's", true, []step{
 			// bench-policy, wrk: l7d on one P at 0.9 CPU, then an interval in which
-			// its thread got less of a CPU (0.66), whose waits add a P. That interval's
-			// rate (21,600) and CPU understate what one P served: the second P serves
-			// no more than the recent mean, and goes back.
+			// its thread got less of a CPU (0.66), whose waits (the second interval
+			// of them) add a P. That interval's rate (21,600) and CPU understate what
+			// one P served: the second P serves no more than the recent mean, and
+			// goes back.
 			{1, Sample{Busy: 0.9, Idle: 0.1, Work: 29000}, 1},
 			{1, Sample{Busy: 0.9, Idle: 0.1, Work: 29000}, 1},
 			{1, Sample{Busy: 0.9, Idle: 0.1, Work: 29000}, 1},
+			{1, Sample{Busy: 0.9, Idle: 0.6, WaitP99: 1100 * time.Microsecond, Waits: 538, Work: 29000}, 1},
 			{1, Sample{Busy: 0.66, Idle: 0.6, WaitP99: 1100 * time.Microsecond, Waits: 538, Work: 21600}, 2},
 			{2, Sample{Busy: 0.92, Idle: 0.1, Work: 28000}, 2},
 			{2, Sample{Busy: 0.92, Idle: 0.1, Work: 28000}, 2},
 			{2, Sample{Busy: 0.92, Idle: 0.1, Work: 28000}, 1}, // under 1.1 × 26,533
 			// A failed trial: the next dip adds no P for a while. (A P kept would have
 			// gone by the removal rule just as well, CPUs full, and come back at once.)
+			{1, Sample{Busy: 0.66, Idle: 0.6, WaitP99: 1100 * time.Microsecond, Waits: 538, Work: 21600}, 1},
 			{1, Sample{Busy: 0.66, Idle: 0.6, WaitP99: 1100 * time.Microsecond, Waits: 538, Work: 21600}, 1},
 		}},
 		{"a P kept for its CPU alone is tried back", true, []step{
@@ -208,6 +224,7 @@ func TestNext(t *testing.T) {
 			{1, Sample{Busy: 0.85, Idle: 0.1, Work: 27000}, 1},
 			{1, Sample{Busy: 0.85, Idle: 0.6, WaitP99: 2 * ms, Waits: 500, Work: 25000}, 1}, // waits of a dip: not starved
 			{1, Sample{Busy: 0.85, Idle: 0.1, Work: 27000}, 1},                              // mean 26,333 ≥ 0.9 × 26,000
+			{1, Sample{Busy: 0.66, Idle: 0.6, WaitP99: 2 * ms, Waits: 500, Work: 21600}, 1},
 			{1, Sample{Busy: 0.66, Idle: 0.6, WaitP99: 2 * ms, Waits: 500, Work: 21600}, 1}, // as a failed trial: no P for a while
 		}},
 		{"the Ps a back trial misses come back, for good", true, []step{
@@ -352,7 +369,7 @@ func TestNext(t *testing.T) {
 			{2, Sample{Busy: 0.2}, 2},
 			{2, Sample{Busy: 0.2}, 2},
 			{2, Sample{Busy: 0.2}, 1},
-			{1, Sample{Busy: 0.5, Idle: 1, WaitP99: 2 * ms, Waits: 100}, 2}, // flap: hold 3 → 6
+			{1, Sample{Busy: 0.5, Idle: 1, WaitP99: 5 * ms, Waits: 100}, 2}, // flap: hold 3 → 6
 			{2, Sample{Busy: 0.2}, 2},
 			{2, Sample{Busy: 0.2}, 2},
 			{2, Sample{Busy: 0.2}, 2},
