@@ -190,9 +190,9 @@ type Controller struct {
 	recentN   int
 	tick      int // intervals seen
 	noUpUntil int // no P is added before this tick: a trial failed
+	backoff   int // intervals the next failed trial holds additions off
 	// The last interval whose waits would add a P (UpWait), and its Ps.
 	waitTick, waitN int
-	backoff   int // intervals the next failed trial holds additions off
 
 	procs    prometheus.Gauge
 	pSeconds prometheus.Counter
@@ -451,11 +451,12 @@ func (c *Controller) startBack(n, to int, work float64) {
 }
 
 // backTrial judges the Ps a trial kept for their CPU alone, once the Ps before them
-// have run the load for DownAfter intervals (see trial). It returns the Ps to run,
-// and whether that decides the interval: while the back trial runs, and when it
-// ends going back up, no other rule runs. It ends at once, going back up, when the
-// Ps are saturated, or goroutines wait long for one, while CPUs are idle.
-func (c *Controller) backTrial(n int, s Sample) (next int, decided bool) {
+// have run the load for DownAfter intervals (see trial). room and waited are the
+// interval's pressure. It returns the Ps to run, and whether that decides the
+// interval: while the back trial runs, and when it ends going back up, no other
+// rule runs. It ends at once, going back up, when the Ps are saturated, or
+// goroutines wait long for one, while CPUs are idle.
+func (c *Controller) backTrial(n int, s Sample, room, waited bool) (next int, decided bool) {
 	if c.backFrom == 0 {
 		return n, false
 	}
@@ -465,10 +466,9 @@ func (c *Controller) backTrial(n int, s Sample) (next int, decided bool) {
 	}
 	cfg := &c.cfg
 	up, work := c.backFrom, 0.0
-	// Saturated, or waits four times those that add a P, with CPUs idle: a dip of
-	// the CPU the process got (waits of 1-2 ms at 0.66 CPU) does not count.
-	room, waited := c.pressure(n, s)
-	starved := room && (s.Busy > cfg.UpBusy*float64(n) || waited && s.WaitP99 > 4*cfg.UpWait)
+	// Saturated, or long waits (longWaits), with CPUs idle: a dip of the CPU the
+	// process got (waits of 1-2 ms at 0.66 CPU) does not count.
+	starved := room && (s.Busy > cfg.UpBusy*float64(n) || waited && s.WaitP99 > longWaits*cfg.UpWait)
 	if !starved {
 		c.backN++
 		c.backWork += s.Work
@@ -510,13 +510,13 @@ func (c *Controller) next(n int, s Sample) int {
 	}
 	room, waited := c.pressure(n, s)
 	// Waits add a P when they last: over UpWait two intervals in a row on n Ps, or
-	// over four times UpWait in one.
+	// long (longWaits) in one.
 	waitUp := waited && s.WaitP99 > cfg.UpWait
-	waitsLast := waitUp && (s.WaitP99 > 4*cfg.UpWait || c.waitTick == c.tick-1 && c.waitN == n)
+	waitsLast := waitUp && (s.WaitP99 > longWaits*cfg.UpWait || c.waitTick == c.tick-1 && c.waitN == n)
 	if waitUp {
 		c.waitTick, c.waitN = c.tick, n
 	}
-	if next, decided := c.backTrial(n, s); decided {
+	if next, decided := c.backTrial(n, s, room, waited); decided {
 		c.resetQuiet()
 		c.noTrial = next > n
 		return next
@@ -595,6 +595,10 @@ func (c *Controller) pressure(n int, s Sample) (room, waited bool) {
 	waited = s.Waits >= cfg.MinWaits && room && s.Busy >= cfg.WaitBusy*float64(n)
 	return room, waited
 }
+
+// longWaits: waits over longWaits × UpWait in one interval are not waited out for
+// a second: they add a P at once, and end a back trial going back up.
+const longWaits = 4
 
 // resetQuiet starts a new down window.
 func (c *Controller) resetQuiet() { c.quiet, c.quietBusy, c.quietWork, c.quietFull = 0, 0, 0, 0 }
