@@ -23,6 +23,7 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"google.golang.org/grpc"
 )
 
 // Files in an embedded store's data directory.
@@ -49,6 +50,9 @@ type Store struct {
 	closeMu  sync.Mutex
 	closed   bool
 	maxTries int
+
+	grpcMu sync.Mutex
+	grpcs  []*grpc.Server // the embedded etcd's, one per client listener
 
 	// watchStarted, when set (by tests), is called with the cancel function of every
 	// etcd watch a Watch starts.
@@ -179,6 +183,11 @@ func (s *Store) startEmbedded(ctx context.Context) (string, error) {
 	ec.QuotaBackendBytes = s.cfg.QuotaBackendBytes
 	ec.SnapshotCount = s.cfg.SnapshotCount
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newZapLogger(s.log, "etcd", s.closing))
+	ec.ServiceRegister = func(g *grpc.Server) {
+		s.grpcMu.Lock()
+		s.grpcs = append(s.grpcs, g)
+		s.grpcMu.Unlock()
+	}
 
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
@@ -205,11 +214,34 @@ func (s *Store) startEmbedded(ctx context.Context) (string, error) {
 	return clientURL.String(), nil
 }
 
+// embeddedStopGrace is how long the embedded etcd's requests in flight are given
+// to finish when it stops, before its open streams are cut. The nodes' watches
+// never end of their own: etcd's Close waits for them its request timeout (7 s)
+// on each client listener in turn, 14 s with the socket and a TCP listener.
+const embeddedStopGrace = 2 * time.Second
+
 // stopEmbedded stops the embedded etcd, if any, and releases the data directory.
 func (s *Store) stopEmbedded() {
 	if s.etcd != nil {
 		s.closing.Store(true)
-		s.etcd.Close()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.etcd.Close()
+		}()
+		t := time.NewTimer(embeddedStopGrace)
+		select {
+		case <-done:
+		case <-t.C:
+			s.grpcMu.Lock()
+			gs := slices.Clone(s.grpcs)
+			s.grpcMu.Unlock()
+			for _, g := range gs {
+				g.Stop() // ends the GracefulStop etcd waits on, and the streams
+			}
+			<-done
+		}
+		t.Stop()
 		s.etcd = nil
 	}
 	s.unlock()
